@@ -1,0 +1,67 @@
+"""The one interface every inference engine implements.
+
+A backend is loaded once and then serves one request at a time (callers serialise access,
+see :mod:`qwen_trt.serving`). ``stream`` is a generator of new token ids:
+
+* it yields each generated token id as soon as it is known, in order;
+* when a stop token is generated it is yielded (so the caller can tell "stop" from "length")
+  and the generator returns; unless ``params.ignore_eos``;
+* it never yields more than ``params.max_new_tokens`` ids;
+* closing the generator (``gen.close()``) or calling :meth:`Backend.cancel` stops device work
+  before the next token and frees the backend for the next request.
+"""
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from qwen_trt.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What the UI shows about the engine in use."""
+
+    name: str                 # "torch" | "trtllm" | ...
+    model: str                # model folder, hub id or engine folder
+    device: str               # "cpu", "NVIDIA H200", ...
+    dtype: str                # "float32", "bfloat16", "float16"
+    max_input_len: int        # longest prompt accepted, in tokens
+    max_seq_len: int          # prompt + new tokens
+
+    def describe(self) -> str:
+        return f"{self.name} · {self.model} · {self.device} · {self.dtype} · ctx {self.max_seq_len}"
+
+
+class Backend(ABC):
+    """Load once, then stream token ids for a prompt."""
+
+    def __init__(self) -> None:
+        self._cancel = threading.Event()
+
+    @property
+    @abstractmethod
+    def info(self) -> BackendInfo: ...
+
+    @property
+    @abstractmethod
+    def tokenizer(self):
+        """The Hugging Face tokenizer that matches the model (chat template included)."""
+
+    @abstractmethod
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
+        """Yield new token ids for ``prompt_ids``; see the module docstring for the contract."""
+
+    def cancel(self) -> None:
+        """Ask the running ``stream`` to stop before its next token (thread-safe)."""
+        self._cancel.set()
+
+    def _begin(self) -> threading.Event:
+        """Implementations call this at the start of ``stream`` to clear an old cancel."""
+        self._cancel.clear()
+        return self._cancel
+
+    def close(self) -> None:
+        """Free device memory. The default does nothing."""

@@ -1,0 +1,146 @@
+"""The ``torch`` backend: Hugging Face transformers on CPU or CUDA, the reference path.
+
+Decoding is a plain loop in the caller's thread (prefill, then one forward per token with the
+KV cache), so closing the generator or :meth:`cancel` stops work before the next token. Sampling
+runs on the device (:mod:`qwen_trt.sampling`); only the chosen token id crosses to the host.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from qwen_trt.backends.base import Backend, BackendInfo
+from qwen_trt.errors import BackendUnavailableError, ModelSourceError, PromptTooLongError
+from qwen_trt.model_source import ModelSource, resolve_model
+from qwen_trt.params import SamplingParams
+
+DEFAULT_MAX_SEQ_LEN = 32768
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def pick_device(device: str = "auto") -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BackendUnavailableError(
+            "--device cuda was asked for, but PyTorch sees no CUDA GPU here: use --device cpu, or "
+            "install the CUDA build of torch on a machine with an NVIDIA driver.")
+    return device
+
+
+def pick_dtype(dtype: str, device: str):
+    import torch
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    return getattr(torch, dtype)
+
+
+def _cache_kwarg(model) -> str:
+    """transformers 5.2x renamed ``past_key_values`` to ``cache``; 4.57 knows only the old name."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+class TorchBackend(Backend):
+    """transformers ``AutoModelForCausalLM`` with a KV cache and on-device sampling."""
+
+    name = "torch"
+
+    def __init__(self, source: ModelSource, model, tokenizer, device: str,
+                 max_seq_len: int) -> None:
+        super().__init__()
+        self._cache_kw = _cache_kwarg(model)
+        self.source = source
+        self.model = model
+        self._tokenizer = tokenizer
+        self.device = device
+        dev_name = "cpu"
+        if device.startswith("cuda"):
+            import torch
+
+            dev_name = torch.cuda.get_device_name(torch.device(device))
+        self._info = BackendInfo(
+            name=self.name, model=source.name, device=dev_name,
+            dtype=str(model.dtype).replace("torch.", ""),
+            max_input_len=max_seq_len - 1, max_seq_len=max_seq_len)
+
+    @classmethod
+    def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
+             max_seq_len: int | None = None, warmup: bool = True) -> "TorchBackend":
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        source = resolve_model(model)
+        device = pick_device(device)
+        torch_dtype = pick_dtype(dtype, device)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source.path)
+            hf_model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype)
+        except (OSError, ValueError) as e:
+            raise ModelSourceError(f"Could not load '{source.name}': {e}".splitlines()[0]) from e
+        hf_model.to(device).eval()
+        limit = source.config.get("max_position_embeddings", DEFAULT_MAX_SEQ_LEN)
+        backend = cls(source, hf_model, tokenizer, device,
+                      max_seq_len=min(limit, max_seq_len or DEFAULT_MAX_SEQ_LEN))
+        if warmup:
+            backend.warmup()
+        return backend
+
+    @property
+    def info(self) -> BackendInfo:
+        return self._info
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def warmup(self) -> None:
+        """One short generation so the first user request does not pay for lazy init."""
+        ids = self._tokenizer.encode("warm up", add_special_tokens=False)
+        for _ in self.stream(ids, SamplingParams(max_new_tokens=2, temperature=0)):
+            pass
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
+        import torch
+        from transformers import DynamicCache
+
+        from qwen_trt.sampling import make_generator, sample
+
+        cancel = self._begin()
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if len(prompt_ids) + params.max_new_tokens > self._info.max_seq_len:
+            raise PromptTooLongError(
+                f"Prompt ({len(prompt_ids)} tokens) + max new tokens ({params.max_new_tokens}) "
+                f"exceeds this backend's limit of {self._info.max_seq_len} tokens.")
+        stop = set(params.stop_token_ids)
+        gen = make_generator(params, self.device)
+        with torch.inference_mode():
+            ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
+            cache = {self._cache_kw: DynamicCache(config=self.model.config)}
+            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **cache)
+            logits = out.logits[:, -1, :]
+            del out
+            for step in range(params.max_new_tokens):
+                tok = sample(logits, params, gen)          # [1] on device
+                tok_id = int(tok.item())                    # the one host sync per token
+                yield tok_id
+                if (tok_id in stop and not params.ignore_eos) or cancel.is_set():
+                    return
+                if step + 1 == params.max_new_tokens:
+                    return
+                out = self.model(input_ids=tok.view(1, 1), use_cache=True, **cache)
+                logits = out.logits[:, -1, :]
+                del out
+
+    def close(self) -> None:
+        import torch
+
+        self.model = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,30 @@
+"""The ChatML chat template of Qwen3-Instruct-2507, for the turns this product uses.
+
+The real checkpoint ships its own template in ``tokenizer_config.json`` and we always use
+that one (``tokenizer.apply_chat_template``). This copy is only written into the offline tiny
+model so that tests render prompts exactly like the real model for system, user and assistant
+turns with ``add_generation_prompt``:
+
+    <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{user}<|im_end|>\\n
+    <|im_start|>assistant\\n{reply}<|im_end|>\\n ... <|im_start|>assistant\\n
+"""
+
+QWEN3_INSTRUCT_CHAT_TEMPLATE = (
+    "{%- if messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.content is string %}{%- set content = message.content %}"
+    "{%- else %}{%- set content = '' %}{%- endif %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+ENDOFTEXT = "<|endoftext|>"

@@ -1,0 +1,1 @@
+"""Subcommands of the ``qwen-trt`` CLI (one module each)."""

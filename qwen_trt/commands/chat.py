@@ -1,0 +1,111 @@
+"""``qwen-trt chat``: interactive multi-turn REPL that streams, or one-shot with ``--prompt``."""
+from __future__ import annotations
+
+import json
+import sys
+
+from qwen_trt.backends import BACKENDS, BackendConfig, load_backend
+from qwen_trt.chat import ChatSession
+from qwen_trt.errors import QwenTrtError
+from qwen_trt.generation import ReplyStream
+from qwen_trt.params import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K,
+                             DEFAULT_TOP_P, SamplingParams)
+
+HELP = "commands: /clear (forget the conversation), /exit (quit)"
+
+
+def add_backend_args(p) -> None:
+    """Options that choose and load a backend (shared with other commands)."""
+    p.add_argument("--model", default=None,
+                   help="model folder or hub id (default: $QWEN_TRT_MODEL or Qwen/Qwen3-4B-Instruct-2507)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto")
+    p.add_argument("--engine", default=None, help="TensorRT-LLM engine folder (default engines/<gpu>/)")
+    p.add_argument("--device", default="auto", help="torch backend: auto, cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="torch backend weights dtype (auto: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--max-seq-len", type=int, default=None, help="torch backend context limit")
+
+
+def backend_config(args) -> BackendConfig:
+    return BackendConfig(backend=args.backend, model=args.model, engine=args.engine,
+                         device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("chat", help="chat in the terminal (streams tokens)")
+    add_backend_args(p)
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P)
+    p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--prompt", default=None, help="one message, print the reply and exit")
+    p.add_argument("--json", action="store_true", help="print one JSON object per reply")
+    p.set_defaults(func=run)
+
+
+def _params(args) -> SamplingParams:
+    try:
+        return SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    except ValueError as e:
+        raise QwenTrtError(str(e)) from e
+
+
+def reply_once(backend, session: ChatSession, text: str, params: SamplingParams, *,
+               as_json: bool, out=sys.stdout) -> None:
+    """Stream one reply to ``out``; Ctrl-C stops it and keeps the partial reply."""
+    info = backend.info
+    plan = session.prepare(text, max_input_len=info.max_input_len, max_seq_len=info.max_seq_len,
+                           max_new_tokens=params.max_new_tokens)
+    stream = ReplyStream(backend, plan.ids, params, dropped_turns=plan.dropped_turns)
+    try:
+        for delta in stream:
+            if not as_json:
+                out.write(delta)
+                out.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stream.close()
+    reply = stream.reply
+    session.add_exchange(text, reply.text, interrupted=reply.metrics.finish_reason == "cancelled")
+    if as_json:
+        out.write(json.dumps(reply.to_json(), ensure_ascii=False) + "\n")
+    else:
+        m = reply.metrics
+        note = f" · dropped {plan.dropped_turns} old turn(s) to fit" if plan.dropped_turns else ""
+        print(f"\n[{m.finish_reason} · ttft {m.ttft_ms:.0f} ms · {m.tokens} tok · "
+              f"{m.decode_tok_s:.1f} tok/s{note}]", file=sys.stderr)
+    out.flush()
+
+
+def run(args) -> int:
+    params = _params(args)
+    if not args.json:
+        print("loading model...", file=sys.stderr)
+    backend = load_backend(backend_config(args))
+    session = ChatSession(backend.tokenizer, system_prompt=args.system)
+    if args.prompt is not None:
+        reply_once(backend, session, args.prompt, params, as_json=args.json)
+        return 0
+    print(f"{backend.info.describe()}\n{HELP}", file=sys.stderr)
+    while True:
+        try:
+            text = input("\n> ")
+        except EOFError:
+            return 0
+        except KeyboardInterrupt:
+            return 130
+        cmd = text.strip()
+        if cmd in ("/exit", "/quit"):
+            return 0
+        if cmd == "/clear":
+            session.clear()
+            print("(conversation cleared)", file=sys.stderr)
+            continue
+        try:
+            reply_once(backend, session, text, params, as_json=args.json)
+        except QwenTrtError as e:  # bad input: say so and keep the conversation
+            print(f"error: {e}", file=sys.stderr)

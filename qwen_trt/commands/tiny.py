@@ -1,0 +1,33 @@
+"""``qwen-trt tiny-model DIR``: write the offline tiny Qwen3 checkpoint."""
+from __future__ import annotations
+
+import time
+
+from qwen_trt.tiny_model import TinyShape
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tiny-model", help="write a tiny random Qwen3 checkpoint + tokenizer (offline)")
+    p.add_argument("dir", help="output folder")
+    d = TinyShape()
+    p.add_argument("--layers", type=int, default=d.layers)
+    p.add_argument("--hidden", type=int, default=d.hidden)
+    p.add_argument("--heads", type=int, default=d.heads)
+    p.add_argument("--kv-heads", type=int, default=d.kv_heads)
+    p.add_argument("--head-dim", type=int, default=d.head_dim)
+    p.add_argument("--intermediate", type=int, default=d.intermediate)
+    p.add_argument("--vocab-size", type=int, default=d.vocab_size, help="BPE vocab before specials")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from qwen_trt.tiny_model import write_tiny_model
+
+    shape = TinyShape(layers=args.layers, hidden=args.hidden, heads=args.heads,
+                      kv_heads=args.kv_heads, head_dim=args.head_dim,
+                      intermediate=args.intermediate, vocab_size=args.vocab_size)
+    t = time.perf_counter()
+    out = write_tiny_model(args.dir, shape, seed=args.seed)
+    print(f"wrote tiny Qwen3 checkpoint to {out} in {time.perf_counter() - t:.1f}s")
+    return 0

@@ -1,0 +1,36 @@
+"""User-facing errors: each carries one line that says what went wrong and what to do.
+
+The CLI prints ``str(err)`` and exits non-zero; the app shows it in the page. Nothing above
+the backends should ever show a traceback for these.
+"""
+from __future__ import annotations
+
+
+class QwenTrtError(Exception):
+    """Base class: a problem the user can fix. The message says how."""
+
+    exit_code = 2
+
+
+class ModelSourceError(QwenTrtError):
+    """The model folder or hub id cannot be used (missing, not Qwen3, unreachable)."""
+
+
+class PromptTooLongError(QwenTrtError):
+    """The newest message alone does not fit the backend's input limit."""
+
+
+class EmptyMessageError(QwenTrtError):
+    """The user sent an empty (or whitespace-only) message."""
+
+
+class BackendUnavailableError(QwenTrtError):
+    """A backend cannot run here (library missing, no GPU, no engine for this GPU)."""
+
+
+class EngineMismatchError(QwenTrtError):
+    """An engine exists but was built for another GPU or library version."""
+
+
+class BusyError(QwenTrtError):
+    """The engine is serving another request and the wait timed out."""

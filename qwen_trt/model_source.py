@@ -1,0 +1,102 @@
+"""Where the checkpoint comes from: a local folder or a Hugging Face hub id, checked to be Qwen3.
+
+Every failure is one :class:`ModelSourceError` line that says what to do.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwen_trt.errors import ModelSourceError
+
+DEFAULT_MODEL_ID = "Qwen/Qwen3-4B-Instruct-2507"
+QWEN3_MODEL_TYPES = ("qwen3",)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved checkpoint: a local folder with config.json, tokenizer and weights."""
+
+    path: Path
+    name: str            # what the user asked for (folder or hub id)
+    config: dict
+
+    @property
+    def model_type(self) -> str:
+        return self.config.get("model_type", "?")
+
+
+def looks_like_path(spec: str) -> bool:
+    """Hub ids look like ``owner/name``; anything else is meant as a folder."""
+    return spec.startswith(("/", ".", "~")) or spec.endswith("/") or spec.count("/") != 1
+
+
+def _offline_help(model_id: str) -> str:
+    return (f"Cannot reach the Hugging Face hub to fetch '{model_id}'. On a machine with network run "
+            f"`huggingface-cli download {model_id} --local-dir models/{model_id.split('/')[-1]}`, "
+            f"copy the folder here and pass `--model models/{model_id.split('/')[-1]}` "
+            f"(or set QWEN_TRT_MODEL); if '{model_id}' was meant as a local folder, it does not "
+            f"exist. For an offline demo: `qwen-trt tiny-model .models/tiny-qwen3`.")
+
+
+def _download(model_id: str) -> Path:
+    """Download (or reuse the cache of) a hub checkpoint, with huggingface_hub's progress bars."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:  # pragma: no cover - a dependency of transformers
+        raise ModelSourceError("huggingface_hub is not installed: pip install huggingface_hub") from e
+    try:
+        return Path(snapshot_download(
+            model_id,
+            allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "tokenizer*"],
+        ))
+    except Exception as e:  # network, auth, not found: all mean "give me a local folder"
+        name = type(e).__name__
+        if name in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"):
+            raise ModelSourceError(
+                f"'{model_id}' is not a model on the Hugging Face hub and not a local folder: "
+                f"check the id or pass an existing folder with --model.") from e
+        raise ModelSourceError(_offline_help(model_id) + f" ({name})") from e
+
+
+def check_qwen3_config(config: dict, where: str) -> None:
+    model_type = config.get("model_type")
+    if model_type not in QWEN3_MODEL_TYPES:
+        archs = ",".join(config.get("architectures") or []) or "unknown architecture"
+        raise ModelSourceError(
+            f"{where} is a '{model_type}' checkpoint ({archs}), not Qwen3: qwen-trt serves "
+            f"Qwen3 models such as {DEFAULT_MODEL_ID}. Pass a Qwen3 folder with --model.")
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+                "vocab_size"):
+        if key not in config:
+            raise ModelSourceError(f"{where}/config.json lacks '{key}': the checkpoint is incomplete.")
+
+
+def resolve_model(spec: str | None = None) -> ModelSource:
+    """Resolve ``spec`` (folder or hub id; default from QWEN_TRT_MODEL or the Qwen3-4B id)."""
+    spec = spec or os.environ.get("QWEN_TRT_MODEL") or DEFAULT_MODEL_ID
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        local = path
+    elif looks_like_path(spec):
+        raise ModelSourceError(
+            f"Model folder '{spec}' does not exist. Pass an existing Qwen3 checkpoint folder with "
+            f"--model, or create the offline demo model: `qwen-trt tiny-model {spec}`.")
+    else:
+        local = _download(spec)
+    cfg_path = local / "config.json"
+    if not cfg_path.is_file():
+        raise ModelSourceError(
+            f"'{spec}' has no config.json: it is not a Hugging Face checkpoint folder.")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelSourceError(f"{cfg_path} is not valid JSON: {e}") from e
+    check_qwen3_config(config, f"'{spec}'")
+    if not any(local.glob("*.safetensors")) and not any(local.glob("*.bin")):
+        raise ModelSourceError(f"'{spec}' has no weights (*.safetensors): the download is incomplete.")
+    if not (local / "tokenizer.json").is_file() and not (local / "vocab.json").is_file():
+        raise ModelSourceError(f"'{spec}' has no tokenizer files (tokenizer.json).")
+    return ModelSource(path=local, name=spec, config=config)

@@ -1,0 +1,83 @@
+"""Typed settings and results shared by every backend and every front end."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+# Qwen3-Instruct-2507's recommended sampling defaults (model card).
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_TOP_P = 0.8
+DEFAULT_TOP_K = 20
+DEFAULT_MAX_NEW_TOKENS = 512
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. temperature 0 means greedy; top_k 0 and top_p 1 disable those filters.
+
+    ``stop_token_ids`` empty means "the tokenizer's defaults" (``<|im_end|>``, ``<|endoftext|>``),
+    filled in by :func:`qwen_trt.generation.resolve_stop_ids`.
+    """
+
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # benchmarks only: generate exactly max_new_tokens
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass
+class ReplyMetrics:
+    """Timing of one reply, measured around the backend's token stream."""
+
+    ttft_ms: float = 0.0          # request start -> first new token
+    tokens: int = 0               # new tokens, the stop token included
+    decode_tok_s: float = 0.0     # (tokens - 1) / (time after the first token)
+    total_ms: float = 0.0
+    prompt_tokens: int = 0
+    finish_reason: FinishReason = "stop"
+
+
+@dataclass
+class Reply:
+    """A finished (or interrupted) assistant reply."""
+
+    text: str
+    metrics: ReplyMetrics
+    dropped_turns: int = 0
+    token_ids: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        m = self.metrics
+        return {
+            "text": self.text,
+            "finish_reason": m.finish_reason,
+            "ttft_ms": round(m.ttft_ms, 2),
+            "tokens": m.tokens,
+            "tok_s": round(m.decode_tok_s, 2),
+            "total_ms": round(m.total_ms, 2),
+            "prompt_tokens": m.prompt_tokens,
+            "dropped_turns": self.dropped_turns,
+        }
+
+
+def metrics_dict(m: ReplyMetrics) -> dict:
+    return asdict(m)
