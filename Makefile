@@ -1,0 +1,56 @@
+# qwen-trt — the two newcomer commands are `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+GPU ?= a10
+MODEL ?=
+TINY ?= .models/tiny-qwen3
+# A machine without an NVIDIA driver gets torch 2.13.0 (a CPU build where one is at hand);
+# a GPU machine gets the normal CUDA build. Override with TORCH_SPEC / TORCH_PIP_ARGS.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
+TORCH_PIP_ARGS ?=
+
+.PHONY: setup demo test test-all tiny chat engine bench onnx clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+tiny: setup
+	test -f $(TINY)/config.json || $(VENV)/bin/qwen-trt tiny-model $(TINY)
+
+# Chat app in the browser; on the offline tiny model when there is no GPU and no MODEL given.
+demo: setup
+	@if [ -z "$(MODEL)" ] && [ -z "$(HAS_GPU)" ]; then \
+	  $(MAKE) --no-print-directory tiny; \
+	  echo "No GPU here: running the app on the offline tiny demo model ($(TINY)); its replies are gibberish by design."; \
+	  $(VENV)/bin/streamlit run app.py --browser.gatherUsageStats false -- --model $(TINY); \
+	else \
+	  $(VENV)/bin/streamlit run app.py --browser.gatherUsageStats false -- $(if $(MODEL),--model $(MODEL)); \
+	fi
+
+chat: setup
+	$(VENV)/bin/qwen-trt chat $(if $(MODEL),--model $(MODEL),--model $(TINY))
+
+# CPU test suite (CUDA and TensorRT-LLM tests skip themselves without a GPU / tensorrt_llm).
+test: setup
+	$(PY) -m pytest -q
+
+engine: setup
+	$(VENV)/bin/qwen-trt build --gpu $(GPU) $(if $(MODEL),--model $(MODEL))
+
+bench: setup
+	$(VENV)/bin/qwen-trt bench $(BENCH_ARGS)
+
+onnx: setup
+	$(VENV)/bin/qwen-trt export-onnx $(if $(MODEL),--model $(MODEL),--model $(TINY)) --out build/out/onnx
+
+clean:
+	rm -rf build/out .pytest_cache
