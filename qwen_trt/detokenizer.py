@@ -2,11 +2,15 @@
 
 Invariant (tested): ``"".join(deltas) + final_flush == tokenizer.decode(ids, skip_special_tokens=True)``,
 and no delta ends inside a multi-byte character. Byte-level BPE splits one Chinese character
-or emoji over several tokens; decoding such a prefix ends in U+FFFD, so that text is held back
-until the next token completes the character.
+or emoji over several tokens; decoding such a prefix ends in U+FFFD, so that last character is
+held back until the next token completes it.
 
-Each step decodes only a short window (the ids since the last emitted boundary plus a little
-context before it), so the cost per token stays flat with reply length.
+Only the *last* U+FFFD can still change: UTF-8 decoders replace an incomplete trailing sequence
+with a single U+FFFD, and bytes already followed by other bytes are settled. So everything
+before it is emitted at once, which keeps a model that emits invalid bytes streaming too.
+
+Each step decodes only a short window (the ids since the last clean boundary plus the previous
+window as context for the decoder), so the cost per token stays flat with reply length.
 """
 from __future__ import annotations
 
@@ -18,8 +22,9 @@ class IncrementalDetokenizer:
         self._tok = tokenizer
         self._skip = skip_special_tokens
         self.ids: list[int] = []
-        self._prefix_offset = 0   # window start (context for the decoder)
+        self._prefix_offset = 0   # window start: context for the decoder
         self._read_offset = 0     # ids before this are fully emitted
+        self._held = 0            # chars after read_offset already emitted
         self.text = ""            # everything emitted so far
 
     def _decode(self, ids: list[int]) -> str:
@@ -31,13 +36,17 @@ class IncrementalDetokenizer:
         self.ids.append(int(token_id))
         prefix = self._decode(self.ids[self._prefix_offset:self._read_offset])
         full = self._decode(self.ids[self._prefix_offset:])
-        if len(full) > len(prefix) and not full.endswith(REPLACEMENT) and full.startswith(prefix):
-            delta = full[len(prefix):]
-            self._prefix_offset = self._read_offset
-            self._read_offset = len(self.ids)
-            self.text += delta
-            return delta
-        return ""
+        if not full.startswith(prefix):  # decoder context effect: wait for more tokens
+            return ""
+        new = full[len(prefix):]
+        pending = new.endswith(REPLACEMENT)
+        safe = new[:-1] if pending else new
+        delta = safe[self._held:] if len(safe) > self._held else ""
+        self._held = max(self._held, len(safe))
+        if not pending:  # clean character boundary: slide the window
+            self._prefix_offset, self._read_offset, self._held = self._read_offset, len(self.ids), 0
+        self.text += delta
+        return delta
 
     def flush(self) -> str:
         """At the end of the stream: return whatever is still held back (even a lone U+FFFD)."""
@@ -47,4 +56,5 @@ class IncrementalDetokenizer:
         delta = full[len(self.text):]
         self.text = full
         self._prefix_offset = self._read_offset = len(self.ids)
+        self._held = 0
         return delta

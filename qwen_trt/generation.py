@@ -20,7 +20,8 @@ def default_stop_ids(tokenizer) -> tuple[int, ...]:
     ids: list[int] = []
     for tok in (IM_END, ENDOFTEXT):
         tid = tokenizer.convert_tokens_to_ids(tok)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid not in ids:
+        known = isinstance(tid, int) and tokenizer.convert_ids_to_tokens(tid) == tok
+        if known and tid not in ids:
             ids.append(tid)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
