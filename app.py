@@ -1,0 +1,139 @@
+"""qwen-trt chat in the browser: ``streamlit run app.py -- [--model DIR] [--engine DIR] ...``.
+
+Widgets and session state only; the engine service, settings, streaming and text handling live
+in ``qwen_trt`` (serving, app_config, ui_state, ui_stream, ui_text). See docs/app.md.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import closing
+
+import streamlit as st
+
+from qwen_trt import serving
+from qwen_trt.app_config import config_key, parse_app_config
+from qwen_trt.chat import ChatSession
+from qwen_trt.errors import QwenTrtError
+from qwen_trt.params import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, SamplingParams
+from qwen_trt.ui_state import ChatState
+from qwen_trt.ui_stream import StreamView, coalesce
+from qwen_trt.ui_text import dropped_note, reply_footer, sanitize_markdown, waiting_label
+
+st.set_page_config(page_title="qwen-trt chat", page_icon="💬")
+
+
+@st.cache_resource(max_entries=1, on_release=lambda service: service.close(),
+                   show_spinner="Loading the model (once for all sessions)…")
+def engine_service(key: str, _cfg) -> serving.EngineService:
+    """One engine per server process, shared by every browser session."""
+    return serving.start_service(_cfg)
+
+
+def sidebar() -> SamplingParams:
+    with st.sidebar:
+        st.header("Settings")
+        max_new = st.slider("Max length (new tokens)", 128, 4096, DEFAULT_MAX_NEW_TOKENS, step=64,
+                            key="max_new_tokens")
+        temp = st.slider("Temperature (0 = greedy)", 0.0, 1.5, DEFAULT_TEMPERATURE, step=0.05,
+                         key="temperature")
+        top_p = st.slider("Top-p", 0.05, 1.0, DEFAULT_TOP_P, step=0.05, key="top_p")
+        st.text_area("System prompt (optional)", key="system_prompt", height=80)
+        st.button("Clear memory", key="clear", on_click=clear_memory, type="primary")
+    return SamplingParams(max_new_tokens=max_new, temperature=temp, top_p=top_p)
+
+
+def clear_memory() -> None:
+    state = st.session_state.get("chat_state")
+    if state is not None:
+        state.clear()
+
+
+def show_history(state: ChatState) -> None:
+    for user, assistant, note in state.turns():
+        with st.chat_message("user"):
+            st.markdown(sanitize_markdown(user.content))
+        with st.chat_message("assistant"):
+            if note.dropped_turns:
+                st.caption(dropped_note(note.dropped_turns))
+            st.markdown(sanitize_markdown(assistant.content) or "*(no text)*")
+            st.caption(note.footer)
+
+
+def stream_reply(service: serving.EngineService, state: ChatState, text: str,
+                 params: SamplingParams) -> None:
+    info = service.info
+    plan = state.chat.prepare(text, max_input_len=info.max_input_len, max_seq_len=info.max_seq_len,
+                              max_new_tokens=params.max_new_tokens)
+    pending = state.start(text, service.submit(plan.ids, params, plan.dropped_turns))
+    handle = pending.handle
+    with st.chat_message("assistant"):
+        if plan.dropped_turns:
+            st.caption(dropped_note(plan.dropped_turns))
+        status, body = st.empty(), st.empty()
+        view, shown_label = StreamView(), None
+        with body.container():
+            blocks, tail = st.container(), st.empty()
+        with closing(handle.events(poll_s=0.05)) as events:   # closing cancels if interrupted
+            for ev in coalesce(events):
+                if handle.cancelled:          # cleared, or a newer run took over
+                    return
+                if isinstance(ev, serving.Waiting):
+                    label = waiting_label(ev.position, ev.waited_s)
+                    if label != shown_label:  # redraw when it changes (at most once a second)
+                        if label:
+                            status.info(label, icon="⏳")
+                        else:
+                            status.empty()
+                        shown_label = label
+                elif isinstance(ev, serving.Started):
+                    status.empty()
+                elif isinstance(ev, serving.Delta):
+                    update = view.add(ev.text)
+                    for block in update.new_blocks:
+                        blocks.markdown(block)
+                    tail.markdown(update.tail)
+                elif isinstance(ev, serving.Failed):
+                    state.discard(pending)
+                    raise ev.error
+                elif isinstance(ev, serving.Finished):
+                    reply = state.commit_pending(pending)
+                    if reply is not None:
+                        body.markdown(sanitize_markdown(reply.text) or "*(no text)*")
+                        st.caption(reply_footer(reply, handle.waited_s))
+
+
+def main() -> None:
+    st.title("💬 qwen-trt chat")
+    params = sidebar()
+    try:
+        cfg = parse_app_config(sys.argv[1:])
+        service = engine_service(config_key(cfg), cfg)
+    except QwenTrtError as e:
+        st.error(str(e), icon="🚫")
+        st.stop()
+    status = service.status()
+    st.sidebar.caption(f"**Engine:** {service.info.describe()}  \n"
+                       f"{'busy' if status.busy else 'idle'}, {status.queued} waiting")
+
+    state = st.session_state.get("chat_state")
+    if state is None:
+        state = st.session_state["chat_state"] = ChatState(ChatSession(service.tokenizer))
+    state.chat.system_prompt = (st.session_state.get("system_prompt") or "").strip() or None
+    state.commit_pending()       # a reply interrupted by this rerun: keep it, marked interrupted
+    show_history(state)
+
+    text = st.chat_input("Message qwen-trt")
+    if text is None:
+        if not state.chat.messages:
+            st.caption("Type a message below. Replies stream token by token; a new message or "
+                       "any click stops the reply being written.")
+        return
+    with st.chat_message("user"):
+        st.markdown(sanitize_markdown(text))
+    try:
+        stream_reply(service, state, text, params)
+    except QwenTrtError as e:
+        st.error(str(e), icon="⚠️")
+
+
+main()

@@ -1,0 +1,80 @@
+"""Streaming to a page at a flat cost: merge token deltas into chunks, render only what changes.
+
+* :func:`coalesce` merges the text deltas that arrive within ``interval_s`` of the last emitted
+  chunk into one, so a page re-renders at most ~1/interval_s times a second however fast tokens
+  come (the first delta is emitted at once, so time to first token is not delayed).
+* :class:`StreamView` splits the growing reply into Markdown blocks that are final (rendered
+  once) and the open tail (re-rendered with a cursor on each chunk).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from qwen_trt.serving import Delta, Event, Waiting
+from qwen_trt.ui_text import CURSOR, sanitize_markdown, stable_prefix_end
+
+DEFAULT_INTERVAL_S = 0.03
+
+
+def coalesce(events: Iterable[Event], interval_s: float = DEFAULT_INTERVAL_S,
+             clock: Callable[[], float] = time.monotonic) -> Iterator[Event]:
+    """Yield ``events`` with consecutive :class:`Delta` texts merged.
+
+    A merged chunk is emitted when ``interval_s`` has passed since the previous chunk, and
+    before any other event (a :class:`Waiting` heartbeat flushes text that is due, so nothing
+    lags more than about one poll period behind the engine).
+    """
+    buf: list[str] = []
+    last: float | None = None
+
+    def flush() -> Iterator[Event]:
+        nonlocal last
+        if buf:
+            text = "".join(buf)
+            buf.clear()
+            last = clock()
+            yield Delta(text)
+
+    for ev in events:
+        if isinstance(ev, Delta):
+            buf.append(ev.text)
+            if last is None or clock() - last >= interval_s:
+                yield from flush()
+            continue
+        if isinstance(ev, Waiting):
+            if buf and (last is None or clock() - last >= interval_s):
+                yield from flush()
+            yield ev
+            continue
+        yield from flush()
+        yield ev
+    yield from flush()
+
+
+@dataclass
+class StreamUpdate:
+    """What to draw for one chunk: blocks that just became final, and the new tail."""
+
+    new_blocks: list[str]     # sanitised Markdown, each rendered once, in order
+    tail: str                 # sanitised Markdown of the open block, cursor included
+
+
+@dataclass
+class StreamView:
+    """Tracks a growing reply and says what to re-render."""
+
+    text: str = ""
+    frozen: int = 0                      # text[:frozen] is already rendered as final blocks
+    cursor: str = CURSOR
+    _blocks: list[str] = field(default_factory=list)
+
+    def add(self, delta: str) -> StreamUpdate:
+        self.text += delta
+        end = stable_prefix_end(self.text)
+        new: list[str] = []
+        if end > self.frozen:
+            new.append(sanitize_markdown(self.text[self.frozen:end]))
+            self.frozen = end
+        return StreamUpdate(new_blocks=new, tail=sanitize_markdown(self.text[self.frozen:]) + self.cursor)

@@ -1,0 +1,136 @@
+"""Text the chat UI shows: model output made safe for Markdown, and the lines under replies.
+
+Model output is untrusted. The app renders it with Streamlit's Markdown, HTML off (tags show as
+text). On top of that :func:`sanitize_markdown` neutralises Markdown images, which a browser
+would fetch by itself (a prompt-injected reply could leak data through an image URL): ``![a](u)``
+becomes the escaped ``\\![a](u)``, a plain link the user has to click. Code spans and fenced code
+are left as they are (escapes are not processed there, so they need none).
+"""
+from __future__ import annotations
+
+import re
+
+from qwen_trt.params import Reply
+
+CURSOR = "▌"
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_IMAGE = re.compile(r"(\\*)!\[")
+_CODE_SPAN = re.compile(r"(`+)(?:.|\n)*?(?<!`)\1(?!`)")
+
+
+def _fence_marker(line: str) -> str | None:
+    m = _FENCE.match(line)
+    return m.group(1) if m else None
+
+
+def _closes(marker: str, line: str) -> bool:
+    m = _fence_marker(line)
+    return (m is not None and m[0] == marker[0] and len(m) >= len(marker)
+            and line.strip().strip(marker[0]) == "")
+
+
+def _escape_images(text: str) -> str:
+    def fix(m: re.Match) -> str:
+        slashes = m.group(1)
+        # An even number of backslashes escapes only themselves: the "!" still starts an image.
+        return slashes + ("\\" if len(slashes) % 2 == 0 else "") + "!["
+    return _IMAGE.sub(fix, text)
+
+
+def _escape_outside_code_spans(text: str) -> str:
+    out, pos = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        out.append(_escape_images(text[pos:m.start()]))
+        out.append(m.group(0))
+        pos = m.end()
+    out.append(_escape_images(text[pos:]))
+    return "".join(out)
+
+
+def sanitize_markdown(text: str) -> str:
+    """``text`` with every Markdown image outside code turned into an inert escaped form."""
+    if "![" not in text:
+        return text
+    out: list[str] = []
+    prose: list[str] = []
+    fence: str | None = None
+    for line in text.splitlines(keepends=True):
+        if fence is None:
+            marker = _fence_marker(line)
+            if marker is None:
+                prose.append(line)
+                continue
+            out.append(_escape_outside_code_spans("".join(prose)))
+            prose = []
+            fence = marker
+            out.append(line)
+        else:
+            out.append(line)
+            if _closes(fence, line):
+                fence = None
+    out.append(_escape_outside_code_spans("".join(prose)))
+    return "".join(out)
+
+
+def stable_prefix_end(text: str) -> int:
+    """Where the Markdown blocks that can no longer change end: the start of the last
+    unindented line that follows a blank line outside fenced code (0 if none).
+
+    While streaming, the text before this point can be rendered once and left alone; only the
+    rest is re-rendered as tokens arrive, so each update costs about the same however long the
+    reply gets.
+    """
+    end = 0
+    offset = 0
+    fence: str | None = None
+    prev_blank = False
+    for line in text.splitlines(keepends=True):
+        if fence is None and prev_blank and line[:1] not in (" ", "\t", "\n", "\r", ""):
+            end = offset
+        if fence is None:
+            fence = _fence_marker(line)
+        elif _closes(fence, line):
+            fence = None
+        prev_blank = line.strip() == "" and line.endswith(("\n", "\r"))
+        offset += len(line)
+    return end
+
+
+def format_ms(ms: float) -> str:
+    return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.0f} ms"
+
+
+def reply_footer(reply: Reply, waited_s: float = 0.0) -> str:
+    """The line under a reply: time to first token, tokens, tokens/s, and how it ended."""
+    m = reply.metrics
+    if m.tokens == 0:
+        parts = ["interrupted before the first token" if m.finish_reason == "cancelled"
+                 else "no tokens"]
+    else:
+        parts = [f"first token {format_ms(m.ttft_ms)}", f"{m.tokens} tokens",
+                 f"{m.decode_tok_s:.1f} tokens/s"]
+        if m.finish_reason == "length":
+            parts.append("stopped at max length")
+        elif m.finish_reason == "cancelled":
+            parts.append("interrupted")
+    if waited_s >= 0.1:
+        parts.append(f"waited {waited_s:.1f} s for the engine")
+    return " · ".join(parts)
+
+
+def dropped_note(dropped_turns: int) -> str:
+    """The note shown when the oldest turns did not fit the context limit ("" if none)."""
+    if dropped_turns <= 0:
+        return ""
+    turns = "turn was" if dropped_turns == 1 else "turns were"
+    return (f"The {dropped_turns} oldest {turns} left out of the prompt to fit the context "
+            f"limit; the model did not see {'it' if dropped_turns == 1 else 'them'}.")
+
+
+def waiting_label(position: int, waited_s: float) -> str:
+    """Status while a request waits for the shared engine ("" once it runs)."""
+    if position <= 0:
+        return ""
+    ahead = "1 request" if position == 1 else f"{position} requests"
+    return f"Waiting for the engine: {ahead} ahead of yours ({waited_s:.0f} s)"
