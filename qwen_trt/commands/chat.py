@@ -93,7 +93,8 @@ def run(args) -> int:
     print(f"{backend.info.describe()}\n{HELP}", file=sys.stderr)
     while True:
         try:
-            text = input("\n> ")
+            print("\n> ", end="", file=sys.stderr, flush=True)  # stdout stays pure reply text/JSON
+            text = input()
         except EOFError:
             return 0
         except KeyboardInterrupt:

@@ -1,0 +1,68 @@
+"""`qwen-trt chat` end to end on the tiny model, and its error lines."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from qwen_trt.cli import main
+
+
+def _run(*args, stdin=None):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "qwen_trt", *args], input=stdin,
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_one_shot_json(tiny_model_dir):
+    r = _run("chat", "--model", str(tiny_model_dir), "--prompt", "你好 🚀", "--json",
+             "--temperature", "0", "--max-new-tokens", "7", "--backend", "torch")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    assert len(lines) == 1
+    out = lines[0]
+    assert out["tokens"] == 7 and out["finish_reason"] == "length"
+    assert out["dropped_turns"] == 0 and out["ttft_ms"] > 0 and isinstance(out["text"], str)
+    assert "Traceback" not in r.stderr
+
+
+def test_repl_multi_turn_with_clear(tiny_model_dir):
+    script = "hello\nsecond\n/clear\nhello\n/exit\n"
+    r = _run("chat", "--model", str(tiny_model_dir), "--json", "--temperature", "0",
+             "--max-new-tokens", "3", stdin=script)
+    assert r.returncode == 0, r.stderr
+    replies = [json.loads(x) for x in r.stdout.splitlines() if x.strip().startswith("{")]
+    assert len(replies) == 3
+    assert replies[1]["prompt_tokens"] > replies[0]["prompt_tokens"]   # history is in the prompt
+    assert replies[2]["prompt_tokens"] == replies[0]["prompt_tokens"]   # history cleared
+    assert "conversation cleared" in r.stderr
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--model", "/definitely/not/here"], "does not exist"),
+    (["--prompt", "   "], "message is empty"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--max-new-tokens", "5000", "--max-seq-len", "4096"], "leaves no room"),
+])
+def test_bad_input_is_one_clear_line(tiny_model_dir, capsys, args, expect):
+    base = ["chat", "--model", str(tiny_model_dir), "--prompt", "hi", "--backend", "torch"]
+    code = main(base + args)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expect in err and "Traceback" not in err
+
+
+def test_repl_reports_bad_input_and_keeps_going(tiny_model_dir):
+    r = _run("chat", "--model", str(tiny_model_dir), "--json", "--max-new-tokens", "2",
+             "--max-seq-len", "64", stdin="word " * 200 + "\nok\n/exit\n")
+    assert r.returncode == 0, r.stderr
+    assert "too long" in r.stderr
+    assert len([x for x in r.stdout.splitlines() if x.startswith("{")]) == 1
+
+
+def test_tiny_model_command(tmp_path, capsys):
+    assert main(["tiny-model", str(tmp_path / "m"), "--layers", "1", "--hidden", "32",
+                 "--heads", "2", "--kv-heads", "1", "--head-dim", "16"]) == 0
+    assert (tmp_path / "m" / "config.json").is_file()
+    assert "wrote tiny Qwen3 checkpoint" in capsys.readouterr().out

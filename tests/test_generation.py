@@ -1,0 +1,95 @@
+"""ReplyStream over any backend: deltas, metrics, finish reasons (a scripted backend)."""
+import pytest
+import torch
+
+from qwen_trt.backends.base import Backend, BackendInfo
+from qwen_trt.generation import ReplyStream
+from qwen_trt.params import SamplingParams
+from qwen_trt.sampling import filter_logits, sample
+
+
+class ScriptedBackend(Backend):
+    """Yields the token ids of a fixed text (then <|im_end|>), honouring max_new_tokens."""
+
+    def __init__(self, tokenizer, text):
+        super().__init__()
+        self._tok = tokenizer
+        self.script = tokenizer.encode(text, add_special_tokens=False) + [
+            tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+    @property
+    def info(self):
+        return BackendInfo("scripted", "test", "cpu", "float32", 100, 200)
+
+    @property
+    def tokenizer(self):
+        return self._tok
+
+    def stream(self, prompt_ids, params):
+        cancel = self._begin()
+        for tok in self.script[:params.max_new_tokens]:
+            if cancel.is_set():
+                return
+            yield tok
+
+
+TEXT = "你好！Emoji 🚀🎉 and 龘. **Markdown** <script>alert(1)</script>"
+
+
+def test_chinese_and_emoji_stream_exactly(tiny_tokenizer):
+    b = ScriptedBackend(tiny_tokenizer, TEXT)
+    rs = ReplyStream(b, [1, 2, 3], SamplingParams(max_new_tokens=500))
+    deltas = list(rs)
+    assert "".join(deltas) == TEXT == rs.reply.text
+    assert all("\ufffd" not in d for d in deltas)
+    assert len(deltas) > 5                               # it really streamed
+    m = rs.reply.metrics
+    assert m.finish_reason == "stop" and m.tokens == len(b.script) and m.prompt_tokens == 3
+    assert m.total_ms >= m.ttft_ms > 0
+
+
+def test_length_and_cancel(tiny_tokenizer):
+    b = ScriptedBackend(tiny_tokenizer, TEXT)
+    rs = ReplyStream(b, [1], SamplingParams(max_new_tokens=4))
+    list(rs)
+    assert rs.reply.metrics.finish_reason == "length" and rs.reply.metrics.tokens == 4
+    with ReplyStream(b, [1], SamplingParams(max_new_tokens=500)) as rs:
+        for i, _ in enumerate(rs):
+            if i == 2:
+                break
+    assert rs.reply.metrics.finish_reason == "cancelled"
+    assert TEXT.startswith(rs.reply.text) and 0 < len(rs.reply.text) < len(TEXT)
+
+
+def test_to_json_fields(tiny_tokenizer):
+    rs = ReplyStream(ScriptedBackend(tiny_tokenizer, "hi"), [1], SamplingParams(), dropped_turns=2)
+    list(rs)
+    j = rs.reply.to_json()
+    assert set(j) >= {"text", "finish_reason", "ttft_ms", "tokens", "tok_s", "dropped_turns"}
+    assert j["text"] == "hi" and j["dropped_turns"] == 2 and j["finish_reason"] == "stop"
+
+
+def test_sampling_params_validation():
+    for bad in (dict(max_new_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_p=1.5),
+                dict(top_k=-1)):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+    assert SamplingParams(temperature=0).greedy and SamplingParams(top_k=1).greedy
+    assert not SamplingParams().greedy
+
+
+def test_top_k_and_top_p_filters():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    k2 = filter_logits(logits, SamplingParams(temperature=1.0, top_k=2, top_p=1.0))
+    assert torch.isfinite(k2).tolist() == [[True, True, False, False, False]]
+    p = logits.softmax(-1)[0]                  # 0.636, 0.234, 0.086, ...
+    nucleus = filter_logits(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.8))
+    assert torch.isfinite(nucleus).tolist() == [[True, True, False, False, False]]
+    assert p[0] < 0.8 < p[0] + p[1]
+    tiny_p = filter_logits(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.1))
+    assert torch.isfinite(tiny_p).sum() == 1   # the top token always survives
+    g = torch.Generator().manual_seed(0)
+    draws = {int(sample(logits, SamplingParams(temperature=1.0, top_k=2, top_p=1.0), g))
+             for _ in range(200)}
+    assert draws == {0, 1}
+    assert int(sample(logits, SamplingParams(temperature=0), None)) == 0

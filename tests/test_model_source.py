@@ -1,0 +1,69 @@
+"""Model folder / hub id problems are one clear line, not a traceback."""
+import json
+import shutil
+
+import pytest
+
+from qwen_trt import model_source
+from qwen_trt.errors import ModelSourceError
+from qwen_trt.model_source import looks_like_path, resolve_model
+
+
+def test_resolves_the_tiny_folder(tiny_model_dir):
+    src = resolve_model(str(tiny_model_dir))
+    assert src.path == tiny_model_dir and src.model_type == "qwen3"
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(ModelSourceError, match="does not exist.*--model"):
+        resolve_model(str(tmp_path / "nope"))
+
+
+def test_not_qwen3(tiny_model_dir, tmp_path):
+    d = tmp_path / "llama"
+    shutil.copytree(tiny_model_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"], cfg["architectures"] = "llama", ["LlamaForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelSourceError, match="'llama' checkpoint.*not Qwen3"):
+        resolve_model(str(d))
+
+
+def test_folder_without_config_or_weights(tiny_model_dir, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelSourceError, match="no config.json"):
+        resolve_model(str(tmp_path / "empty"))
+    d = tmp_path / "noweights"
+    shutil.copytree(tiny_model_dir, d)
+    (d / "model.safetensors").unlink()
+    with pytest.raises(ModelSourceError, match="no weights"):
+        resolve_model(str(d))
+
+
+def test_unreachable_hub_says_how_to_use_a_local_folder(monkeypatch):
+    class LocalEntryNotFoundError(OSError):
+        pass
+
+    def offline(*a, **k):
+        raise LocalEntryNotFoundError("Name or service not known")
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(ModelSourceError) as e:
+        resolve_model("Qwen/Qwen3-4B-Instruct-2507")
+    msg = str(e.value)
+    assert "Cannot reach the Hugging Face hub" in msg and "--model" in msg
+    assert "huggingface-cli download Qwen/Qwen3-4B-Instruct-2507" in msg and "\n" not in msg
+
+
+def test_default_comes_from_env(monkeypatch, tiny_model_dir):
+    monkeypatch.setenv("QWEN_TRT_MODEL", str(tiny_model_dir))
+    assert resolve_model(None).path == tiny_model_dir
+    assert model_source.DEFAULT_MODEL_ID == "Qwen/Qwen3-4B-Instruct-2507"
+
+
+def test_hub_ids_versus_paths():
+    assert not looks_like_path("Qwen/Qwen3-4B-Instruct-2507")
+    for p in ("./x", "/abs/x", "~/x", "tiny", "a/b/c", "models/"):
+        assert looks_like_path(p), p
