@@ -213,8 +213,8 @@ class EngineService:
             return ServiceStatus(busy=self._running is not None, queued=len(self._waiting),
                                  served=self._served)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Cancel everything, stop the worker and free the backend."""
+    def close(self, timeout: float = 5.0, *, free_backend: bool = True) -> None:
+        """Cancel everything, stop the worker and (unless told not to) free the backend."""
         with self._lock:
             self._closed = True
             pending = list(self._waiting) + ([self._running] if self._running else [])
@@ -222,7 +222,8 @@ class EngineService:
             h.cancel()
         self._queue.put(None)
         self._worker.join(timeout)
-        self.backend.close()
+        if free_backend:
+            self.backend.close()
 
     # -- internals -----------------------------------------------------------------------------
     def _position(self, handle: RequestHandle) -> int:

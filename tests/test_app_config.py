@@ -1,0 +1,56 @@
+"""App settings: command line after ``--`` and QWEN_TRT_* environment variables."""
+from __future__ import annotations
+
+import pytest
+
+from qwen_trt.app_config import AppConfigError, config_key, options_table, parse_app_config
+from qwen_trt.backends import BackendConfig
+from qwen_trt.errors import QwenTrtError
+
+
+def test_nothing_given_means_auto():
+    assert parse_app_config([], {}) == BackendConfig()
+
+
+def test_command_line():
+    cfg = parse_app_config(["--model", "m", "--engine=e", "--backend", "torch", "--device", "cpu",
+                            "--dtype", "bfloat16", "--max-seq-len", "256"], {})
+    assert cfg == BackendConfig(backend="torch", model="m", engine="e", device="cpu",
+                                dtype="bfloat16", max_seq_len=256)
+
+
+def test_environment_and_command_line_wins():
+    env = {"QWEN_TRT_MODEL": "env-model", "QWEN_TRT_ENGINE": "env-engine",
+           "QWEN_TRT_BACKEND": "trtllm", "QWEN_TRT_DEVICE": "cuda:1", "QWEN_TRT_DTYPE": "float16",
+           "QWEN_TRT_MAX_SEQ_LEN": "512"}
+    cfg = parse_app_config([], env)
+    assert cfg == BackendConfig(backend="trtllm", model="env-model", engine="env-engine",
+                                device="cuda:1", dtype="float16", max_seq_len=512)
+    cfg = parse_app_config(["--model", "cli-model", "--backend", "torch"], env)
+    assert (cfg.model, cfg.backend, cfg.engine) == ("cli-model", "torch", "env-engine")
+
+
+def test_empty_environment_values_are_ignored():
+    assert parse_app_config([], {"QWEN_TRT_MODEL": "", "QWEN_TRT_BACKEND": " "}) == BackendConfig()
+
+
+@pytest.mark.parametrize("argv, env, words", [
+    (["--bogus", "1"], {}, "unrecognized arguments"),
+    (["--backend", "onnx"], {}, "Unknown backend 'onnx'"),
+    ([], {"QWEN_TRT_BACKEND": "vllm"}, "QWEN_TRT_BACKEND"),
+    (["--dtype", "int4"], {}, "Unknown dtype"),
+    (["--max-seq-len", "lots"], {}, "whole number"),
+    (["--model"], {}, "expected one argument"),
+])
+def test_bad_options_raise_one_clear_line(argv, env, words):
+    with pytest.raises(AppConfigError) as e:
+        parse_app_config(argv, env)
+    assert isinstance(e.value, QwenTrtError)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_config_key_differs_per_config_and_table_lists_every_env_var():
+    assert config_key(BackendConfig(model="a")) != config_key(BackendConfig(model="b"))
+    envs = [env for _, env, _ in options_table()]
+    assert envs == ["QWEN_TRT_MODEL", "QWEN_TRT_ENGINE", "QWEN_TRT_BACKEND", "QWEN_TRT_DEVICE",
+                    "QWEN_TRT_DTYPE", "QWEN_TRT_MAX_SEQ_LEN"]

@@ -1,0 +1,217 @@
+"""The chat UI's Streamlit-free logic: sanitising, block splitting, chunk coalescing, footers,
+and the per-session state that commits interrupted replies exactly once."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from qwen_trt.backends.base import Backend, BackendInfo
+from qwen_trt.chat import ChatSession
+from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
+from qwen_trt.serving import Delta, EngineService, Finished, Started, Waiting
+from qwen_trt.ui_state import ChatState
+from qwen_trt.ui_stream import StreamView, coalesce
+from qwen_trt.ui_text import (CURSOR, dropped_note, reply_footer, sanitize_markdown,
+                              stable_prefix_end, waiting_label)
+
+# -- sanitize_markdown --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("see ![x](https://evil.example/?q=secret)", "see \\![x](https://evil.example/?q=secret)"),
+    ("![a](u) and ![b][ref]\n\n[ref]: https://e.x/i.png", "\\![a](u) and \\![b][ref]\n\n[ref]: https://e.x/i.png"),
+    ("already \\![x](u)", "already \\![x](u)"),           # escaped once: left alone
+    ("slash \\\\![x](u)", "slash \\\\\\![x](u)"),          # "\\" is a literal backslash: still an image
+    ("no images [link](http://a.b) here!", "no images [link](http://a.b) here!"),
+    ("code `![x](u)` stays", "code `![x](u)` stays"),
+    ("```md\n![x](u)\n```\nafter ![y](v)", "```md\n![x](u)\n```\nafter \\![y](v)"),
+    ("~~~~\n```\n![x](u)\n~~~~\n![y](v)", "~~~~\n```\n![x](u)\n~~~~\n\\![y](v)"),
+])
+def test_sanitize_neutralises_images_outside_code(text, expected):
+    assert sanitize_markdown(text) == expected
+
+
+def test_sanitize_keeps_html_as_text_for_streamlit_to_escape():
+    payload = "<script>alert(1)</script> <img src=x onerror=alert(2)> **bold**"
+    assert sanitize_markdown(payload) == payload
+
+
+# -- stable_prefix_end / StreamView ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, prefix", [
+    ("one line", ""),
+    ("para one\n\npara two", "para one\n\n"),
+    ("a\n\nb\n\nc d", "a\n\nb\n\n"),
+    ("a\n\n    indented code", ""),                   # an indented line may continue a block
+    ("```py\nx = 1\n\ny = 2\n", ""),                   # blank line inside an open fence
+    ("```py\nx = 1\n\ny = 2\n```\n\nafter", "```py\nx = 1\n\ny = 2\n```\n\n"),
+    ("a\n\n", ""),                                     # what follows is not known yet
+])
+def test_stable_prefix_end(text, prefix):
+    assert text[:stable_prefix_end(text)] == prefix
+
+
+def test_stream_view_renders_final_blocks_once_and_a_small_tail():
+    view = StreamView()
+    pieces = ["Hello", " world.\n", "\nSecond ", "para ![i](http://x/y)", "\n\nThird"]
+    blocks, tails = [], []
+    for p in pieces:
+        u = view.add(p)
+        blocks += u.new_blocks
+        tails.append(u.tail)
+    assert blocks == ["Hello world.\n\n", "Second para \\![i](http://x/y)\n\n"]
+    assert tails[-1] == "Third" + CURSOR
+    assert all(t.endswith(CURSOR) for t in tails)
+    assert "".join(blocks) + tails[-1][:-1] == sanitize_markdown("".join(pieces))
+
+
+# -- coalesce -----------------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _timed(clock: FakeClock, items):
+    for t, ev in items:
+        clock.t = t
+        yield ev
+
+
+def test_coalesce_merges_deltas_within_interval_and_keeps_order():
+    clock = FakeClock()
+    r = Reply("abcdef", ReplyMetrics())
+    items = [(0.000, Started(0.0)), (0.001, Delta("a")), (0.010, Delta("b")), (0.020, Delta("c")),
+             (0.035, Delta("d")), (0.040, Delta("e")), (0.050, Waiting(0, 0.05)),
+             (0.080, Waiting(0, 0.08)), (0.081, Delta("f")), (0.090, Finished(r))]
+    out = list(coalesce(_timed(clock, items), interval_s=0.03, clock=clock))
+    assert out == [Started(0.0), Delta("a"), Delta("bcd"), Waiting(0, 0.05),
+                   Delta("e"), Waiting(0, 0.08), Delta("f"), Finished(r)]
+
+
+def test_coalesce_flushes_pending_text_at_the_end():
+    clock = FakeClock()
+    out = list(coalesce(_timed(clock, [(0, Delta("a")), (0.001, Delta("b"))]), 0.03, clock))
+    assert out == [Delta("a"), Delta("b")]
+
+
+def test_coalesce_bounds_chunks_for_a_long_fast_stream():
+    clock = FakeClock()
+    items = [(i * 0.001, Delta("t")) for i in range(3000)]    # 3000 tokens in 3 s
+    out = list(coalesce(_timed(clock, items), interval_s=0.03, clock=clock))
+    assert "".join(d.text for d in out) == "t" * 3000
+    assert len(out) <= 3.0 / 0.03 + 2
+
+
+# -- footers and labels -------------------------------------------------------------------------
+
+
+def test_reply_footer_and_notes():
+    done = Reply("x", ReplyMetrics(ttft_ms=42.4, tokens=120, decode_tok_s=87.26, finish_reason="stop"))
+    assert reply_footer(done) == "first token 42 ms · 120 tokens · 87.3 tokens/s"
+    cut = Reply("x", ReplyMetrics(ttft_ms=1500, tokens=9, decode_tok_s=5, finish_reason="length"))
+    assert reply_footer(cut, waited_s=2.04) == (
+        "first token 1.50 s · 9 tokens · 5.0 tokens/s · stopped at max length · "
+        "waited 2.0 s for the engine")
+    assert reply_footer(Reply("", ReplyMetrics(finish_reason="cancelled"))) == \
+        "interrupted before the first token"
+    assert "interrupted" in reply_footer(Reply("ab", ReplyMetrics(tokens=2, finish_reason="cancelled")))
+    assert dropped_note(0) == ""
+    assert "1 oldest turn was left out" in dropped_note(1)
+    assert "3 oldest turns were left out" in dropped_note(3)
+    assert waiting_label(0, 3) == ""
+    assert waiting_label(2, 3.4) == "Waiting for the engine: 2 requests ahead of yours (3 s)"
+
+
+# -- ChatState ----------------------------------------------------------------------------------
+
+
+class TextBackend(Backend):
+    """Yields the ids of ``text`` then <|im_end|>; waits on ``gate`` before each token."""
+
+    def __init__(self, tokenizer, text: str) -> None:
+        super().__init__()
+        self._tok = tokenizer
+        self.ids = tokenizer.encode(text, add_special_tokens=False)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    @property
+    def info(self):
+        return BackendInfo("text", "fake", "cpu", "float32", 1023, 1024)
+
+    @property
+    def tokenizer(self):
+        return self._tok
+
+    def stream(self, prompt_ids, params):
+        cancel = self._begin()
+        for tid in self.ids[:params.max_new_tokens]:
+            while not self.gate.wait(0.005):
+                if cancel.is_set():
+                    return
+            yield tid
+            if cancel.is_set():
+                return
+        yield self._tok.convert_tokens_to_ids("<|im_end|>")
+
+
+@pytest.fixture
+def text_service(tiny_tokenizer):
+    backend = TextBackend(tiny_tokenizer, "Hello world")
+    svc = EngineService(backend)
+    yield svc, backend
+    backend.gate.set()
+    svc.close()
+
+
+PARAMS = SamplingParams(max_new_tokens=64, temperature=0)
+
+
+def test_chat_state_commits_a_finished_reply_once(text_service, tiny_tokenizer):
+    svc, _ = text_service
+    state = ChatState(ChatSession(tiny_tokenizer))
+    pending = state.start("hi", svc.submit([1, 2, 3], PARAMS))
+    assert pending.handle.wait(30)
+    reply = state.commit_pending(pending)
+    assert reply is not None and reply.text == "Hello world"
+    assert state.commit_pending(pending) is None            # the other thread loses the race
+    [(u, a, note)] = state.turns()
+    assert (u.content, a.content, a.interrupted) == ("hi", "Hello world", False)
+    assert note.footer.startswith("first token")
+
+
+def test_chat_state_keeps_an_interrupted_reply(text_service, tiny_tokenizer):
+    svc, backend = text_service
+    backend.gate.clear()
+    state = ChatState(ChatSession(tiny_tokenizer))
+    state.start("first", svc.submit([1, 2, 3], PARAMS))
+    # The next run (a new message) commits the old one, cancelled, before starting its own.
+    backend.gate.set()
+    state.commit_pending()
+    [(u, a, note)] = state.turns()
+    assert u.content == "first" and a.interrupted
+    assert "Hello world".startswith(a.content)
+    assert "interrupted" in note.footer
+    assert state.pending is None
+
+
+def test_chat_state_clear_cancels_and_forgets(text_service, tiny_tokenizer):
+    svc, backend = text_service
+    state = ChatState(ChatSession(tiny_tokenizer))
+    state.start("a", svc.submit([1], PARAMS))
+    state.commit_pending()
+    backend.gate.clear()
+    pending = state.start("b", svc.submit([1], PARAMS))
+    state.clear()
+    assert state.chat.messages == [] and state.turns() == [] and state.pending is None
+    assert pending.handle.cancelled
+    assert pending.handle.result(30).metrics.finish_reason == "cancelled"
+    assert state.commit_pending(pending) is None             # nothing comes back after clear
+    assert state.chat.messages == []
