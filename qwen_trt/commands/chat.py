@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from qwen_trt.backends import BACKENDS, BackendConfig, load_backend
@@ -18,8 +19,10 @@ def add_backend_args(p) -> None:
     """Options that choose and load a backend (shared with other commands)."""
     p.add_argument("--model", default=None,
                    help="model folder or hub id (default: $QWEN_TRT_MODEL or Qwen/Qwen3-4B-Instruct-2507)")
-    p.add_argument("--backend", choices=BACKENDS, default="auto")
-    p.add_argument("--engine", default=None, help="TensorRT-LLM engine folder (default engines/<gpu>/)")
+    p.add_argument("--backend", choices=BACKENDS, default=os.environ.get("QWEN_TRT_BACKEND", "auto"),
+                   help="default: $QWEN_TRT_BACKEND or auto")
+    p.add_argument("--engine", default=os.environ.get("QWEN_TRT_ENGINE"),
+                   help="TensorRT-LLM engine folder (default: $QWEN_TRT_ENGINE or engines/<gpu>/)")
     p.add_argument("--device", default="auto", help="torch backend: auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="torch backend weights dtype (auto: float32 on CPU, bfloat16 on CUDA)")
