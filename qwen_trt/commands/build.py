@@ -1,0 +1,49 @@
+"""``qwen-trt build --gpu a10 [--model M]``: build the TensorRT-LLM engine for one GPU profile
+(what ``make engine GPU=a10`` runs). See :mod:`qwen_trt.engine_build` for the stages."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("build", help="build the FP16 TensorRT-LLM engine for a GPU profile")
+    p.add_argument("--gpu", default=None,
+                   help="profile name in build/profiles/ (a10, a10g, l4, a100, h100, h200, "
+                        "rtx4090) or a path to a .toml profile")
+    p.add_argument("--model", default=None,
+                   help="checkpoint folder or hub id (default: $QWEN_TRT_MODEL or "
+                        "Qwen/Qwen3-4B-Instruct-2507)")
+    p.add_argument("--out-dir", default="build/out", help="work folder (TensorRT-LLM checkpoint)")
+    p.add_argument("--engines-dir", default="engines", help="engine folders go to <this>/<gpu>/")
+    p.add_argument("--profiles-dir", default=None, help="folder of <gpu>.toml profiles")
+    p.add_argument("--force", action="store_true", help="rerun every stage")
+    p.add_argument("--list", action="store_true", help="list the profiles and exit")
+    p.set_defaults(func=run)
+
+
+def list_profiles(profiles_dir: Path | None) -> int:
+    from qwen_trt.build_profiles import load_all
+
+    print(f"{'profile':<9} {'sm':<5} {'GiB':>4} {'batch':>5} {'max_seq_len':>11} "
+          f"{'max_input_len':>13} {'max_num_tokens':>14}  description")
+    for pr in load_all(profiles_dir):
+        b = pr.build
+        print(f"{pr.name:<9} {pr.gpu.sm:<5} {pr.gpu.memory_gib:>4.0f} {b.max_batch_size:>5} "
+              f"{b.max_seq_len:>11} {b.max_input_len:>13} {b.max_num_tokens:>14}  {pr.description}")
+    return 0
+
+
+def run(args) -> int:
+    from qwen_trt.engine_build import BuildRequest, run_build
+    from qwen_trt.errors import QwenTrtError
+
+    profiles_dir = Path(args.profiles_dir) if args.profiles_dir else None
+    if args.list:
+        return list_profiles(profiles_dir)
+    if not args.gpu:
+        raise QwenTrtError("Say which GPU profile to build: --gpu a10 (see `qwen-trt build --list`).")
+    result = run_build(BuildRequest(gpu=args.gpu, model=args.model, out_dir=Path(args.out_dir),
+                                    engines_dir=Path(args.engines_dir), profiles_dir=profiles_dir,
+                                    force=args.force))
+    print(result.engine_dir)
+    return 0

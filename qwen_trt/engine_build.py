@@ -1,0 +1,396 @@
+"""``qwen-trt build``: HF checkpoint -> TensorRT-LLM checkpoint -> per-GPU FP16 engine folder.
+
+Stages (each prints one line with its timing; export and build are skipped when the hash of
+their inputs matches the stamp of their last run, ``force`` reruns them):
+
+1. resolve  the checkpoint (folder or hub id) and check it is Qwen3 with consistent shapes
+2. export   ``QWenForCausalLM.from_hugging_face(dir, dtype="float16", mapping=Mapping(...))``
+            then ``save_checkpoint(build/out/<gpu>/checkpoint, save_config=True)``
+3. build    ``tensorrt_llm.build(QWenForCausalLM.from_checkpoint(ckpt), BuildConfig(...))``
+            then ``engine.save(engines/<gpu>/)``, tokenizer files, ``manifest.json``
+4. verify   the engine's ``config.json`` has the limits and plugins the profile asked for
+
+TensorRT-LLM calls were checked against NVIDIA/TensorRT-LLM sources (stored snapshots; the
+search index does not say which tag each commit is, so the commit is recorded):
+
+* ``QWenForCausalLM.from_hugging_face(hf_model_or_dir, dtype='auto', mapping=None,
+  quant_config=None, **kwargs)``: tensorrt_llm/models/qwen/model.py @04a2cacb.
+* ``PretrainedModel.save_checkpoint(output_dir, save_config=True)`` / ``from_checkpoint(ckpt_dir)``:
+  the flow of examples/models/core/qwen/convert_checkpoint.py @65b31db1 and
+  tensorrt_llm/commands/build.py @008b2b8d (``build_and_save`` -> ``engine.save(output_dir)``).
+* ``BuildConfig(max_input_len, max_seq_len, max_batch_size, max_beam_width, max_num_tokens,
+  kv_cache_type: KVCacheType, plugin_config: PluginConfig, ...)`` and ``Engine.save``:
+  tensorrt_llm/builder.py @008b2b8d; ``KVCacheType`` from ``tensorrt_llm.bindings`` (the same
+  import in builder.py and runtime/model_runner_cpp.py @03832911).
+* ``PluginConfig`` fields ``gpt_attention_plugin``, ``gemm_plugin``, ``remove_input_padding``,
+  ``context_fmha``, ``use_paged_context_fmha``: tensorrt_llm/plugin/plugin.py @035b99e0 (a
+  dataclass there, a pydantic model in 1.x; both take attribute assignment).
+* ``Mapping(world_size, rank, tp_size, pp_size)``: tensorrt_llm/mapping.py, imported as
+  ``tensorrt_llm.mapping.Mapping`` by runtime/model_runner_cpp.py @03832911.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwen_trt.build_profiles import BuildProfile, load_all, load_profile
+from qwen_trt.engine_env import library_versions, require_disk, require_trtllm
+from qwen_trt.engine_manifest import (TOKENIZER_DIR, TOKENIZER_FILES, Stamp, checkpoint_files,
+                                      content_hash, fingerprint, hub_revision, make_manifest,
+                                      write_manifest)
+from qwen_trt.errors import ModelSourceError, QwenTrtError
+from qwen_trt.gpu import check_profile_matches, require_gpu
+from qwen_trt.model_source import ModelSource, resolve_model
+
+ENGINE_FILES = ("config.json", "rank0.engine")
+CHECKPOINT_FILES = ("config.json", "rank0.safetensors")
+GB = 10**9
+
+
+class BuildError(QwenTrtError):
+    """TensorRT-LLM failed to export or build, or built something other than asked for."""
+
+
+# ---------------------------------------------------------------- model checks (pure)
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_positions: int
+    tied_embeddings: bool
+
+
+def check_model_shapes(config: dict, where: str = "config.json") -> ModelShape:
+    """The Qwen3 shape facts the TensorRT-LLM converter relies on.
+
+    Qwen3-4B has head_dim 128 while hidden/heads = 2560/32 = 80; converters that derive the
+    head size from hidden/heads build wrong-shaped QKV weights (NVIDIA/TensorRT-LLM#5912), so
+    head_dim must be written in config.json.
+    """
+    try:
+        shape = ModelShape(
+            layers=int(config["num_hidden_layers"]), hidden=int(config["hidden_size"]),
+            heads=int(config["num_attention_heads"]),
+            kv_heads=int(config.get("num_key_value_heads", config["num_attention_heads"])),
+            head_dim=int(config["head_dim"]) if "head_dim" in config else 0,
+            vocab=int(config["vocab_size"]),
+            max_positions=int(config.get("max_position_embeddings", 0)),
+            tied_embeddings=bool(config.get("tie_word_embeddings", False)))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelSourceError(f"{where}: missing or bad shape key {e}.") from e
+    if shape.head_dim <= 0:
+        raise ModelSourceError(
+            f"{where} has no head_dim: Qwen3 sets it explicitly (128 for Qwen3-4B, not "
+            f"hidden/heads = {shape.hidden}/{shape.heads}); add \"head_dim\" to config.json.")
+    if shape.heads % shape.kv_heads:
+        raise ModelSourceError(f"{where}: num_attention_heads {shape.heads} is not a multiple of "
+                               f"num_key_value_heads {shape.kv_heads}.")
+    if min(shape.layers, shape.hidden, shape.heads, shape.vocab) <= 0:
+        raise ModelSourceError(f"{where}: layer/hidden/head/vocab sizes must be positive.")
+    if shape.hidden == 2560 and shape.layers == 36 and shape.head_dim != 128:  # Qwen3-4B
+        raise ModelSourceError(f"{where}: a Qwen3-4B config (36 layers, hidden 2560) with head_dim "
+                               f"{shape.head_dim}; the real model has head_dim 128.")
+    return shape
+
+
+# ---------------------------------------------------------------- profile -> TensorRT-LLM (pure)
+
+def plugin_settings(profile: BuildProfile) -> dict:
+    """PluginConfig attributes to set (names as in tensorrt_llm/plugin/plugin.py)."""
+    b = profile.build
+    return {
+        "gpt_attention_plugin": b.gpt_attention_plugin,
+        "gemm_plugin": b.gemm_plugin,
+        "remove_input_padding": b.remove_input_padding,
+        "context_fmha": b.context_fmha,
+        "use_paged_context_fmha": b.use_paged_context_fmha,
+    }
+
+
+def build_config_kwargs(profile: BuildProfile) -> dict:
+    """BuildConfig keyword arguments, max_seq_len always explicit (the model default is 262144).
+
+    ``kv_cache_type`` is the profile's string; :func:`make_build_config` turns it into the
+    ``tensorrt_llm.bindings.KVCacheType`` enum.
+    """
+    b = profile.build
+    return {
+        "max_batch_size": b.max_batch_size,
+        "max_input_len": b.max_input_len,
+        "max_seq_len": b.max_seq_len,
+        "max_num_tokens": b.max_num_tokens,
+        "max_beam_width": b.max_beam_width,
+        "kv_cache_type": b.kv_cache_type,
+    }
+
+
+def build_flags(profile: BuildProfile) -> dict:
+    """Everything that decides the engine, as recorded in the manifest and the build stamp."""
+    return {"dtype": profile.build.dtype, "build_config": build_config_kwargs(profile),
+            "plugin_config": plugin_settings(profile)}
+
+
+def make_build_config(profile: BuildProfile):
+    """A real ``tensorrt_llm.BuildConfig`` for ``profile`` (needs tensorrt_llm)."""
+    from tensorrt_llm import BuildConfig
+    from tensorrt_llm.bindings import KVCacheType
+    from tensorrt_llm.plugin import PluginConfig
+
+    plugin = PluginConfig()
+    for name, value in plugin_settings(profile).items():
+        setattr(plugin, name, value)
+    kwargs = build_config_kwargs(profile)
+    kwargs["kv_cache_type"] = {"paged": KVCacheType.PAGED}[kwargs["kv_cache_type"]]
+    return BuildConfig(plugin_config=plugin, **kwargs)
+
+
+def verify_engine_config(engine_dir: Path, profile: BuildProfile, shape: ModelShape) -> None:
+    """Check the ``config.json`` TensorRT-LLM wrote against what we asked for."""
+    path = engine_dir / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+        bc, pc = cfg["build_config"], cfg["build_config"]["plugin_config"]
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
+        raise BuildError(f"{path} is missing or has no build_config ({e}).") from e
+    problems = []
+    for key, want in build_config_kwargs(profile).items():
+        have = bc.get(key)
+        if key == "kv_cache_type":
+            have, want = str(have).split(".")[-1].lower(), want
+        if have != want:
+            problems.append(f"build_config.{key} = {have!r}, asked {want!r}")
+    for key in ("remove_input_padding", "context_fmha"):
+        if key in pc and bool(pc[key]) != getattr(profile.build, key):
+            problems.append(f"plugin_config.{key} = {pc[key]!r}")
+    if not pc.get("gpt_attention_plugin"):
+        problems.append("plugin_config.gpt_attention_plugin is off")
+    head = (cfg.get("pretrained_config") or {}).get("head_size")
+    if head is not None and int(head) != shape.head_dim:
+        problems.append(f"pretrained_config.head_size = {head}, the checkpoint's head_dim is "
+                        f"{shape.head_dim}")
+    if problems:
+        raise BuildError(f"The engine in {engine_dir} is not what profile {profile.name} asked "
+                         f"for: {'; '.join(problems)}.")
+
+
+# ---------------------------------------------------------------- progress lines
+
+class StageLog:
+    """``[2/4] export  ...  done in 12.3 s`` lines on stderr (or any writer)."""
+
+    def __init__(self, total: int, write: Callable[[str], None] | None = None) -> None:
+        self.total = total
+        self.n = 0
+        self._write = write or (lambda s: print(s, file=sys.stderr, flush=True))
+        self.timings: dict[str, float] = {}
+
+    def line(self, text: str) -> None:
+        self._write(text)
+
+    def run(self, name: str, what: str, fn: Callable[[], object], *, skip: bool = False):
+        self.n += 1
+        head = f"[{self.n}/{self.total}] {name:<8} {what}"
+        if skip:
+            self._write(f"{head}: skipped (inputs unchanged; --force rebuilds)")
+            self.timings[name] = 0.0
+            return None
+        self._write(f"{head} ...")
+        t = time.perf_counter()
+        result = fn()
+        dt = time.perf_counter() - t
+        self.timings[name] = round(dt, 3)
+        self._write(f"[{self.n}/{self.total}] {name:<8} done in {dt:.1f} s")
+        return result
+
+
+# ---------------------------------------------------------------- pipeline
+
+@dataclass
+class BuildRequest:
+    gpu: str                                   # profile name: "a10"
+    model: str | None = None                   # folder or hub id
+    out_dir: Path = Path("build/out")
+    engines_dir: Path = Path("engines")
+    profiles_dir: Path | None = None
+    force: bool = False
+
+
+@dataclass
+class BuildResult:
+    engine_dir: Path
+    manifest: dict
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def _weights_bytes(source: ModelSource) -> int:
+    return sum(f.stat().st_size for f in checkpoint_files(source.path))
+
+
+def _tokenizer_info(source: ModelSource) -> dict:
+    from transformers import AutoTokenizer
+
+    from qwen_trt.chat_template import ENDOFTEXT, IM_END
+    from qwen_trt.generation import default_stop_ids
+
+    tok = AutoTokenizer.from_pretrained(source.path)
+    im_end = tok.convert_tokens_to_ids(IM_END)
+    eot = tok.convert_tokens_to_ids(ENDOFTEXT)
+    end_id = im_end if isinstance(im_end, int) and im_end != tok.unk_token_id else tok.eos_token_id
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else eot
+    return {"end_id": end_id, "pad_id": pad_id, "stop_ids": list(default_stop_ids(tok)),
+            "files": []}
+
+
+def _copy_tokenizer(source: ModelSource, dest: Path) -> list[str]:
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in TOKENIZER_FILES:
+        f = source.path / name
+        if f.is_file():
+            shutil.copy2(f, dest / name)
+            copied.append(name)
+    return copied
+
+
+def export_checkpoint(source: ModelSource, ckpt_dir: Path) -> None:
+    """HF folder -> TensorRT-LLM checkpoint (config.json + rank0.safetensors)."""
+    from tensorrt_llm.mapping import Mapping
+    from tensorrt_llm.models import MODEL_MAP
+
+    archs = source.config.get("architectures") or ["Qwen3ForCausalLM"]
+    model_cls = MODEL_MAP.get(archs[0])
+    if model_cls is None:
+        raise BuildError(f"This tensorrt_llm has no TensorRT engine support for {archs[0]} "
+                         f"(Qwen3 needs tensorrt_llm>=1.0).")
+    if ckpt_dir.exists():
+        shutil.rmtree(ckpt_dir)
+    mapping = Mapping(world_size=1, rank=0, tp_size=1, pp_size=1)
+    try:
+        model = model_cls.from_hugging_face(str(source.path), dtype="float16", mapping=mapping)
+        model.save_checkpoint(str(ckpt_dir), save_config=True)
+    except QwenTrtError:
+        raise
+    except Exception as e:  # converter assertion, shape mismatch, OOM...
+        first = (str(e).splitlines() or [""])[0]
+        raise BuildError(f"TensorRT-LLM could not convert {source.name} ({type(e).__name__}: "
+                         f"{first}); the full log is above.") from e
+    finally:
+        model = None
+        gc.collect()
+
+
+def build_engine(ckpt_dir: Path, profile: BuildProfile, engine_dir: Path) -> None:
+    """TensorRT-LLM checkpoint -> engine folder (config.json + rank0.engine)."""
+    import tensorrt_llm
+    from tensorrt_llm.models import MODEL_MAP
+
+    arch = json.loads((ckpt_dir / "config.json").read_text()).get("architecture",
+                                                                  "Qwen3ForCausalLM")
+    model_cls = MODEL_MAP[arch]
+    try:
+        model = model_cls.from_checkpoint(str(ckpt_dir))
+        engine = tensorrt_llm.build(model, make_build_config(profile))
+        engine.save(str(engine_dir))
+    except QwenTrtError:
+        raise
+    except Exception as e:
+        first = (str(e).splitlines() or [""])[0]
+        raise BuildError(f"TensorRT-LLM failed to build the engine ({type(e).__name__}: {first}); "
+                         f"the full log is above.") from e
+    finally:
+        model = engine = None
+        gc.collect()
+
+
+def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> BuildResult:
+    """Run the guarded pipeline; raises a :class:`QwenTrtError` subclass on any user problem."""
+    profile = load_profile(req.gpu, req.profiles_dir)
+    trtllm = require_trtllm()
+    gpu = require_gpu()
+    check_profile_matches(gpu, profile, load_all(profile.path.parent))
+    log = StageLog(4, write)
+    log.line(f"qwen-trt build: profile {profile.name} on {gpu.describe()}, "
+             f"tensorrt_llm {trtllm.__version__}")
+
+    source: ModelSource = log.run("resolve", f"model {req.model or '(default)'}",
+                                  lambda: resolve_model(req.model))
+    shape = check_model_shapes(source.config, f"'{source.name}'/config.json")
+    versions = library_versions()
+
+    out = Path(req.out_dir) / profile.name
+    ckpt_dir = out / "checkpoint"
+    engine_dir = Path(req.engines_dir) / profile.name
+    export_stamp = Stamp("export", {
+        "checkpoint": fingerprint(source.path, checkpoint_files(source.path)),
+        "dtype": profile.build.dtype, "tensorrt_llm": versions["tensorrt_llm"]})
+    tok_files = [source.path / n for n in TOKENIZER_FILES if (source.path / n).is_file()]
+    build_stamp = Stamp("build", {
+        "export": export_stamp.digest, "flags": build_flags(profile),
+        "limits_runtime": profile.to_dict()["runtime"],
+        "versions": {k: versions[k] for k in ("tensorrt_llm", "tensorrt")},
+        "gpu": {"name": gpu.name, "cc": gpu.cc},
+        "tokenizer": fingerprint(source.path, tok_files)})
+
+    skip_export = not req.force and export_stamp.is_current(ckpt_dir, CHECKPOINT_FILES)
+    skip_build = (not req.force and skip_export
+                  and build_stamp.is_current(engine_dir, ENGINE_FILES + ("manifest.json",)))
+    weights = _weights_bytes(source)
+    if not skip_export:
+        require_disk(out, int(weights * 1.1) + GB, "the TensorRT-LLM checkpoint")
+    if not skip_build:
+        require_disk(Path(req.engines_dir), int(weights * 1.2) + GB, "the engine")
+
+    def do_export() -> None:
+        export_checkpoint(source, ckpt_dir)
+        export_stamp.write(ckpt_dir)
+
+    log.run("export", f"-> {ckpt_dir}", do_export, skip=skip_export)
+    tmp = engine_dir.with_name(f".{engine_dir.name}.building")
+
+    def do_build() -> None:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        build_engine(ckpt_dir, profile, tmp)
+
+    log.run("build", f"-> {engine_dir}", do_build, skip=skip_build)
+    if skip_build:
+        from qwen_trt.engine_manifest import read_manifest
+
+        return BuildResult(engine_dir, read_manifest(engine_dir), ran=["resolve"],
+                           skipped=["export", "build", "verify"])
+
+    def do_verify() -> dict:
+        verify_engine_config(tmp, profile, shape)
+        tok = _tokenizer_info(source)
+        tok["files"] = _copy_tokenizer(source, tmp / TOKENIZER_DIR)
+        model_info = {
+            "source": source.name, "path": str(source.path), "revision": hub_revision(source.path),
+            "checkpoint_sha256": content_hash(checkpoint_files(source.path), source.path),
+            "shape": shape.__dict__}
+        manifest = make_manifest(gpu=gpu, profile=profile, versions=versions, model=model_info,
+                                 build_flags=build_flags(profile), timings_s=dict(log.timings),
+                                 stamp_digest=build_stamp.digest, tokenizer=tok)
+        write_manifest(tmp, manifest)
+        build_stamp.write(tmp)
+        if engine_dir.exists():
+            shutil.rmtree(engine_dir)
+        tmp.rename(engine_dir)
+        return manifest
+
+    manifest = log.run("verify", "engine config, tokenizer, manifest.json", do_verify)
+    log.line(f"engine ready: {engine_dir} (chat with `qwen-trt chat --backend trtllm`)")
+    ran = ["resolve"] + [s for s, sk in (("export", skip_export), ("build", False)) if not sk]
+    return BuildResult(engine_dir, manifest, ran=ran + ["verify"],
+                       skipped=["export"] if skip_export else [])
