@@ -1,0 +1,81 @@
+"""The torch backend's fast path: our compact Qwen3 (:mod:`qwen_trt.fast`) behind the same
+:class:`Backend` contract. ``BackendConfig(fast="auto")`` picks it on CUDA; on CPU it runs
+eagerly (used by the tests); ``fast="off"`` keeps the HF transformers reference path."""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from qwen_trt.backends.base import Backend, BackendInfo
+from qwen_trt.backends.torch_backend import DEFAULT_MAX_SEQ_LEN, pick_device, pick_dtype
+from qwen_trt.errors import ModelSourceError
+from qwen_trt.model_source import ModelSource, resolve_model
+from qwen_trt.params import SamplingParams
+
+FAST_MODES = ("auto", "on", "off")
+
+
+def use_fast(mode: str, device: str) -> bool:
+    """Whether ``mode`` selects the fast path on ``device`` (already resolved, e.g. 'cuda')."""
+    if mode not in FAST_MODES:
+        raise ValueError(f"fast must be one of {', '.join(FAST_MODES)}, got {mode!r}")
+    if mode == "auto":
+        return device.startswith("cuda")
+    return mode == "on"
+
+
+class FastBackend(Backend):
+    """Compiled, graph-replayed Qwen3 on CUDA (eager on CPU); name ``torch-fast``."""
+
+    name = "torch-fast"
+
+    def __init__(self, source: ModelSource, engine, tokenizer) -> None:
+        super().__init__()
+        import torch
+
+        self.source = source
+        self.engine = engine
+        self._tokenizer = tokenizer
+        dev = engine.device
+        dev_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        n = engine.max_seq_len
+        self._info = BackendInfo(name=self.name, model=source.name, device=dev_name,
+                                 dtype=str(engine.model.dtype).replace("torch.", ""),
+                                 max_input_len=n - 1, max_seq_len=n)
+
+    @classmethod
+    def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
+             max_seq_len: int | None = None, warmup: bool = True) -> "FastBackend":
+        from transformers import AutoTokenizer
+
+        from qwen_trt.fast import FastConfig, load_fast_engine
+
+        source = resolve_model(model)
+        device = pick_device(device)
+        torch_dtype = pick_dtype(dtype, device)
+        cfg = FastConfig.from_hf(source.config)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source.path)
+        except (OSError, ValueError) as e:
+            raise ModelSourceError(f"Could not load '{source.name}': {e}".splitlines()[0]) from e
+        engine = load_fast_engine(cfg, weights=source.path, dtype=torch_dtype, device=device,
+                                  max_seq_len=max_seq_len or DEFAULT_MAX_SEQ_LEN, warmup=warmup)
+        return cls(source, engine, tokenizer)
+
+    @property
+    def info(self) -> BackendInfo:
+        return self._info
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
+        cancel = self._begin()
+        yield from self.engine.generate(prompt_ids, params, cancel)
+
+    def close(self) -> None:
+        import torch
+
+        self.engine = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,274 @@
+"""Runs :class:`Qwen3Fast` for one request at a time: bucketed prefill, graph-replayed decode.
+
+On CUDA (the default there) the decode step -- model forward plus token choice plus advancing
+the position -- is compiled by inductor and captured as one CUDA graph per (KV-length bucket,
+sampler kind); the prefill is compiled once with a dynamic length and captured per prompt-length
+bucket. Everything is compiled and captured in :meth:`FastEngine.warmup`, at load time.
+
+Host/device traffic per token is one 8-byte copy into pinned memory. The engine keeps one
+step in flight: it launches step n+1 before waiting for token n, so the GPU never idles on the
+host; when the caller stops early the extra step's result is simply dropped.
+
+On CPU (CI) the same code runs eagerly, without compile or graphs.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from qwen_trt.errors import PromptTooLongError
+from qwen_trt.fast.model import Qwen3Fast
+from qwen_trt.fast.sampler import Kind, SamplerState, pick, sampler_kind
+from qwen_trt.params import SamplingParams
+
+PREFILL_GRAPH_MAX = 4096   # prompts longer than this run compiled but not graph-captured
+PREFILL_PAD = 512          # ...padded to a multiple of this (bounds recompiles/autotune)
+MIN_PREFILL_BUCKET = 16
+MIN_KV_BUCKET = 256
+DECODE_COMPILE_OPTIONS = {"coordinate_descent_tuning": True}   # M=1 matmuls -> fused GEMV
+
+
+def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
+    """lo, 2lo, 4lo, ... below ``hi``, then ``hi`` itself."""
+    out, b = [], lo
+    while b < hi:
+        out.append(b)
+        b *= 2
+    out.append(hi)
+    return tuple(out)
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclass
+class EngineStats:
+    """What load/warm-up cost (for the benchmark and the UI)."""
+
+    compile: bool = False
+    graphs: bool = False
+    warmup_s: float = 0.0
+    prefill_graphs: int = 0
+    decode_graphs: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class _HostTokens:
+    """Token ids coming back to the host: a pinned ring + events on CUDA, plain reads on CPU."""
+
+    def __init__(self, device: torch.device, slots: int = 4) -> None:
+        self.cuda = device.type == "cuda"
+        self.slots = slots
+        self.i = 0
+        if self.cuda:
+            self.buf = torch.zeros(slots, dtype=torch.long, pin_memory=True)
+            self.events = [torch.cuda.Event() for _ in range(slots)]
+
+    def push(self, tok: torch.Tensor) -> Callable[[], int]:
+        if not self.cuda:
+            value = int(tok.item())
+            return lambda: value
+        i = self.i
+        self.i = (i + 1) % self.slots
+        self.buf[i:i + 1].copy_(tok, non_blocking=True)
+        self.events[i].record()
+        buf, ev = self.buf, self.events[i]
+
+        def get() -> int:
+            ev.synchronize()
+            return int(buf[i])
+        return get
+
+
+class FastEngine:
+    def __init__(self, model: Qwen3Fast, *, compile: bool | None = None,
+                 graphs: bool | None = None, kv_buckets: Sequence[int] | None = None,
+                 prefill_buckets: Sequence[int] | None = None) -> None:
+        on_cuda = model.device.type == "cuda"
+        self.model = model.eval()
+        self.device = model.device
+        self.max_seq_len = model.max_seq_len
+        self.compile = on_cuda if compile is None else compile
+        self.graphs = (on_cuda if graphs is None else graphs) and on_cuda
+        n = self.max_seq_len
+        self.kv_buckets = tuple(kv_buckets or pow2_buckets(min(MIN_KV_BUCKET, n), n))
+        self.prefill_buckets = tuple(prefill_buckets or pow2_buckets(
+            min(MIN_PREFILL_BUCKET, n), min(n, PREFILL_GRAPH_MAX)))
+        if self.kv_buckets[-1] != n:
+            raise ValueError("the last KV bucket must equal max_seq_len")
+        dev = self.device
+        self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.ids = torch.zeros(n, dtype=torch.long, device=dev)
+        self.last = torch.zeros(1, dtype=torch.long, device=dev)
+        self.positions = torch.arange(n, device=dev)
+        self.logits = torch.zeros(1, model.cfg.vocab_size, dtype=model.dtype, device=dev)
+        self.sampler = SamplerState(n, dev)
+        self._host = _HostTokens(dev)
+        self.stats = EngineStats(compile=self.compile, graphs=self.graphs)
+        if self.compile:
+            self._decode_fn = torch.compile(model.decode, fullgraph=True,
+                                            options=DECODE_COMPILE_OPTIONS)
+            self._prefill_fn = torch.compile(model.prefill, fullgraph=True)
+        else:
+            self._decode_fn = model.decode
+            self._prefill_fn = model.prefill
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self._decode_graphs: dict[tuple[int, Kind], torch.cuda.CUDAGraph] = {}
+        self._prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+    # ---- the two steps, as plain functions of the static buffers -------------------------
+    def _prefill_step(self, length: int) -> None:
+        ids = self.ids[:length]
+        if self.compile:
+            torch._dynamo.mark_dynamic(ids, 0)
+        self.logits.copy_(self._prefill_fn(ids, self.last))
+
+    def _decode_step(self, kv_len: int, kind: Kind) -> None:
+        kv_pos = self.positions[:kv_len]
+        if self.compile:
+            torch._dynamo.mark_dynamic(kv_pos, 0)
+        logits = self._decode_fn(self.tok, self.pos, kv_pos)
+        self.tok.copy_(pick(logits, kind, self.sampler))
+        self.pos.add_(1)
+        self.sampler.step.add_(1)
+
+    # ---- compile + capture ---------------------------------------------------------------
+    def _capture(self, fn: Callable[[], None], reset: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):   # compiles/autotunes outside the capture
+                reset()
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        reset()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            fn()
+        return graph
+
+    def _decode_graph(self, kv_len: int, kind: Kind) -> torch.cuda.CUDAGraph:
+        key = (kv_len, kind)
+        graph = self._decode_graphs.get(key)
+        if graph is None:
+            # A capture may happen mid-request (a sampler kind not warmed up): its warm-up runs
+            # write only the last cache slot, which no earlier step of a request can need.
+            saved = [b.clone() for b in (self.pos, self.tok, self.sampler.step)]
+
+            def reset() -> None:
+                self.pos.fill_(self.max_seq_len - 1)
+                self.sampler.step.zero_()
+
+            graph = self._capture(lambda: self._decode_step(kv_len, kind), reset)
+            for b, v in zip((self.pos, self.tok, self.sampler.step), saved):
+                b.copy_(v)
+            self._decode_graphs[key] = graph
+            self.stats.decode_graphs = len(self._decode_graphs)
+        return graph
+
+    def _prefill_graph(self, length: int) -> torch.cuda.CUDAGraph:
+        graph = self._prefill_graphs.get(length)
+        if graph is None:
+            def reset() -> None:
+                self.last.fill_(length - 1)
+
+            graph = self._capture(lambda: self._prefill_step(length), reset)
+            self._prefill_graphs[length] = graph
+            self.stats.prefill_graphs = len(self._prefill_graphs)
+        return graph
+
+    def warmup(self, kinds: Sequence[Kind] = ("greedy", "topk")) -> EngineStats:
+        """Compile and capture everything a normal request needs (at load, not on request 1)."""
+        t = time.perf_counter()
+        with torch.inference_mode():
+            if self.graphs:
+                for b in self.prefill_buckets:
+                    self._prefill_graph(b)
+                for b in self.kv_buckets:
+                    for kind in kinds:
+                        self._decode_graph(b, kind)
+            else:
+                params = SamplingParams(max_new_tokens=2, temperature=0)
+                for _ in self.generate([0, 1, 2], params):
+                    pass
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.stats.warmup_s = time.perf_counter() - t
+        return self.stats
+
+    # ---- one request ---------------------------------------------------------------------
+    def _run_prefill(self, prompt_ids: Sequence[int]) -> None:
+        t = len(prompt_ids)
+        if self.graphs and t <= self.prefill_buckets[-1]:
+            length = bucket_for(t, self.prefill_buckets)
+        elif self.compile:
+            length = min(-(-t // PREFILL_PAD) * PREFILL_PAD, self.max_seq_len)
+        else:
+            length = t
+        self.ids[:t].copy_(torch.tensor(list(prompt_ids), dtype=torch.long))
+        self.last.fill_(t - 1)
+        if self.graphs and length in self.prefill_buckets:
+            self._prefill_graph(length).replay()
+        else:
+            self._prefill_step(length)
+
+    def _run_decode(self, pos: int, kind: Kind) -> None:
+        kv_len = bucket_for(pos + 1, self.kv_buckets)
+        if self.graphs:
+            self._decode_graph(kv_len, kind).replay()
+        else:
+            self._decode_step(kv_len, kind)
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                 cancel: threading.Event | None = None) -> Iterator[int]:
+        """Yield new token ids; same contract as :meth:`Backend.stream` (stop ids honoured
+        unless ``params.ignore_eos``; at most ``max_new_tokens``; stops when ``cancel`` is set
+        or the generator is closed)."""
+        t = len(prompt_ids)
+        n = params.max_new_tokens
+        if t == 0:
+            raise ValueError("prompt_ids is empty")
+        if t + n > self.max_seq_len:
+            raise PromptTooLongError(
+                f"Prompt ({t} tokens) + max new tokens ({n}) exceeds the fast path's limit of "
+                f"{self.max_seq_len} tokens.")
+        stop = frozenset(params.stop_token_ids) if not params.ignore_eos else frozenset()
+        kind = sampler_kind(params)
+        pending = deque([self._start(prompt_ids, params, kind)])
+        launched, emitted = 1, 0
+        while pending:
+            if launched < n:   # keep one step in flight while the host waits
+                pending.append(self._step(t + launched - 1, kind))
+                launched += 1
+            tok_id = pending.popleft()()
+            emitted += 1
+            yield tok_id
+            if tok_id in stop or emitted >= n or (cancel is not None and cancel.is_set()):
+                return
+
+    @torch.inference_mode()
+    def _start(self, prompt_ids: Sequence[int], params: SamplingParams,
+               kind: Kind) -> Callable[[], int]:
+        """Prefill and choose the first token; returns a getter for its id."""
+        self.sampler.set(params, self.model.cfg.vocab_size)
+        self._run_prefill(prompt_ids)
+        self.tok.copy_(pick(self.logits, kind, self.sampler))
+        self.pos.fill_(len(prompt_ids))
+        self.sampler.step.fill_(1)
+        return self._host.push(self.tok)
+
+    @torch.inference_mode()
+    def _step(self, pos: int, kind: Kind) -> Callable[[], int]:
+        """Launch the decode step for the token at ``pos``; returns a getter for the next id."""
+        self._run_decode(pos, kind)
+        return self._host.push(self.tok)

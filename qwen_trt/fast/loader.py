@@ -1,0 +1,36 @@
+"""Build a :class:`FastEngine` from a checkpoint folder, an HF state dict, or random weights."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from qwen_trt.fast.config import FastConfig
+from qwen_trt.fast.engine import FastEngine
+from qwen_trt.fast.model import Qwen3Fast
+from qwen_trt.fast.weights import init_random, load_safetensors, load_state_dict
+
+
+def build_model(cfg: FastConfig, *, max_seq_len: int, dtype: torch.dtype,
+                device: str | torch.device) -> Qwen3Fast:
+    """An empty model (uninitialised weights, zeroed cache) directly on ``device``."""
+    max_seq_len = min(max_seq_len, cfg.max_position_embeddings)
+    return Qwen3Fast(cfg, max_seq_len, dtype, device)
+
+
+def load_fast_engine(cfg: FastConfig, *, weights: str | Path | dict | None, max_seq_len: int,
+                     dtype: torch.dtype, device: str | torch.device, seed: int = 0,
+                     compile: bool | None = None, graphs: bool | None = None,
+                     warmup: bool = True) -> FastEngine:
+    """``weights``: a checkpoint folder, an HF state dict, or None for random weights."""
+    model = build_model(cfg, max_seq_len=max_seq_len, dtype=dtype, device=device)
+    if weights is None:
+        init_random(model, seed=seed)
+    elif isinstance(weights, dict):
+        load_state_dict(model, weights)
+    else:
+        load_safetensors(model, weights)
+    engine = FastEngine(model, compile=compile, graphs=graphs)
+    if warmup:
+        engine.warmup()
+    return engine

@@ -1,0 +1,173 @@
+"""Compact Qwen3 decoder for batch-1 generation (the fast path's model code).
+
+Same math as transformers' ``Qwen3ForCausalLM`` with the weights rearranged for speed: the q/k/v
+projections are one matrix, gate/up are one matrix, and the KV cache is static. Two entry points:
+
+* :meth:`Qwen3Fast.prefill` runs a prompt that starts at position 0 (causal SDPA over the prompt
+  itself) and fills the cache; it returns the logits of one chosen position.
+* :meth:`Qwen3Fast.decode` runs one token at position ``pos`` against the first ``kv_len``
+  cache slots (masked to ``<= pos``); written with plain matmuls so inductor can fuse it.
+
+Both take device tensors for positions, so they can be compiled and captured as CUDA graphs.
+Numerics follow HF: RMSNorm in float32 then cast, rotary tables in float32 cast to the model
+dtype, softmax in float32.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qwen_trt.fast.config import FastConfig
+from qwen_trt.fast.kv_cache import StaticKVCache
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_tables(cfg: FastConfig, max_seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos/sin tables ``[max_seq_len, head_dim]`` (HF's default RoPE)."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64,
+                                                      device=device).float() / d))
+    pos = torch.arange(max_seq_len, device=device).float()
+    freqs = pos[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+class Qwen3Layer(torch.nn.Module):
+    """Weights of one decoder layer (fused projections)."""
+
+    def __init__(self, cfg: FastConfig, dtype: torch.dtype, device) -> None:
+        super().__init__()
+
+        def buf(name: str, *shape: int) -> None:
+            self.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
+
+        buf("wqkv", cfg.q_size + 2 * cfg.kv_size, cfg.hidden)
+        buf("wo", cfg.hidden, cfg.q_size)
+        buf("w_gate_up", 2 * cfg.intermediate, cfg.hidden)
+        buf("w_down", cfg.hidden, cfg.intermediate)
+        buf("ln_in", cfg.hidden)
+        buf("ln_post", cfg.hidden)
+        buf("q_norm", cfg.head_dim)
+        buf("k_norm", cfg.head_dim)
+
+
+class Qwen3Fast(torch.nn.Module):
+    def __init__(self, cfg: FastConfig, max_seq_len: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.max_seq_len = max_seq_len
+        self.dtype = dtype
+        self.register_buffer("embed", torch.empty(cfg.vocab_size, cfg.hidden, dtype=dtype,
+                                                  device=device))
+        if not cfg.tie_embeddings:
+            self.register_buffer("lm_head", torch.empty(cfg.vocab_size, cfg.hidden, dtype=dtype,
+                                                        device=device))
+        self.register_buffer("ln_final", torch.empty(cfg.hidden, dtype=dtype, device=device))
+        self.layers = torch.nn.ModuleList(Qwen3Layer(cfg, dtype, device)
+                                          for _ in range(cfg.layers))
+        cos, sin = rope_tables(cfg, max_seq_len, device)
+        # HF casts the float32 tables to the activation dtype before use; store them that way.
+        self.register_buffer("cos", cos.to(dtype), persistent=False)
+        self.register_buffer("sin", sin.to(dtype), persistent=False)
+        self.cache = StaticKVCache(cfg.layers, cfg.kv_heads, cfg.head_dim, max_seq_len, dtype,
+                                   device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights read per decode step (a tied LM head is read as the head)."""
+        n = sum(b.numel() * b.element_size() for name, b in self.named_buffers()
+                if not name.startswith(("cache.", "cos", "sin")))
+        return n
+
+    def _head(self) -> torch.Tensor:
+        return self.embed if self.cfg.tie_embeddings else self.lm_head
+
+    def _qkv(self, layer: Qwen3Layer, x: torch.Tensor, pos: torch.Tensor):
+        """Norm, fused projection, q/k norms and rotary for ``x [T, hidden]`` at ``pos [T]``."""
+        cfg = self.cfg
+        t = x.shape[0]
+        h = rms_norm(x, layer.ln_in, cfg.rms_eps)
+        qkv = F.linear(h, layer.wqkv)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = rms_norm(q.view(t, cfg.heads, cfg.head_dim), layer.q_norm, cfg.rms_eps)
+        k = rms_norm(k.view(t, cfg.kv_heads, cfg.head_dim), layer.k_norm, cfg.rms_eps)
+        v = v.view(t, cfg.kv_heads, cfg.head_dim)
+        cos = self.cos[pos].unsqueeze(1)
+        sin = self.sin[pos].unsqueeze(1)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        return q, k, v
+
+    def _mlp(self, layer: Qwen3Layer, x: torch.Tensor) -> torch.Tensor:
+        h = rms_norm(x, layer.ln_post, self.cfg.rms_eps)
+        gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, layer.w_down)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(x, self.ln_final, self.cfg.rms_eps), self._head())
+
+    def prefill(self, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Prompt ``ids [T]`` at positions ``0..T-1``; returns logits ``[1, vocab]`` of row
+        ``last [1]``. Rows after ``last`` may be padding: causality keeps them out of it."""
+        cfg = self.cfg
+        t = ids.shape[0]
+        pos = torch.arange(t, device=ids.device)
+        group = cfg.heads // cfg.kv_heads
+        x = F.embedding(ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, pos)
+            k_cache, v_cache = self.cache.kv(i)
+            k_cache[:, :t] = k.transpose(0, 1)
+            v_cache[:, :t] = v.transpose(0, 1)
+            # GQA by expanding K/V to the query heads (a copy of T x kv size: cheap, any torch).
+            kx = k.transpose(0, 1).unsqueeze(1).expand(cfg.kv_heads, group, t, cfg.head_dim)
+            vx = v.transpose(0, 1).unsqueeze(1).expand(cfg.kv_heads, group, t, cfg.head_dim)
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1).unsqueeze(0), kx.reshape(1, cfg.heads, t, cfg.head_dim),
+                vx.reshape(1, cfg.heads, t, cfg.head_dim), is_causal=True)
+            o = o.squeeze(0).transpose(0, 1).reshape(t, cfg.q_size)
+            x = x + F.linear(o, layer.wo)
+            x = self._mlp(layer, x)
+        return self._logits(x.index_select(0, last))
+
+    def decode(self, tok: torch.Tensor, pos: torch.Tensor, kv_pos: torch.Tensor) -> torch.Tensor:
+        """One token ``tok [1]`` at ``pos [1]``; attends to the cache slots listed in
+        ``kv_pos = arange(kv_len)`` that are ``<= pos`` (its length is the KV bucket; passing it
+        as a tensor lets one compiled graph serve every bucket). Returns logits ``[1, vocab]``."""
+        cfg = self.cfg
+        group = cfg.heads // cfg.kv_heads
+        scale = cfg.head_dim ** -0.5
+        x = F.embedding(tok, self.embed)
+        kv_len = kv_pos.shape[0]
+        mask = kv_pos <= pos
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, pos)
+            k_cache, v_cache = self.cache.kv(i)
+            k_cache.index_copy_(1, pos, k.transpose(0, 1))
+            v_cache.index_copy_(1, pos, v.transpose(0, 1))
+            kc = k_cache[:, :kv_len]                                    # [kvh, L, d]
+            vc = v_cache[:, :kv_len]
+            qg = q.view(cfg.kv_heads, group, cfg.head_dim)              # [kvh, g, d]
+            s = torch.matmul(qg, kc.transpose(1, 2)).float() * scale    # [kvh, g, L]
+            s = s.masked_fill(~mask, float("-inf"))
+            p = torch.softmax(s, dim=-1).to(vc.dtype)
+            o = torch.matmul(p, vc).reshape(1, cfg.q_size)              # [1, heads*d]
+            x = x + F.linear(o, layer.wo)
+            x = self._mlp(layer, x)
+        return self._logits(x)
