@@ -22,6 +22,7 @@ class BackendConfig:
     dtype: str = "auto"             # torch only
     max_seq_len: int | None = None  # torch only: context limit (prompt + reply)
     warmup: bool = True
+    fast: str = "auto"              # torch only: compiled fast path; auto = on CUDA, off on CPU
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -47,7 +48,11 @@ def load_backend(cfg: BackendConfig) -> Backend:
         from qwen_trt.backends.trtllm_backend import TrtllmBackend
 
         return TrtllmBackend.load(engine=cfg.engine, model=cfg.model)
-    from qwen_trt.backends.torch_backend import TorchBackend
+    from qwen_trt.backends.fast_backend import FastBackend, use_fast
+    from qwen_trt.backends.torch_backend import TorchBackend, pick_device
 
+    if use_fast(cfg.fast, pick_device(cfg.device)):
+        return FastBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype,
+                                max_seq_len=cfg.max_seq_len, warmup=cfg.warmup)
     return TorchBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype,
                              max_seq_len=cfg.max_seq_len, warmup=cfg.warmup)

@@ -27,11 +27,14 @@ def add_backend_args(p) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="torch backend weights dtype (auto: float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--max-seq-len", type=int, default=None, help="torch backend context limit")
+    p.add_argument("--fast", default="auto", choices=("auto", "on", "off"),
+                   help="torch backend: compiled CUDA-graph fast path (auto: on CUDA, off on CPU)")
 
 
 def backend_config(args) -> BackendConfig:
     return BackendConfig(backend=args.backend, model=args.model, engine=args.engine,
-                         device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len)
+                         device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len,
+                         fast=getattr(args, "fast", "auto"))
 
 
 def register(sub) -> None:
