@@ -12,7 +12,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test test-all tiny chat engine bench onnx clean
+.PHONY: setup demo test test-compat tiny chat engine bench onnx clean
 
 setup: $(VENV)/.installed
 
@@ -42,6 +42,17 @@ chat: setup
 # CPU test suite (CUDA and TensorRT-LLM tests skip themselves without a GPU / tensorrt_llm).
 test: setup
 	$(PY) -m pytest -q
+
+# The core suite again under transformers 4.57 (what TensorRT-LLM 1.2 pins), in its own venv.
+COMPAT_VENV ?= .venv-tf457
+CORE_TESTS := tests/test_tiny_model.py tests/test_detokenizer.py tests/test_chat_session.py \
+	tests/test_torch_backend.py tests/test_generation.py tests/test_model_source.py tests/test_cli.py
+test-compat:
+	test -x $(COMPAT_VENV)/bin/python || python3 -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install -q "$(TORCH_SPEC)" $(TORCH_PIP_ARGS) "transformers==4.57.*" \
+	  tokenizers safetensors huggingface_hub tqdm pytest
+	$(COMPAT_VENV)/bin/pip install -q --no-deps -e .
+	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider $(CORE_TESTS)
 
 engine: setup
 	$(VENV)/bin/qwen-trt build --gpu $(GPU) $(if $(MODEL),--model $(MODEL))
