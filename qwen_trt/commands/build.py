@@ -2,6 +2,7 @@
 (what ``make engine GPU=a10`` runs). See :mod:`qwen_trt.engine_build` for the stages."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -14,7 +15,8 @@ def register(sub) -> None:
                    help="checkpoint folder or hub id (default: $QWEN_TRT_MODEL or "
                         "Qwen/Qwen3-4B-Instruct-2507)")
     p.add_argument("--out-dir", default="build/out", help="work folder (TensorRT-LLM checkpoint)")
-    p.add_argument("--engines-dir", default="engines", help="engine folders go to <this>/<gpu>/")
+    p.add_argument("--engines-dir", default=os.environ.get("QWEN_TRT_ENGINES_DIR", "engines"),
+                   help="engine folders go to <this>/<gpu>/ (default $QWEN_TRT_ENGINES_DIR or engines)")
     p.add_argument("--profiles-dir", default=None, help="folder of <gpu>.toml profiles")
     p.add_argument("--force", action="store_true", help="rerun every stage")
     p.add_argument("--list", action="store_true", help="list the profiles and exit")

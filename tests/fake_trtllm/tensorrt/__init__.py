@@ -1,0 +1,2 @@
+"""Fake ``tensorrt``: only the version the manifest records."""
+__version__ = "10.13.3.9"
