@@ -13,6 +13,7 @@ COMMAND_MODULES = (
     "qwen_trt.commands.chat",
     "qwen_trt.commands.tiny",
     "qwen_trt.commands.build",
+    "qwen_trt.commands.export_onnx",
 )
 
 
