@@ -368,6 +368,7 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
     if skip_build:
         from qwen_trt.engine_manifest import read_manifest
 
+        log.line(f"engine up to date: {engine_dir}")
         return BuildResult(engine_dir, read_manifest(engine_dir), ran=["resolve"],
                            skipped=["export", "build", "verify"])
 
@@ -390,7 +391,7 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
         return manifest
 
     manifest = log.run("verify", "engine config, tokenizer, manifest.json", do_verify)
-    log.line(f"engine ready: {engine_dir} (chat with `qwen-trt chat --backend trtllm`)")
+    log.line(f"engine ready: {engine_dir} (chat: `qwen-trt chat --backend trtllm --engine {engine_dir}`)")
     ran = ["resolve"] + [s for s, sk in (("export", skip_export), ("build", False)) if not sk]
     return BuildResult(engine_dir, manifest, ran=ran + ["verify"],
                        skipped=["export"] if skip_export else [])

@@ -1,0 +1,226 @@
+"""`qwen-trt build` against the fake tensorrt_llm 1.2.1 and a pretend GPU, on the tiny model."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_trtllm.support import calls, fake_trtllm, set_gpu  # noqa: E402,F401
+
+from qwen_trt.build_profiles import default_profiles_dir, load_profile  # noqa: E402
+from qwen_trt.cli import main  # noqa: E402
+from qwen_trt.engine_build import BuildError, BuildRequest, run_build  # noqa: E402
+from qwen_trt.engine_manifest import checkpoint_files, read_manifest  # noqa: E402
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    profiles = tmp_path / "profiles"
+    shutil.copytree(default_profiles_dir(), profiles)
+    return {"out": tmp_path / "out", "engines": tmp_path / "engines", "profiles": profiles}
+
+
+@pytest.fixture
+def model_copy(tiny_model_dir, tmp_path):
+    """A private copy of the tiny checkpoint that tests may edit."""
+    dest = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dir, dest)
+    return dest
+
+
+def _req(dirs, model, gpu="a10", force=False):
+    return BuildRequest(gpu=gpu, model=str(model), out_dir=dirs["out"],
+                        engines_dir=dirs["engines"], profiles_dir=dirs["profiles"], force=force)
+
+
+def _run(dirs, model, **kw):
+    lines: list[str] = []
+    result = run_build(_req(dirs, model, **kw), write=lines.append)
+    return result, lines
+
+
+def test_build_produces_a_self_contained_engine_folder(fake_trtllm, monkeypatch, dirs, model_copy):
+    gpu = set_gpu(monkeypatch, "a10")
+    result, lines = _run(dirs, model_copy)
+    eng = dirs["engines"] / "a10"
+    assert result.engine_dir == eng
+    for f in ("config.json", "rank0.engine", "manifest.json", "tokenizer/tokenizer.json",
+              "tokenizer/tokenizer_config.json"):
+        assert (eng / f).is_file(), f
+    assert (dirs["out"] / "a10" / "checkpoint" / "rank0.safetensors").is_file()
+    assert not any(p.name.endswith(".building") for p in dirs["engines"].iterdir())
+    # one progress line per stage, with timings
+    assert [ln.split()[0] for ln in lines if ln.endswith(" s")] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+
+    m = read_manifest(eng)
+    assert m["gpu"] == {"name": gpu.name, "compute_capability": "8.6",
+                        "memory_gib": round(gpu.memory_gib, 2)}
+    assert m["versions"]["tensorrt_llm"] == "1.2.1" and m["versions"]["tensorrt"] == "10.13.3.9"
+    assert m["profile"]["name"] == "a10"
+    prof = load_profile("a10", dirs["profiles"])
+    assert m["limits"]["max_seq_len"] == prof.build.max_seq_len
+    assert m["runtime"]["kv_cache_free_gpu_memory_fraction"] == \
+        prof.runtime.kv_cache_free_gpu_memory_fraction
+    assert m["build_flags"]["plugin_config"]["gemm_plugin"] == "float16"
+    assert m["model"]["source"] == str(model_copy)
+    assert m["model"]["shape"]["head_dim"] == 32          # tiny model: != hidden/heads = 16
+    h = hashlib.sha256()
+    for f in checkpoint_files(model_copy):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    assert m["model"]["checkpoint_sha256"] == h.hexdigest()
+    assert set(m["timings_s"]) >= {"resolve", "export", "build"}
+    tok = json.loads((model_copy / "tokenizer_config.json").read_text())
+    assert m["tokenizer"]["end_id"] != m["tokenizer"]["pad_id"]
+    assert "tokenizer.json" in m["tokenizer"]["files"] and tok
+
+
+def test_trtllm_is_called_with_the_profile_settings(fake_trtllm, monkeypatch, dirs, model_copy):
+    set_gpu(monkeypatch, "a10")
+    _run(dirs, model_copy)
+    prof = load_profile("a10", dirs["profiles"])
+    (hf,) = calls(fake_trtllm, "from_hugging_face")
+    assert hf["dtype"] == "float16" and hf["dir"] == str(model_copy)
+    assert hf["mapping"].world_size == 1 and hf["mapping"].tp_size == 1
+    (b,) = calls(fake_trtllm, "build")
+    bc = b["build_config"]
+    from tensorrt_llm.bindings import KVCacheType
+
+    assert (bc.max_batch_size, bc.max_input_len, bc.max_seq_len, bc.max_num_tokens,
+            bc.max_beam_width) == (prof.build.max_batch_size, prof.build.max_input_len,
+                                   prof.build.max_seq_len, prof.build.max_num_tokens, 1)
+    assert bc.kv_cache_type is KVCacheType.PAGED
+    pc = bc.plugin_config
+    assert (pc.gpt_attention_plugin, pc.gemm_plugin, pc.remove_input_padding, pc.context_fmha,
+            pc.use_paged_context_fmha) == ("float16", "float16", True, True, True)
+    # the engine TensorRT-LLM wrote keeps the explicit max_seq_len (tiny model default: 4096)
+    cfg = json.loads((dirs["engines"] / "a10" / "config.json").read_text())
+    assert cfg["build_config"]["max_seq_len"] == prof.build.max_seq_len != 4096
+    assert cfg["build_config"]["kv_cache_type"] == "PAGED"
+    assert cfg["pretrained_config"]["head_size"] == 32
+
+
+def test_unchanged_inputs_skip_stages_and_force_reruns(fake_trtllm, monkeypatch, dirs, model_copy):
+    set_gpu(monkeypatch, "a10")
+    _run(dirs, model_copy)
+    first = (dirs["engines"] / "a10" / "rank0.engine").stat().st_mtime_ns
+    res, lines = _run(dirs, model_copy)
+    assert res.skipped == ["export", "build", "verify"]
+    assert sum("skipped" in ln for ln in lines) == 2
+    assert len(calls(fake_trtllm, "build")) == 1 and len(calls(fake_trtllm, "from_hugging_face")) == 1
+    assert (dirs["engines"] / "a10" / "rank0.engine").stat().st_mtime_ns == first
+
+    # a profile edit rebuilds the engine but reuses the exported checkpoint
+    p = dirs["profiles"] / "a10.toml"
+    p.write_text(p.read_text().replace("max_batch_size = 4", "max_batch_size = 2"))
+    res, _ = _run(dirs, model_copy)
+    assert res.skipped == ["export"] and "build" in res.ran
+    assert len(calls(fake_trtllm, "from_hugging_face")) == 1
+    assert read_manifest(dirs["engines"] / "a10")["limits"]["max_batch_size"] == 2
+
+    # a checkpoint change re-exports
+    cfg = model_copy / "config.json"
+    cfg.write_text(cfg.read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'))
+    res, _ = _run(dirs, model_copy)
+    assert res.skipped == [] and len(calls(fake_trtllm, "from_hugging_face")) == 2
+
+    res, _ = _run(dirs, model_copy, force=True)
+    assert res.skipped == [] and len(calls(fake_trtllm, "build")) == 4
+
+
+def test_verify_rejects_an_engine_without_the_asked_max_seq_len(fake_trtllm, monkeypatch, dirs,
+                                                                 model_copy):
+    set_gpu(monkeypatch, "a10")
+    import tensorrt_llm.builder as fb
+
+    real = fb.build
+
+    def forgetful(model, bc):  # what happens when max_seq_len is not passed through
+        bc.max_seq_len = None
+        return real(model, bc)
+
+    monkeypatch.setattr(fake_trtllm, "build", forgetful)
+    with pytest.raises(BuildError, match=r"build_config.max_seq_len = 4096, asked 16384"):
+        _run(dirs, model_copy)
+    assert not (dirs["engines"] / "a10").exists()
+
+
+def _cli(capsys, *args):
+    rc = main(["build", *args])
+    err = capsys.readouterr().err.strip()
+    return rc, err
+
+
+def test_guard_unsupported_trtllm_version(fake_trtllm, monkeypatch, dirs, model_copy, capsys):
+    set_gpu(monkeypatch, "a10")
+    monkeypatch.setattr(fake_trtllm, "__version__", "1.3.0rc20")
+    rc, err = _cli(capsys, "--gpu", "a10", "--model", str(model_copy),
+                   "--profiles-dir", str(dirs["profiles"]))
+    assert rc == 2
+    assert "tensorrt_llm 1.3.0rc20 is installed, but qwen-trt needs tensorrt_llm>=1.0,<1.3" in err
+    assert 'pip install "qwen-trt[trtllm]"' in err and err.count("\n") == 0
+
+
+def test_guard_no_gpu(fake_trtllm, monkeypatch, dirs, model_copy, capsys):
+    set_gpu(monkeypatch, None)
+    rc, err = _cli(capsys, "--gpu", "a10", "--model", str(model_copy),
+                   "--profiles-dir", str(dirs["profiles"]))
+    assert rc == 2 and "No NVIDIA GPU is visible to PyTorch" in err and err.count("\n") == 0
+
+
+def test_guard_gpu_does_not_match_profile(fake_trtllm, monkeypatch, dirs, model_copy, capsys):
+    set_gpu(monkeypatch, "h200")
+    rc, err = _cli(capsys, "--gpu", "a10", "--model", str(model_copy),
+                   "--profiles-dir", str(dirs["profiles"]))
+    assert rc == 2
+    assert "This GPU is an H200 (sm90); profile a10 wants sm86: run `make engine GPU=h200`" in err
+
+
+def test_guard_same_sm_other_card(fake_trtllm, monkeypatch, dirs, model_copy, capsys):
+    set_gpu(monkeypatch, "h100")
+    rc, err = _cli(capsys, "--gpu", "h200", "--model", str(model_copy),
+                   "--profiles-dir", str(dirs["profiles"]))
+    assert rc == 2 and "profile h200 wants a GPU named like" in err and "GPU=h100" in err
+
+
+def test_guard_not_enough_disk(fake_trtllm, monkeypatch, dirs, model_copy, capsys):
+    set_gpu(monkeypatch, "a10")
+    import qwen_trt.engine_env as env
+
+    monkeypatch.setattr(env, "free_bytes", lambda path: 10**8)
+    rc, err = _cli(capsys, "--gpu", "a10", "--model", str(model_copy),
+                   "--profiles-dir", str(dirs["profiles"]), "--out-dir", str(dirs["out"]),
+                   "--engines-dir", str(dirs["engines"]))
+    assert rc == 2 and "Not enough disk space for the TensorRT-LLM checkpoint" in err
+    assert "0.1 GB free" in err
+    assert calls(fake_trtllm, "from_hugging_face") == []
+
+
+def test_guard_missing_head_dim(fake_trtllm, monkeypatch, dirs, model_copy, capsys):
+    set_gpu(monkeypatch, "a10")
+    cfg = json.loads((model_copy / "config.json").read_text())
+    del cfg["head_dim"]
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    rc, err = _cli(capsys, "--gpu", "a10", "--model", str(model_copy),
+                   "--profiles-dir", str(dirs["profiles"]), "--out-dir", str(dirs["out"]),
+                   "--engines-dir", str(dirs["engines"]))
+    assert rc == 2 and "has no head_dim" in err and "not hidden/heads = 64/4" in err
+    assert calls(fake_trtllm, "from_hugging_face") == []
+
+
+def test_qwen3_4b_head_dim_trap_is_caught():
+    from qwen_trt.engine_build import check_model_shapes
+    from qwen_trt.errors import ModelSourceError
+
+    cfg = {"num_hidden_layers": 36, "hidden_size": 2560, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "vocab_size": 151936, "head_dim": 128,
+           "max_position_embeddings": 262144, "tie_word_embeddings": True}
+    assert check_model_shapes(cfg).head_dim == 128
+    with pytest.raises(ModelSourceError, match="the real model has head_dim 128"):
+        check_model_shapes({**cfg, "head_dim": 80})
+    with pytest.raises(ModelSourceError, match="not a multiple"):
+        check_model_shapes({**cfg, "num_key_value_heads": 7})
