@@ -1,0 +1,70 @@
+"""Timing primitives: token arrival times of one run, percentiles, copy bandwidth."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+
+@dataclass
+class RunTiming:
+    """One request: time to first token, and the decode rate after it."""
+
+    ttft_ms: float
+    decode_tok_s: float
+    tokens: int
+    token_ids: list[int]
+
+
+def time_stream(start: Callable[[], Iterable[int]]) -> RunTiming:
+    """Run ``start()`` (a token-id iterator) to the end, stamping each token as it arrives."""
+    t0 = time.perf_counter()
+    stamps: list[float] = []
+    ids: list[int] = []
+    for tok in start():
+        stamps.append(time.perf_counter())
+        ids.append(int(tok))
+    return timing_from_stamps(t0, stamps, ids)
+
+
+def timing_from_stamps(t0: float, stamps: list[float], ids: list[int]) -> RunTiming:
+    """TTFT from ``t0`` to the first stamp; decode rate over the rest."""
+    if not stamps:
+        return RunTiming(float("nan"), float("nan"), 0, [])
+    span = stamps[-1] - stamps[0]
+    rate = (len(stamps) - 1) / span if len(stamps) > 1 and span > 0 else float("nan")
+    return RunTiming((stamps[0] - t0) * 1e3, rate, len(stamps), ids)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    k = (len(xs) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def copy_bandwidth_tbps(device, gib: float = 4.0, iters: int = 10) -> float | None:
+    """Device-to-device copy bandwidth (bytes read + written), None off CUDA."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    n = int(gib * 1024**3) // 2
+    x = torch.empty(n, dtype=torch.bfloat16, device=device)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        y.copy_(x)
+    end.record()
+    end.synchronize()
+    dt = start.elapsed_time(end) / 1e3 / iters
+    del x, y
+    torch.cuda.empty_cache()
+    return 2 * n * 2 / dt / 1e12
