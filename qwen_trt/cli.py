@@ -12,6 +12,7 @@ from qwen_trt.errors import QwenTrtError
 COMMAND_MODULES = (
     "qwen_trt.commands.chat",
     "qwen_trt.commands.tiny",
+    "qwen_trt.commands.bench",
     "qwen_trt.commands.build",
     "qwen_trt.commands.export_onnx",
 )
