@@ -319,7 +319,11 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
     profile = load_profile(req.gpu, req.profiles_dir)
     trtllm = require_trtllm()
     gpu = require_gpu()
-    check_profile_matches(gpu, profile, load_all(profile.path.parent))
+    try:
+        others = load_all(profile.path.parent)
+    except QwenTrtError:   # a broken sibling profile must not block this build
+        others = [profile]
+    check_profile_matches(gpu, profile, others)
     log = StageLog(4, write)
     log.line(f"qwen-trt build: profile {profile.name} on {gpu.describe()}, "
              f"tensorrt_llm {trtllm.__version__}")
