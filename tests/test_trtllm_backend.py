@@ -212,6 +212,23 @@ def test_closing_the_generator_cancels_and_leaves_the_runner_clean(backend, monk
                                                                 temperature=0))) == [30, 31, 32, 33]
 
 
+def test_late_final_response_of_a_cancelled_request_is_ignored(backend, monkeypatch, fake_trtllm):
+    """The executor acknowledges the cancel only after the next request started."""
+    from datetime import timedelta
+
+    monkeypatch.setattr(_executor_cls(), "script", list(range(30, 60)))
+    monkeypatch.setattr(_executor_cls(), "late_cancel_ack", True)
+    monkeypatch.setattr(backend, "drain_timeout_s", 0.2)
+    gen = backend.stream(_prompt(backend), SamplingParams(max_new_tokens=20, temperature=0))
+    next(gen)
+    gen.close()                       # drain gives up after 0.2 s without the final response
+    executor = backend.runner.executor._executor
+    assert timedelta(milliseconds=50) in executor.timeouts   # the drain never blocks for ever
+    toks = list(backend.stream(_prompt(backend), SamplingParams(max_new_tokens=3, temperature=0)))
+    assert toks == [30, 31, 32]
+    assert executor.requests[1].final_sent    # the old final response came, and was dropped
+
+
 def test_cancel_from_another_caller_stops_the_request(backend, monkeypatch, fake_trtllm):
     monkeypatch.setattr(_executor_cls(), "script", list(range(30, 60)))
     rs = ReplyStream(backend, _prompt(backend), SamplingParams(max_new_tokens=20, temperature=0))

@@ -155,16 +155,31 @@ def final_stop_token(tokens: Sequence[int], max_new_tokens: int, stop_ids: Seque
 
 
 class _RequestIdRecorder:
-    """Stands in for ``runner.executor``: forwards everything, remembers enqueued ids."""
+    """Stands in for ``runner.executor``: forwards everything, remembers enqueued ids.
+
+    It also drops responses of requests other than the current one (a cancelled request whose
+    final response arrives late would otherwise make the runner's ``request_ids.index`` fail
+    in the next call), and can put a timeout on ``await_responses`` while draining.
+    """
 
     def __init__(self, executor) -> None:
         self._executor = executor
         self.last_ids: list[int] = []
+        self.timeout_ms: int | None = None
 
     def enqueue_requests(self, requests):
         ids = self._executor.enqueue_requests(requests)
         self.last_ids = list(ids)
         return ids
+
+    def await_responses(self, *args, **kwargs):
+        if self.timeout_ms is not None and not args and "timeout" not in kwargs:
+            from datetime import timedelta
+
+            kwargs["timeout"] = timedelta(milliseconds=self.timeout_ms)
+        responses = self._executor.await_responses(*args, **kwargs)
+        live = set(self.last_ids)
+        return [r for r in responses if r.request_id in live]
 
     def __getattr__(self, name):
         return getattr(self._executor, name)
@@ -221,6 +236,7 @@ class TrtllmBackend(Backend):
     """Streams tokens from a TensorRT-LLM engine through ``ModelRunnerCpp``."""
 
     name = "trtllm"
+    drain_timeout_s = 5.0   # how long a cancelled request may take to send its final response
 
     def __init__(self, runner, tokenizer, manifest: dict, engine_dir: Path, gpu_name: str) -> None:
         super().__init__()
@@ -375,18 +391,33 @@ class TrtllmBackend(Backend):
             self._active_id = None
 
     def _finish(self, outputs, *, cancel_it: bool) -> None:
-        """Cancel (unless it ended by itself) and drain the request so the runner is clean."""
+        """Cancel (unless it ended by itself) and drain the request so the runner is clean.
+
+        The drain waits for the executor's final response, but at most ``drain_timeout_s``;
+        responses that come later are dropped by :class:`_RequestIdRecorder`.
+        """
+        import time
+
         rid = self._active_id
         if cancel_it and rid is not None:
             try:
                 self.runner.executor.cancel_request(rid)
             except Exception:  # noqa: BLE001 - finished in the meantime
                 pass
+        deadline = time.monotonic() + self.drain_timeout_s
+        self._recorder.timeout_ms = 50
         try:
             for _ in outputs:
-                pass
+                if time.monotonic() > deadline:
+                    break
         except Exception:  # noqa: BLE001 - a cancelled request may end with an error response
             pass
+        finally:
+            self._recorder.timeout_ms = None
+            try:
+                outputs.close()
+            except Exception:  # noqa: BLE001
+                pass
 
     def close(self) -> None:
         runner, self.runner = self.runner, None

@@ -87,6 +87,8 @@ class FakeExecutor:
     chunks: list[int] = [1]            # tokens per response, cycled
     include_end_id: bool = True
     error_after: int | None = None     # respond with an error after this many responses
+    late_cancel_ack: bool = False      # a cancelled request's final response comes only after
+                                       # the next request is enqueued
 
     def __init__(self):
         self.requests: dict[int, Request] = {}
@@ -94,6 +96,7 @@ class FakeExecutor:
         self.cancelled: list[int] = []
         self.calls = 0
         self.shut = False
+        self.timeouts: list = []
 
     def can_enqueue_requests(self) -> bool:
         return True
@@ -131,10 +134,13 @@ class FakeExecutor:
 
     def await_responses(self, timeout=None):
         self.calls += 1
+        self.timeouts.append(timeout)
         out = []
         for rid, r in self.requests.items():
             if r.final_sent:
                 continue
+            if r.cancelled and self.late_cancel_ack and rid == self.next_id - 1:
+                continue   # held back until another request is enqueued
             if self.error_after is not None and self.calls > self.error_after:
                 r.final_sent = True
                 out.append(Response(rid, None, error_msg="Encountered an error in forwardAsync"))
