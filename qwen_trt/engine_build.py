@@ -141,9 +141,19 @@ def build_flags(profile: BuildProfile) -> dict:
             "plugin_config": plugin_settings(profile)}
 
 
+def _builder_api():
+    """``(BuildConfig, build)`` from ``tensorrt_llm.builder``, where builder.py @008b2b8d defines
+    them; the 1.x top level re-exports the same objects (main after 1.3 no longer does)."""
+    try:
+        from tensorrt_llm.builder import BuildConfig, build
+    except ImportError:  # pragma: no cover - layout variant
+        from tensorrt_llm import BuildConfig, build
+    return BuildConfig, build
+
+
 def make_build_config(profile: BuildProfile):
     """A real ``tensorrt_llm.BuildConfig`` for ``profile`` (needs tensorrt_llm)."""
-    from tensorrt_llm import BuildConfig
+    BuildConfig, _ = _builder_api()
     from tensorrt_llm.bindings import KVCacheType
     from tensorrt_llm.plugin import PluginConfig
 
@@ -293,15 +303,15 @@ def export_checkpoint(source: ModelSource, ckpt_dir: Path) -> None:
 
 def build_engine(ckpt_dir: Path, profile: BuildProfile, engine_dir: Path) -> None:
     """TensorRT-LLM checkpoint -> engine folder (config.json + rank0.engine)."""
-    import tensorrt_llm
     from tensorrt_llm.models import MODEL_MAP
 
+    _, trt_build = _builder_api()
     arch = json.loads((ckpt_dir / "config.json").read_text()).get("architecture",
                                                                   "Qwen3ForCausalLM")
     model_cls = MODEL_MAP[arch]
     try:
         model = model_cls.from_checkpoint(str(ckpt_dir))
-        engine = tensorrt_llm.build(model, make_build_config(profile))
+        engine = trt_build(model, make_build_config(profile))
         engine.save(str(engine_dir))
     except QwenTrtError:
         raise

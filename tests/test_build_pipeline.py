@@ -143,7 +143,7 @@ def test_verify_rejects_an_engine_without_the_asked_max_seq_len(fake_trtllm, mon
         bc.max_seq_len = None
         return real(model, bc)
 
-    monkeypatch.setattr(fake_trtllm, "build", forgetful)
+    monkeypatch.setattr(fb, "build", forgetful)
     with pytest.raises(BuildError, match=r"build_config.max_seq_len = 4096, asked 16384"):
         _run(dirs, model_copy)
     assert not (dirs["engines"] / "a10").exists()
