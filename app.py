@@ -81,7 +81,7 @@ def stream_reply(service: serving.EngineService, state: ChatState, text: str,
                     label = waiting_label(ev.position, ev.waited_s)
                     if label != shown_label:  # redraw when it changes (at most once a second)
                         if label:
-                            status.info(label, icon="⏳")
+                            status.info(label, icon=":material/hourglass_top:")
                         else:
                             status.empty()
                         shown_label = label
@@ -103,17 +103,19 @@ def stream_reply(service: serving.EngineService, state: ChatState, text: str,
 
 
 def main() -> None:
-    st.title("💬 qwen-trt chat")
+    st.title("qwen-trt chat")
     params = sidebar()
     try:
         cfg = parse_app_config(sys.argv[1:])
         service = engine_service(config_key(cfg), cfg)
     except QwenTrtError as e:
-        st.error(str(e), icon="🚫")
+        st.error(str(e), icon=":material/error:")
         st.stop()
+    st.sidebar.caption(f"**Engine:** {service.info.describe()}")
     status = service.status()
-    st.sidebar.caption(f"**Engine:** {service.info.describe()}  \n"
-                       f"{'busy' if status.busy else 'idle'}, {status.queued} waiting")
+    if status.busy:
+        more = f"; {status.queued} more waiting" if status.queued else ""
+        st.sidebar.caption(f"Engine busy with another reply{more}.")
 
     state = st.session_state.get("chat_state")
     if state is None:
@@ -133,7 +135,7 @@ def main() -> None:
     try:
         stream_reply(service, state, text, params)
     except QwenTrtError as e:
-        st.error(str(e), icon="⚠️")
+        st.error(str(e), icon=":material/warning:")
 
 
 main()
