@@ -36,6 +36,7 @@ MANIFEST_FILE = "manifest.json"
 OUTPUT_FILES = (MODEL_FILE, DATA_FILE, MANIFEST_FILE)
 MANIFEST_FORMAT = "qwen-trt-onnx/1"
 DEFAULT_OPSET = 18
+MIN_OPSET = 18
 DTYPES = ("float32", "float16")
 EXTERNAL_DATA_MODES = ("auto", "always")
 # Protobuf cannot hold a message of 2 GiB or more; auto mode moves weights out well before that.
@@ -223,6 +224,7 @@ class CheckResult:
     outputs: list[TensorSpec]
     initializer_dtypes: list[str]
     nodes: int
+    opset: int
     seconds: float
 
 
@@ -272,15 +274,17 @@ def prepare_output(out_dir: Path, force: bool) -> None:
 def quiet() -> Iterator[None]:
     """Silence the exporter's own progress lines, log warnings (e.g. "torchvision is not
     installed") and Python warnings; errors still propagate."""
-    torch_onnx_log = logging.getLogger("torch.onnx")
-    level = torch_onnx_log.level
-    torch_onnx_log.setLevel(logging.ERROR)
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.CRITICAL)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:
-        torch_onnx_log.setLevel(level)
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
 
 
 def load_torch_model(source: ModelSource, dtype: str):
@@ -300,6 +304,16 @@ def load_torch_model(source: ModelSource, dtype: str):
     return model.to("cpu").eval()
 
 
+def check_opset(opset: int) -> None:
+    """The dynamo exporter writes opset 18 natively and converts upward only."""
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise OnnxExportError(f"--opset {opset} is not supported: the torch.onnx dynamo exporter "
+                              f"writes opset {MIN_OPSET} to {newest} (onnx {onnx.__version__}).")
+
+
 def export_decoder(model, out_dir: Path, *, dtype: str, opset: int = DEFAULT_OPSET,
                    external_data: str = "auto") -> ExportResult:
     """Export ``model`` to ``out_dir/model.onnx`` (+ ``model.onnx.data`` when external)."""
@@ -308,6 +322,7 @@ def export_decoder(model, out_dir: Path, *, dtype: str, opset: int = DEFAULT_OPS
 
     if external_data not in EXTERNAL_DATA_MODES:
         raise OnnxExportError(f"external_data must be one of {EXTERNAL_DATA_MODES}")
+    check_opset(opset)
     shape = DecoderShape.from_config(model.config.to_dict())
     decoder = make_decoder_module(model)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -350,7 +365,8 @@ def _specs(values) -> list[TensorSpec]:
     return specs
 
 
-def check_model(model_path: Path, expected: DecoderShape, dtype: str) -> CheckResult:
+def check_model(model_path: Path, expected: DecoderShape, dtype: str,
+                expected_opset: int | None = None) -> CheckResult:
     """``onnx.checker`` + strict shape inference (by path, so > 2 GB models work), then make sure
     the signature is the one the runtime expects."""
     require("onnx")
@@ -385,8 +401,13 @@ def check_model(model_path: Path, expected: DecoderShape, dtype: str) -> CheckRe
                               f"{expected.head_dim}].")
     init_dtypes = sorted({_ONNX_DTYPE_NAMES.get(t.data_type, str(t.data_type))
                           for t in proto.graph.initializer})
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if expected_opset is not None and opset != expected_opset:
+        raise OnnxExportError(f"{model_path} is opset {opset}, but opset {expected_opset} was "
+                              f"asked for: the exporter could not convert it.")
     return CheckResult(inputs=inputs, outputs=outputs, initializer_dtypes=init_dtypes,
-                       nodes=len(proto.graph.node), seconds=time.perf_counter() - t0)
+                       nodes=len(proto.graph.node), opset=opset,
+                       seconds=time.perf_counter() - t0)
 
 
 def build_manifest(source: ModelSource, export: ExportResult, check: CheckResult,
@@ -396,7 +417,7 @@ def build_manifest(source: ModelSource, export: ExportResult, check: CheckResult
         format=MANIFEST_FORMAT,
         model_file=MODEL_FILE,
         data_files=[DATA_FILE] if export.external_data else [],
-        opset=export.opset,
+        opset=check.opset,
         dtype=export.dtype,
         exporter=EXPORTER,
         source={"name": source.name, "path": str(source.path), "sha256": source_sha256,

@@ -155,6 +155,14 @@ def test_logits_parity_prefill_and_decode_steps(decoder, hf_model, prompt_ids):
         assert d.max_abs_diff <= rc.TOLERANCE["float32"] * max(1.0, d.ref_max_abs), d
 
 
+@pytest.mark.parametrize("length", [1, 600])
+def test_logits_parity_single_token_and_long_prompts(decoder, hf_model, length):
+    """No axis is specialised to the example sizes used at export (batch 2, seq 5, past 3)."""
+    prompt = [(7 * i + 3) % 500 for i in range(length)]
+    for d in rc.compare_decode_logits(decoder, hf_model, prompt, decode_steps=2):
+        assert d.ratio() <= rc.TOLERANCE["float32"], d
+
+
 def test_parity_check_detects_a_wrong_cache(decoder, hf_model, prompt_ids):
     """The comparison can fail: a decode step over a zeroed cache is far from torch."""
     import numpy as np
@@ -288,4 +296,10 @@ def test_missing_onnxruntime_says_how_to_install(tiny_model_dir, tmp_path, monke
         run_pipeline(str(tiny_model_dir), tmp_path / "out", write=lambda _: None)
     assert isinstance(e.value, QwenTrtError)
     assert "onnxruntime" in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsupported_opset_is_refused_before_export(tiny_model_dir, tmp_path):
+    with pytest.raises(ox.OnnxExportError, match="--opset 5 is not supported"):
+        run_pipeline(str(tiny_model_dir), tmp_path / "out", opset=5, write=lambda _: None)
     assert not (tmp_path / "out").exists()

@@ -8,6 +8,7 @@ steps and a padded batch, and greedy tokens against HF ``generate``.
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ def run_pipeline(model: str | None, out: str | Path, *, dtype: str = "float32",
     ox.require("onnx", "onnxscript", *(("onnxruntime",) if verify else ()))
     if dtype not in DTYPES:
         raise ox.OnnxExportError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
+    ox.check_opset(opset)
     stages = STAGES if verify else STAGES[:-1]
     progress = Progress(stages, write)
     shape = ox.DecoderShape.from_config(source.config)
@@ -75,6 +77,34 @@ def run_pipeline(model: str | None, out: str | Path, *, dtype: str = "float32",
     progress.done()
 
     staging = ox.staging_dir(out_dir)
+    try:
+        exported, checked, manifest, report = _build(
+            source, torch_model, staging, shape, progress, write, dtype=dtype, opset=opset,
+            external_data=external_data, verify=verify)
+    except BaseException as e:
+        from qwen_trt.onnx_runtime_check import OnnxParityError
+
+        # A failed parity check keeps its files for inspection (the error says where);
+        # anything else (Ctrl-C included) leaves nothing behind.
+        if not isinstance(e, OnnxParityError):
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+    ox.install_output(staging, out_dir)
+    final = ExportSummary(out_dir=out_dir, manifest=manifest,
+                          export=_moved(exported, out_dir), check=checked, parity=report)
+    write(f"wrote {out_dir / ox.MODEL_FILE}"
+          + (f" + {ox.DATA_FILE}" if exported.external_data else "")
+          + f" and {ox.MANIFEST_FILE}")
+    return final
+
+
+def _build(source, torch_model, staging: Path, shape, progress: Progress,
+           write: Callable[[str], None], *, dtype: str, opset: int, external_data: str,
+           verify: bool):
+    """The export, check, manifest and verify stages, writing into ``staging``."""
+    from qwen_trt import onnx_export as ox
+
     progress.start("export", f"{ox.EXPORTER}, opset {opset}, dynamic batch/seq/past axes")
     exported = ox.export_decoder(torch_model, staging, dtype=dtype, opset=opset,
                                  external_data=external_data)
@@ -82,9 +112,10 @@ def run_pipeline(model: str | None, out: str | Path, *, dtype: str = "float32",
     progress.done(f"{_mb(exported.weight_bytes)} of weights, {where}")
 
     progress.start("check", "onnx.checker, shape inference, KV signature")
-    checked = ox.check_model(exported.model_path, shape, dtype)
-    progress.done(f"ok: {checked.nodes} nodes, {len(checked.inputs)} inputs, "
-                  f"{len(checked.outputs)} outputs, weights {'/'.join(checked.initializer_dtypes)}")
+    checked = ox.check_model(exported.model_path, shape, dtype, expected_opset=opset)
+    progress.done(f"ok: opset {checked.opset}, {checked.nodes} nodes, "
+                  f"{len(checked.inputs)} inputs, {len(checked.outputs)} outputs, "
+                  f"initializers {'/'.join(checked.initializer_dtypes)}")
 
     progress.start("manifest", "sha256 of config.json + *.safetensors")
     sha, files = ox.source_fingerprint(source.path)
@@ -113,13 +144,7 @@ def run_pipeline(model: str | None, out: str | Path, *, dtype: str = "float32",
                 f"greedy {'same' if report.greedy_ok else 'different'}); the export is left in "
                 f"{staging} for inspection.")
 
-    ox.install_output(staging, out_dir)
-    final = ExportSummary(out_dir=out_dir, manifest=manifest,
-                          export=_moved(exported, out_dir), check=checked, parity=report)
-    write(f"wrote {out_dir / ox.MODEL_FILE}"
-          + (f" + {ox.DATA_FILE}" if exported.external_data else "")
-          + f" and {ox.MANIFEST_FILE}")
-    return final
+    return exported, checked, manifest, report
 
 
 def _moved(result: ExportResult, out_dir: Path) -> ExportResult:
