@@ -64,7 +64,7 @@ def test_final_stop_token():
 def test_request_ids_and_sampling_kwargs():
     p = SamplingParams(stop_token_ids=(100, 101, 102))
     r = request_ids_for(p, im_end=101, pad_id=100)
-    assert (r.end_id, r.pad_id, r.stop_words) == (101, 100, (100, 102))
+    assert (r.end_id, r.pad_id, r.stop_words) == (101, 100, (101, 100, 102))
     r = request_ids_for(SamplingParams(ignore_eos=True, stop_token_ids=(101,)), 101, 100)
     assert r.end_id == NO_END_ID and r.stop_words == ()
     assert sampling_kwargs(SamplingParams(temperature=0)) == {
@@ -157,7 +157,7 @@ def test_generate_gets_end_pad_stop_words_and_sampling(backend, fake_trtllm):
     (ids,) = g["batch_input_ids"]
     assert ids.dtype == torch.int32 and ids.tolist() == prompt and ids.dim() == 1
     assert (g["end_id"], g["pad_id"]) == (im_end, eot)
-    assert g["stop_words_list"] == [[[eot]]]
+    assert g["stop_words_list"] == [[[im_end], [eot]]]
     assert g["streaming"] and g["return_dict"] and g["output_sequence_lengths"]
     assert g["max_new_tokens"] == 4
     s = g["sampling"]

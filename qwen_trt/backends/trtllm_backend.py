@@ -79,17 +79,20 @@ class RequestIds:
 
 
 def request_ids_for(params: SamplingParams, im_end: int, pad_id: int) -> RequestIds:
-    """``<|im_end|>`` is the end id; every other stop id (``<|endoftext|>``...) a stop word.
+    """``<|im_end|>`` is the end id, and every stop id (``<|endoftext|>``...) a stop word.
 
     ``ModelRunnerCpp`` takes one end id per request and pads outputs with it, so it is never
-    None. With ``ignore_eos`` nothing stops the request but ``max_new_tokens``.
+    None. The end id is listed as a stop word as well: NVIDIA/TensorRT-LLM#5670 (July 2025)
+    reports an engine that ignored end_id while stop words worked, and a stop word ends the
+    request with the token in the output. With ``ignore_eos`` nothing stops the request but
+    ``max_new_tokens`` (end id -1, the "no end id" value trtllm-bench uses for --eos_id).
     """
     if params.ignore_eos:
         return RequestIds(end_id=NO_END_ID, pad_id=pad_id, stop_words=())
     stops = tuple(params.stop_token_ids)
     end_id = im_end if im_end in stops or not stops else stops[0]
     return RequestIds(end_id=end_id, pad_id=pad_id,
-                      stop_words=tuple(t for t in stops if t != end_id))
+                      stop_words=(end_id,) + tuple(t for t in stops if t != end_id))
 
 
 def sampling_kwargs(params: SamplingParams) -> dict:
