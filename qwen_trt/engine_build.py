@@ -15,9 +15,12 @@ search index does not say which tag each commit is, so the commit is recorded):
 
 * ``QWenForCausalLM.from_hugging_face(hf_model_or_dir, dtype='auto', mapping=None,
   quant_config=None, **kwargs)``: tensorrt_llm/models/qwen/model.py @04a2cacb.
-* ``PretrainedModel.save_checkpoint(output_dir, save_config=True)`` / ``from_checkpoint(ckpt_dir)``:
-  the flow of examples/models/core/qwen/convert_checkpoint.py @65b31db1 and
-  tensorrt_llm/commands/build.py @008b2b8d (``build_and_save`` -> ``engine.save(output_dir)``).
+* ``PretrainedModel.save_checkpoint(output_dir, save_config=True)`` (writes
+  ``rank{N}.safetensors`` + ``config.json`` into an existing folder; it does not create it) and
+  ``from_checkpoint(ckpt_dir, rank=None, config=None, *, preprocess_weights_hook=None)``:
+  tensorrt_llm/models/modeling_utils.py (stored snapshot, index commit 27712aa7); the flow of
+  examples/models/core/qwen/convert_checkpoint.py @65b31db1 and tensorrt_llm/commands/build.py
+  @008b2b8d (``build_and_save`` -> ``engine.save(output_dir)``).
 * ``BuildConfig(max_input_len, max_seq_len, max_batch_size, max_beam_width, max_num_tokens,
   kv_cache_type: KVCacheType, plugin_config: PluginConfig, ...)`` and ``Engine.save``:
   tensorrt_llm/builder.py @008b2b8d; ``KVCacheType`` from ``tensorrt_llm.bindings`` (the same
@@ -286,6 +289,7 @@ def export_checkpoint(source: ModelSource, ckpt_dir: Path) -> None:
                          f"(Qwen3 needs tensorrt_llm>=1.0).")
     if ckpt_dir.exists():
         shutil.rmtree(ckpt_dir)
+    ckpt_dir.mkdir(parents=True)   # save_checkpoint writes into it but does not create it
     mapping = Mapping(world_size=1, rank=0, tp_size=1, pp_size=1)
     try:
         model = model_cls.from_hugging_face(str(source.path), dtype="float16", mapping=mapping)

@@ -5,9 +5,10 @@
 * ``QWenConfig.from_hugging_face`` reads ``head_dim = getattr(hf_config, 'head_dim',
   hidden // heads)``, qwen_type from model_type (qwen3 allowed in 1.x):
   tensorrt_llm/models/qwen/config.py @373970a8.
-* ``save_checkpoint(output_dir, save_config=True)`` writes config.json and rank0.safetensors;
-  ``from_checkpoint(ckpt_dir, rank=None, config=None)`` reads them (PretrainedModel in
-  tensorrt_llm/models/modeling_utils.py; flow of commands/build.py @008b2b8d).
+* ``save_checkpoint(output_dir, save_config=True)`` writes rank0.safetensors and config.json
+  into an existing folder (it does not create it); ``from_checkpoint(ckpt_dir, rank=None,
+  config=None, *, preprocess_weights_hook=None)`` reads them (PretrainedModel in
+  tensorrt_llm/models/modeling_utils.py, stored snapshot).
 * ``MODEL_MAP`` maps HF architectures to classes, with 'Qwen3ForCausalLM' (models/__init__.py).
 """
 from __future__ import annotations
@@ -54,7 +55,8 @@ class QWenForCausalLM:
 
     def save_checkpoint(self, output_dir, save_config=True):
         tensorrt_llm.CALLS.append(("save_checkpoint", {"dir": str(output_dir)}))
-        os.makedirs(output_dir, exist_ok=True)
+        if not os.path.isdir(output_dir):   # like safetensors.torch.save_file into a missing dir
+            raise FileNotFoundError(f"No such file or directory: '{output_dir}/rank0.safetensors'")
         if save_config:
             Path(output_dir, "config.json").write_text(json.dumps(self.config, indent=2))
         rank = self.config["mapping"]["rank"]
