@@ -147,6 +147,19 @@ def test_stream_yields_each_new_token_once(backend, monkeypatch, chunks):
     assert toks == script[:6]
 
 
+def test_outputs_are_padded_only_to_this_request(backend, monkeypatch):
+    monkeypatch.setattr(_executor_cls(), "script", list(range(30, 60)))
+    prompt = _prompt(backend)
+    full = backend.runner.max_seq_len
+    list(backend.stream(prompt, SamplingParams(max_new_tokens=5, temperature=0)))
+    assert set(backend.runner.widths) == {len(prompt) + 5}
+    assert backend.runner.max_seq_len == full == backend.info.max_seq_len
+    gen = backend.stream(prompt, SamplingParams(max_new_tokens=9, temperature=0))
+    next(gen)
+    gen.close()
+    assert backend.runner.max_seq_len == full
+
+
 def test_generate_gets_end_pad_stop_words_and_sampling(backend, fake_trtllm):
     im_end, eot = _special(backend)
     prompt = _prompt(backend)

@@ -168,6 +168,7 @@ class ModelRunnerCpp:
         self.max_input_len = max_input_len
         self.max_seq_len = max_seq_len
         self.max_beam_width = max_beam_width
+        self.widths: list[int] = []    # padded length of each streamed item (test hook)
 
     @classmethod
     def from_dir(cls, engine_dir: str, *, lora_dir=None, rank: int = 0, max_batch_size=None,
@@ -263,6 +264,7 @@ class ModelRunnerCpp:
             padded = [[t + [end_id] * (self.max_seq_len - len(t)) for t in beams]
                       for beams in output_ids]
             out_ids = torch.tensor(padded, dtype=torch.int32)
+            self.widths.append(out_ids.shape[-1])
             if not return_dict:
                 yield out_ids
                 continue
