@@ -119,7 +119,7 @@ class RequestHandle:
     def cancel(self) -> None:
         """Drop the request if queued, or stop it before its next token if running."""
         self._cancel.set()
-        self._service._cancel_running(self)
+        self._service._cancel(self)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the request is finished, failed or cancelled; False on timeout."""
@@ -233,12 +233,18 @@ class EngineService:
             ahead = [h for h in self._waiting[:self._waiting.index(handle)] if not h.cancelled]
             return len(ahead) + (1 if self._running is not None else 0)
 
-    def _cancel_running(self, handle: RequestHandle) -> None:
-        # Under the lock, so the backend's cancel flag is only ever set for this request; the
-        # next request's stream() clears it when it begins.
+    def _cancel(self, handle: RequestHandle) -> None:
+        """A running request: stop the backend. A queued one: finish it now, never run it."""
         with self._lock:
+            # Under the lock, so the backend's cancel flag is only ever set for this request;
+            # the next request's stream() clears it when it begins.
             if self._running is handle:
                 self.backend.cancel()
+                return
+            if handle not in self._waiting:
+                return
+            self._waiting.remove(handle)
+        handle._emit(Finished(_cancelled_reply(handle)))
 
     def _work(self) -> None:
         while True:
@@ -246,6 +252,8 @@ class EngineService:
             if handle is None:
                 return
             with self._lock:
+                if handle not in self._waiting:   # cancelled while queued: already finished
+                    continue
                 self._waiting.remove(handle)
                 self._running = handle
                 handle.started_at = time.monotonic()
@@ -259,10 +267,7 @@ class EngineService:
 
     def _run(self, handle: RequestHandle) -> None:
         if handle.cancelled:
-            handle._emit(Finished(Reply(
-                text="", metrics=ReplyMetrics(prompt_tokens=len(handle.prompt_ids),
-                                              finish_reason="cancelled"),
-                dropped_turns=handle.dropped_turns)))
+            handle._emit(Finished(_cancelled_reply(handle)))
             return
         handle._emit(Started(waited_s=handle.waited_s))
         stream = None
@@ -285,6 +290,13 @@ class EngineService:
         finally:
             if stream is not None:
                 stream.close()
+
+
+def _cancelled_reply(handle: RequestHandle) -> Reply:
+    """The reply of a request cancelled before it reached the engine."""
+    return Reply(text="", metrics=ReplyMetrics(prompt_tokens=len(handle.prompt_ids),
+                                               finish_reason="cancelled"),
+                 dropped_turns=handle.dropped_turns)
 
 
 def start_service(cfg: BackendConfig) -> EngineService:

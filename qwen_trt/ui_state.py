@@ -69,8 +69,8 @@ class ChatState:
             self.pending = None
         handle = pending.handle
         if not handle.done:
-            handle.cancel()
-            handle.wait(CANCEL_WAIT_S)
+            handle.cancel()           # a queued request is finished at once, a running one
+            handle.wait(CANCEL_WAIT_S)  # stops before its next token
         try:
             reply = handle.result(timeout=0)
         except Exception:  # failed, or still stuck behind another request: keep what we have
@@ -79,7 +79,8 @@ class ChatState:
         interrupted = reply.metrics.finish_reason == "cancelled"
         with self._lock:
             self.chat.add_exchange(pending.user_text, reply.text, interrupted=interrupted)
-            self.notes.append(TurnNote(reply_footer(reply, handle.waited_s), reply.dropped_turns))
+            waited = handle.waited_s if handle.started_at is not None else 0.0
+            self.notes.append(TurnNote(reply_footer(reply, waited), reply.dropped_turns))
         return reply
 
     def discard(self, pending: PendingReply) -> None:

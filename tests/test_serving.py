@@ -173,6 +173,8 @@ def test_queue_positions_wait_status_and_fifo(gated, tiny_tokenizer):
 
     b.cancel()                                     # a cancelled request no longer counts
     assert (c.position, d.position) == (1, 2)
+    assert b.done and a.state == "running"         # finished at once, without the engine
+    assert svc.status().queued == 2
 
     backend.gate.set()
     rest = list(events)

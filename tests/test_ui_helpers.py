@@ -215,3 +215,20 @@ def test_chat_state_clear_cancels_and_forgets(text_service, tiny_tokenizer):
     assert pending.handle.result(30).metrics.finish_reason == "cancelled"
     assert state.commit_pending(pending) is None             # nothing comes back after clear
     assert state.chat.messages == []
+
+
+def test_interrupting_a_queued_reply_does_not_wait_for_the_engine(text_service, tiny_tokenizer):
+    svc, backend = text_service
+    backend.gate.clear()
+    other = svc.submit([1], PARAMS)                    # another session holds the engine
+    state = ChatState(ChatSession(tiny_tokenizer))
+    pending = state.start("mine", svc.submit([1], PARAMS))
+    assert pending.handle.position == 1
+    reply = state.commit_pending()
+    assert pending.handle.done and not other.done      # finished without the engine
+    assert reply.text == "" and reply.metrics.finish_reason == "cancelled"
+    [(u, a, note)] = state.turns()
+    assert (u.content, a.content, a.interrupted) == ("mine", "", True)
+    assert note.footer == "interrupted before the first token"
+    backend.gate.set()
+    assert other.result(30).text == "Hello world"
