@@ -356,7 +356,6 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
     tok_files = [source.path / n for n in TOKENIZER_FILES if (source.path / n).is_file()]
     build_stamp = Stamp("build", {
         "export": export_stamp.digest, "flags": build_flags(profile),
-        "limits_runtime": profile.to_dict()["runtime"],
         "versions": {k: versions[k] for k in ("tensorrt_llm", "tensorrt")},
         "gpu": {"name": gpu.name, "cc": gpu.cc},
         "tokenizer": fingerprint(source.path, tok_files)})
@@ -386,8 +385,14 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
     if skip_build:
         from qwen_trt.engine_manifest import read_manifest
 
+        manifest = read_manifest(engine_dir)
+        runtime = profile.to_dict()["runtime"]
+        if manifest["runtime"] != runtime:   # run-time settings need no new engine
+            manifest["runtime"], manifest["profile"] = runtime, profile.to_dict()
+            write_manifest(engine_dir, manifest)
+            log.line(f"updated the runtime settings in {engine_dir / 'manifest.json'}")
         log.line(f"engine up to date: {engine_dir}")
-        return BuildResult(engine_dir, read_manifest(engine_dir), ran=["resolve"],
+        return BuildResult(engine_dir, manifest, ran=["resolve"],
                            skipped=["export", "build", "verify"])
 
     def do_verify() -> dict:

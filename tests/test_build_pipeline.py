@@ -114,6 +114,14 @@ def test_unchanged_inputs_skip_stages_and_force_reruns(fake_trtllm, monkeypatch,
     assert len(calls(fake_trtllm, "build")) == 1 and len(calls(fake_trtllm, "from_hugging_face")) == 1
     assert (dirs["engines"] / "a10" / "rank0.engine").stat().st_mtime_ns == first
 
+    # a run-time setting needs no new engine: only the manifest changes
+    p = dirs["profiles"] / "a10.toml"
+    p.write_text(p.read_text().replace("kv_cache_free_gpu_memory_fraction = 0.85",
+                                       "kv_cache_free_gpu_memory_fraction = 0.7"))
+    res, _ = _run(dirs, model_copy)
+    assert res.skipped == ["export", "build", "verify"] and len(calls(fake_trtllm, "build")) == 1
+    assert read_manifest(dirs["engines"] / "a10")["runtime"]["kv_cache_free_gpu_memory_fraction"] == 0.7
+
     # a profile edit rebuilds the engine but reuses the exported checkpoint
     p = dirs["profiles"] / "a10.toml"
     p.write_text(p.read_text().replace("max_batch_size = 4", "max_batch_size = 2"))
