@@ -1,6 +1,7 @@
 """The trtllm backend by contract: fake tensorrt_llm 1.2.1 runner, pretend GPU, tiny model."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -132,9 +133,10 @@ def test_load_passes_manifest_limits_to_model_runner(backend, fake_trtllm, engin
     assert backend.info.name == "trtllm" and backend.info.max_seq_len == m["limits"]["max_seq_len"]
     assert backend.info.device == "NVIDIA A10" and backend.info.dtype == "float16"
     # tokenizer comes from the engine folder's copy
-    assert backend.tokenizer.encode("hello world") == \
-        __import__("transformers").AutoTokenizer.from_pretrained(
-            engine_dir / "tokenizer").encode("hello world")
+    from transformers import AutoTokenizer
+
+    copied = AutoTokenizer.from_pretrained(engine_dir / "tokenizer")
+    assert backend.tokenizer.encode("hello world 你好") == copied.encode("hello world 你好")
     assert runner_kwargs(m)["rank"] == 0
 
 
@@ -342,7 +344,7 @@ def test_auto_engine_dir_never_raises(fake_trtllm, monkeypatch, engine_dir):
     assert auto_engine_dir() is None
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("tensorrt_llm") is not None,
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None,
                     reason="a real tensorrt_llm is installed")
 def test_without_tensorrt_llm(monkeypatch, engine_dir):
     from qwen_trt.engine_env import TrtllmNotInstalledError

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import tensorrt_llm
 from tensorrt_llm.bindings import KVCacheType
