@@ -5,6 +5,7 @@ in ``qwen_trt`` (serving, app_config, ui_state, ui_stream, ui_text). See docs/ap
 """
 from __future__ import annotations
 
+import logging
 import sys
 from contextlib import closing
 
@@ -17,7 +18,10 @@ from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, SamplingParams
 from qwen_trt.ui_state import ChatState
 from qwen_trt.ui_stream import StreamView, coalesce
-from qwen_trt.ui_text import dropped_note, reply_footer, sanitize_markdown, waiting_label
+from qwen_trt.ui_text import (dropped_note, reply_footer, sanitize_markdown, user_error,
+                              waiting_label)
+
+log = logging.getLogger("qwen_trt.app")
 
 st.set_page_config(page_title="qwen-trt chat", page_icon="💬")
 
@@ -108,8 +112,10 @@ def main() -> None:
     try:
         cfg = parse_app_config(sys.argv[1:])
         service = engine_service(config_key(cfg), cfg)
-    except QwenTrtError as e:
-        st.error(str(e), icon=":material/error:")
+    except Exception as e:  # noqa: BLE001 - shown as one line, never a traceback
+        if not isinstance(e, QwenTrtError):
+            log.exception("loading the engine failed")
+        st.error(user_error(e, "loading the engine"), icon=":material/error:")
         st.stop()
     st.sidebar.caption(f"**Engine:** {service.info.describe()}")
     status = service.status()
@@ -134,8 +140,10 @@ def main() -> None:
         st.markdown(sanitize_markdown(text))
     try:
         stream_reply(service, state, text, params)
-    except QwenTrtError as e:
-        st.error(str(e), icon=":material/warning:")
+    except Exception as e:  # noqa: BLE001 - shown as one line; the history is kept
+        if not isinstance(e, QwenTrtError):
+            log.exception("answering failed")
+        st.error(user_error(e), icon=":material/warning:")
 
 
 main()

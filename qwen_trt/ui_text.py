@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import Reply
 
 CURSOR = "▌"
@@ -134,3 +135,14 @@ def waiting_label(position: int, waited_s: float) -> str:
         return ""
     ahead = "1 request" if position == 1 else f"{position} requests"
     return f"Waiting for the engine: {ahead} ahead of yours ({waited_s:.0f} s)"
+
+
+def user_error(err: Exception, doing: str = "answering") -> str:
+    """One line for the page: a QwenTrtError's own text (it says what to do); anything else
+    is a bug or an environment problem, named briefly (the traceback goes to the server log)."""
+    if isinstance(err, QwenTrtError):
+        return str(err)
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    detail = f"{type(err).__name__}: {first}" if first else type(err).__name__
+    return (f"Unexpected error while {doing} ({detail}). The conversation is kept; try again, "
+            f"and see the server log if it keeps happening.")

@@ -12,6 +12,8 @@ from streamlit.testing.v1 import AppTest
 
 from qwen_trt import serving
 from qwen_trt.backends.base import Backend, BackendInfo
+from qwen_trt.errors import EngineMismatchError
+from qwen_trt.params import SamplingParams
 from qwen_trt.serving import EngineService
 from qwen_trt.ui_state import PendingReply
 
@@ -238,6 +240,23 @@ def test_missing_model_folder_shows_what_to_do(monkeypatch, tmp_path):
     assert len(at.chat_input) == 0
 
 
+@pytest.mark.parametrize("error, words", [
+    (EngineMismatchError("The engine in engines/a10 was built for NVIDIA A10, this GPU is an "
+                         "H200: rebuild it with `qwen-trt build`."), "rebuild it"),
+    (RuntimeError("CUDA out of memory\nTraceback details"),
+     "Unexpected error while loading the engine (RuntimeError: CUDA out of memory)"),
+])
+def test_load_errors_show_one_line_not_a_traceback(monkeypatch, error, words):
+    def fail(cfg):
+        raise error
+
+    monkeypatch.setattr(serving, "load_backend", fail)
+    monkeypatch.setattr(sys, "argv", ["app.py"])
+    at = run_app()                                  # asserts no st.exception (traceback) element
+    assert len(at.error) == 1 and words in at.error[0].value
+    assert "Traceback" not in at.error[0].value
+
+
 def test_bad_app_option_shows_error(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["app.py", "--backend", "nope"])
     at = run_app()
@@ -278,7 +297,7 @@ def test_reply_interrupted_by_a_rerun_is_kept_and_marked(scripted, tiny_tokenize
     stuck.stream = stream
     svc = EngineService(stuck)
     try:
-        handle = svc.submit([1, 2, 3], serving_params())
+        handle = svc.submit([1, 2, 3], SamplingParams(max_new_tokens=64, temperature=0))
         assert released.acquire(timeout=TIMEOUT)
         at.session_state["chat_state"].pending = PendingReply("tell me", handle)
         at.sidebar.slider(key="temperature").set_value(0.3).run()   # any click reruns
@@ -289,11 +308,6 @@ def test_reply_interrupted_by_a_rerun_is_kept_and_marked(scripted, tiny_tokenize
     finally:
         svc.close()
 
-
-def serving_params():
-    from qwen_trt.params import SamplingParams
-
-    return SamplingParams(max_new_tokens=64, temperature=0)
 
 
 def test_tiny_model_end_to_end(monkeypatch, tiny_model_dir):

@@ -12,8 +12,9 @@ from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
 from qwen_trt.serving import Delta, EngineService, Finished, Started, Waiting
 from qwen_trt.ui_state import ChatState
 from qwen_trt.ui_stream import StreamView, coalesce
+from qwen_trt.errors import PromptTooLongError
 from qwen_trt.ui_text import (CURSOR, dropped_note, reply_footer, sanitize_markdown,
-                              stable_prefix_end, waiting_label)
+                              stable_prefix_end, user_error, waiting_label)
 
 # -- sanitize_markdown --------------------------------------------------------------------------
 
@@ -127,6 +128,15 @@ def test_reply_footer_and_notes():
     assert "3 oldest turns were left out" in dropped_note(3)
     assert waiting_label(0, 3) == ""
     assert waiting_label(2, 3.4) == "Waiting for the engine: 2 requests ahead of yours (3 s)"
+
+
+def test_user_error_lines():
+    assert user_error(PromptTooLongError("Too long: shorten it.")) == "Too long: shorten it."
+    line = user_error(ValueError("bad thing\n  at frame 1"), "loading the engine")
+    assert line.startswith("Unexpected error while loading the engine (ValueError: bad thing)")
+    assert "\n" not in line and "frame" not in line
+    assert "(KeyError: 'k')" in user_error(KeyError("k"))
+    assert "(RuntimeError)" in user_error(RuntimeError())
 
 
 # -- ChatState ----------------------------------------------------------------------------------
