@@ -403,8 +403,10 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
             "source": source.name, "path": str(source.path), "revision": hub_revision(source.path),
             "checkpoint_sha256": content_hash(checkpoint_files(source.path), source.path),
             "shape": shape.__dict__}
+        timings = dict(log.timings)
+        timings["total"] = round(sum(timings.values()), 3)   # up to the manifest itself
         manifest = make_manifest(gpu=gpu, profile=profile, versions=versions, model=model_info,
-                                 build_flags=build_flags(profile), timings_s=dict(log.timings),
+                                 build_flags=build_flags(profile), timings_s=timings,
                                  stamp_digest=build_stamp.digest, tokenizer=tok)
         write_manifest(tmp, manifest)
         build_stamp.write(tmp)
