@@ -301,6 +301,17 @@ def test_engine_from_other_library_versions(fake_trtllm, monkeypatch, engine_dir
         TrtllmBackend.load(engine=str(engine_dir), warmup=False)
 
 
+def test_auto_found_folder_built_with_other_libraries(fake_trtllm, monkeypatch, engine_dir):
+    set_gpu(monkeypatch, "a10")
+    monkeypatch.setenv("QWEN_TRT_ENGINES_DIR", str(engine_dir.parent))
+    m = json.loads((engine_dir / "manifest.json").read_text())
+    m["versions"]["tensorrt_llm"] = "1.1.0"
+    (engine_dir / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(EngineMismatchError, match=r"built with tensorrt_llm 1.1.0, this machine "
+                                                  r"has tensorrt_llm 1.2.1"):
+        TrtllmBackend.load(warmup=False)
+
+
 def test_no_engine_for_this_gpu(fake_trtllm, monkeypatch, tmp_path):
     from qwen_trt.backends.trtllm_backend import EngineNotFoundError
 

@@ -281,6 +281,9 @@ class TrtllmBackend(Backend):
             suggestion = None
         if engine is None:
             engine_dir = find_engine_dir(gpu, versions=versions)
+            stale = default_engines_dir() / suggestion if suggestion else None
+            if engine_dir is None and stale is not None and (stale / "manifest.json").is_file():
+                engine_dir = stale   # this GPU's folder, built with other libraries: say so below
             if engine_dir is None:
                 target = suggestion or "<gpu>"
                 raise EngineNotFoundError(
