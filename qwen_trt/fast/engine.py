@@ -130,13 +130,13 @@ class FastEngine:
     def _prefill_step(self, length: int) -> None:
         ids = self.ids[:length]
         if self.compile:
-            torch._dynamo.mark_dynamic(ids, 0)
+            torch._dynamo.maybe_mark_dynamic(ids, 0)
         self.logits.copy_(self._prefill_fn(ids, self.last))
 
     def _decode_step(self, kv_len: int, kind: Kind) -> None:
         kv_pos = self.positions[:kv_len]
         if self.compile:
-            torch._dynamo.mark_dynamic(kv_pos, 0)
+            torch._dynamo.maybe_mark_dynamic(kv_pos, 0)
         logits = self._decode_fn(self.tok, self.pos, kv_pos)
         self.tok.copy_(pick(logits, kind, self.sampler))
         self.pos.add_(1)
@@ -162,11 +162,11 @@ class FastEngine:
         graph = self._decode_graphs.get(key)
         if graph is None:
             # A capture may happen mid-request (a sampler kind not warmed up): its warm-up runs
-            # write only the last cache slot, which no earlier step of a request can need.
+            # write only the spare cache slot past max_seq_len, which no request uses.
             saved = [b.clone() for b in (self.pos, self.tok, self.sampler.step)]
 
             def reset() -> None:
-                self.pos.fill_(self.max_seq_len - 1)
+                self.pos.fill_(self.max_seq_len)
                 self.sampler.step.zero_()
 
             graph = self._capture(lambda: self._decode_step(kv_len, kind), reset)

@@ -77,12 +77,14 @@ class Qwen3Fast(torch.nn.Module):
         self.register_buffer("ln_final", torch.empty(cfg.hidden, dtype=dtype, device=device))
         self.layers = torch.nn.ModuleList(Qwen3Layer(cfg, dtype, device)
                                           for _ in range(cfg.layers))
-        cos, sin = rope_tables(cfg, max_seq_len, device)
+        # One spare slot past max_seq_len: a scratch position for graph-capture warm-ups, and it
+        # keeps every KV bucket a strict sub-view of the cache (one compiled decode serves all).
+        cos, sin = rope_tables(cfg, max_seq_len + 1, device)
         # HF casts the float32 tables to the activation dtype before use; store them that way.
         self.register_buffer("cos", cos.to(dtype), persistent=False)
         self.register_buffer("sin", sin.to(dtype), persistent=False)
-        self.cache = StaticKVCache(cfg.layers, cfg.kv_heads, cfg.head_dim, max_seq_len, dtype,
-                                   device)
+        self.cache = StaticKVCache(cfg.layers, cfg.kv_heads, cfg.head_dim, max_seq_len + 1,
+                                   dtype, device)
 
     @property
     def device(self) -> torch.device:
@@ -133,8 +135,8 @@ class Qwen3Fast(torch.nn.Module):
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, pos)
             k_cache, v_cache = self.cache.kv(i)
-            k_cache[:, :t] = k.transpose(0, 1)
-            v_cache[:, :t] = v.transpose(0, 1)
+            k_cache.index_copy_(1, pos, k.transpose(0, 1))   # no slicing: keeps T symbolic
+            v_cache.index_copy_(1, pos, v.transpose(0, 1))
             # GQA by expanding K/V to the query heads (a copy of T x kv size: cheap, any torch).
             kx = k.transpose(0, 1).unsqueeze(1).expand(cfg.kv_heads, group, t, cfg.head_dim)
             vx = v.transpose(0, 1).unsqueeze(1).expand(cfg.kv_heads, group, t, cfg.head_dim)
@@ -161,8 +163,8 @@ class Qwen3Fast(torch.nn.Module):
             k_cache, v_cache = self.cache.kv(i)
             k_cache.index_copy_(1, pos, k.transpose(0, 1))
             v_cache.index_copy_(1, pos, v.transpose(0, 1))
-            kc = k_cache[:, :kv_len]                                    # [kvh, L, d]
-            vc = v_cache[:, :kv_len]
+            kc = k_cache.narrow(1, 0, kv_len)                           # [kvh, L, d]
+            vc = v_cache.narrow(1, 0, kv_len)
             qg = q.view(cfg.kv_heads, group, cfg.head_dim)              # [kvh, g, d]
             s = torch.matmul(qg, kc.transpose(1, 2)).float() * scale    # [kvh, g, L]
             s = s.masked_fill(~mask, float("-inf"))
