@@ -177,8 +177,10 @@ def dynamic_shapes(num_layers: int) -> dict:
 
 
 def source_fingerprint(path: Path, chunk: int = 1 << 22) -> tuple[str, list[dict]]:
-    """sha256 over config.json and every *.safetensors file (sorted by name, name + bytes)."""
-    files = [path / "config.json"] + sorted(path.glob("*.safetensors"))
+    """sha256 over config.json and every weight file (*.safetensors, else *.bin), sorted by
+    name, each as its name then its bytes."""
+    weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+    files = [path / "config.json"] + weights
     digest = hashlib.sha256()
     listed = []
     for f in files:

@@ -60,7 +60,8 @@ def test_export_writes_model_and_manifest(exported, tiny_model_dir):
     assert (out / "model.onnx").is_file()
     assert not (out / "model.onnx.data").exists()  # 0.5 MB of weights stay inline
     assert not list(out.parent.glob(".*partial*"))  # staging folder was moved into place
-    m = json.loads((out / "manifest.json").read_text())
+    m = ox.read_manifest(out)
+    assert m == json.loads((out / "manifest.json").read_text())
     assert m["format"] == ox.MANIFEST_FORMAT
     assert m["model_file"] == "model.onnx" and m["data_files"] == []
     assert m["dtype"] == "float32"
