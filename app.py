@@ -91,6 +91,7 @@ def stream_reply(service: serving.EngineService, state: ChatState, text: str,
                         shown_label = label
                 elif isinstance(ev, serving.Started):
                     status.empty()
+                    tail.markdown(view.add("").tail)      # the cursor, until the first token
                 elif isinstance(ev, serving.Delta):
                     update = view.add(ev.text)
                     for block in update.new_blocks:

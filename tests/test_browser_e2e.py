@@ -103,18 +103,28 @@ def test_chat_in_a_real_browser(app_url):
             expect(sidebar).to_contain_text("torch")
             expect(sidebar).to_contain_text("Clear memory")
 
+            max_len = sidebar.get_by_test_id("stSlider").nth(0)
+            expect(max_len).to_contain_text("512")
+            max_len.get_by_role("slider").focus()
+            page.keyboard.press("Home")                # short replies keep this test quick
+            expect(max_len).to_contain_text("128")
+            _wait_idle(page)
+
             messages = page.get_by_test_id("stChatMessage")
             _send(page, "Hello, how are you today?")
             expect(messages).to_have_count(2)
             expect(messages.nth(1)).to_contain_text("tokens/s")
             _wait_idle(page)
-            _send(page, "Please explain <b>tensors</b>")
+            _send(page, "Please explain <b>tensors</b> ![pic](http://127.0.0.1:9/leak.png)")
             expect(messages).to_have_count(4)
             expect(messages.nth(3)).to_contain_text("tokens/s")
             _wait_idle(page)
             expect(messages.nth(0)).to_contain_text("Hello, how are you today?")
             expect(messages.nth(2)).to_contain_text("Please explain <b>tensors</b>")  # as text
             assert messages.nth(2).locator("b").count() == 0
+            # A Markdown image becomes inert text + link: the browser fetches nothing.
+            expect(messages.nth(2)).to_contain_text("!pic")
+            assert messages.nth(2).get_by_test_id("stMarkdownContainer").locator("img").count() == 0
             for i in (1, 3):
                 body = messages.nth(i).get_by_test_id("stMarkdownContainer").first.inner_text()
                 assert body.strip(), f"reply {i} is empty"
@@ -139,7 +149,6 @@ def test_chat_in_a_real_browser(app_url):
             page.keyboard.press("Home")
             expect(temp).to_contain_text("0.00")
             _wait_idle(page)
-            max_len = sidebar.get_by_test_id("stSlider").nth(0)
             max_len.get_by_role("slider").focus()
             page.keyboard.press("End")                 # 4096 would leave no room for a prompt
             page.keyboard.press("ArrowLeft")
