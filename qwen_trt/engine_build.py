@@ -107,6 +107,66 @@ def check_model_shapes(config: dict, where: str = "config.json") -> ModelShape:
     return shape
 
 
+def hf_rope_theta(config: dict) -> float | None:
+    """RoPE base from an HF config: ``rope_theta`` (transformers 4.x layout) or
+    ``rope_parameters.rope_theta`` (the layout transformers 5 writes)."""
+    if "rope_theta" in config:
+        return float(config["rope_theta"])
+    theta = (config.get("rope_parameters") or {}).get("rope_theta")
+    return float(theta) if theta is not None else None
+
+
+def needs_legacy_config(config: dict) -> bool:
+    """True when config.json has the transformers-5 layout (``rope_parameters``, ``dtype``).
+
+    TensorRT-LLM's QWenConfig.from_hugging_face (tensorrt_llm/models/qwen/config.py @0428c188)
+    reads ``getattr(hf_config, "rope_theta", 100000.0)`` and ``torch_dtype``; with the new
+    layout under the transformers it pins (4.57), the RoPE base silently becomes a default.
+    """
+    return "rope_theta" not in config and hf_rope_theta(config) is not None
+
+
+def stage_legacy_checkpoint(source: ModelSource, dest: Path) -> Path:
+    """A folder of symlinks to ``source`` whose config.json also has the 4.x keys."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for f in source.path.iterdir():
+        if f.name != "config.json":
+            (dest / f.name).symlink_to(f.resolve())
+    cfg = dict(source.config)
+    cfg["rope_theta"] = hf_rope_theta(cfg)
+    if "torch_dtype" not in cfg and "dtype" in cfg:
+        cfg["torch_dtype"] = cfg["dtype"]
+    (dest / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dest
+
+
+def verify_checkpoint_config(ckpt_dir: Path, shape: ModelShape, hf_config: dict) -> None:
+    """The exported TensorRT-LLM checkpoint must carry the HF shapes and RoPE base."""
+    path = ckpt_dir / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise BuildError(f"{path} is missing or unreadable after export ({e}).") from e
+    problems = []
+    for key, want in (("head_size", shape.head_dim), ("num_key_value_heads", shape.kv_heads),
+                      ("num_attention_heads", shape.heads), ("hidden_size", shape.hidden),
+                      ("num_hidden_layers", shape.layers), ("vocab_size", shape.vocab)):
+        if key in cfg and int(cfg[key]) != want:
+            problems.append(f"{key} {cfg[key]} (checkpoint: {want})")
+    theta = hf_rope_theta(hf_config)
+    if theta is not None and "rotary_base" in cfg and abs(float(cfg["rotary_base"]) - theta) > 1e-3 * theta:
+        problems.append(f"rotary_base {cfg['rotary_base']} (checkpoint rope_theta: {theta:g})")
+    if cfg.get("dtype") not in (None, "float16"):
+        problems.append(f"dtype {cfg['dtype']} (asked float16)")
+    if problems:
+        raise BuildError(
+            f"TensorRT-LLM's converter wrote {path} with {'; '.join(problems)}: it read the HF "
+            f"config differently; install the transformers version your tensorrt_llm pins "
+            f"(4.57.x for 1.2) and rebuild with --force.")
+
+
 # ---------------------------------------------------------------- profile -> TensorRT-LLM (pure)
 
 def plugin_settings(profile: BuildProfile) -> dict:
@@ -277,8 +337,8 @@ def _copy_tokenizer(source: ModelSource, dest: Path) -> list[str]:
     return copied
 
 
-def export_checkpoint(source: ModelSource, ckpt_dir: Path) -> None:
-    """HF folder -> TensorRT-LLM checkpoint (config.json + rank0.safetensors)."""
+def export_checkpoint(source: ModelSource, ckpt_dir: Path, shape: ModelShape) -> None:
+    """HF folder -> TensorRT-LLM checkpoint (config.json + rank0.safetensors), verified."""
     from tensorrt_llm.mapping import Mapping
     from tensorrt_llm.models import MODEL_MAP
 
@@ -291,8 +351,11 @@ def export_checkpoint(source: ModelSource, ckpt_dir: Path) -> None:
         shutil.rmtree(ckpt_dir)
     ckpt_dir.mkdir(parents=True)   # save_checkpoint writes into it but does not create it
     mapping = Mapping(world_size=1, rank=0, tp_size=1, pp_size=1)
+    hf_dir = source.path
+    if needs_legacy_config(source.config):
+        hf_dir = stage_legacy_checkpoint(source, ckpt_dir.parent / "hf-staging")
     try:
-        model = model_cls.from_hugging_face(str(source.path), dtype="float16", mapping=mapping)
+        model = model_cls.from_hugging_face(str(hf_dir), dtype="float16", mapping=mapping)
         model.save_checkpoint(str(ckpt_dir), save_config=True)
     except QwenTrtError:
         raise
@@ -303,6 +366,7 @@ def export_checkpoint(source: ModelSource, ckpt_dir: Path) -> None:
     finally:
         model = None
         gc.collect()
+    verify_checkpoint_config(ckpt_dir, shape, source.config)
 
 
 def build_engine(ckpt_dir: Path, profile: BuildProfile, engine_dir: Path) -> None:
@@ -370,7 +434,7 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
         require_disk(Path(req.engines_dir), int(weights * 1.2) + GB, "the engine")
 
     def do_export() -> None:
-        export_checkpoint(source, ckpt_dir)
+        export_checkpoint(source, ckpt_dir, shape)
         export_stamp.write(ckpt_dir)
 
     log.run("export", f"-> {ckpt_dir}", do_export, skip=skip_export)

@@ -84,7 +84,14 @@ def test_trtllm_is_called_with_the_profile_settings(fake_trtllm, monkeypatch, di
     _run(dirs, model_copy)
     prof = load_profile("a10", dirs["profiles"])
     (hf,) = calls(fake_trtllm, "from_hugging_face")
-    assert hf["dtype"] == "float16" and hf["dir"] == str(model_copy)
+    from qwen_trt.engine_build import needs_legacy_config
+
+    hf_cfg = json.loads((model_copy / "config.json").read_text())
+    staged = dirs["out"] / "a10" / "hf-staging"
+    assert hf["dir"] == str(staged if needs_legacy_config(hf_cfg) else model_copy)
+    assert hf["dtype"] == "float16"
+    ckpt = json.loads((dirs["out"] / "a10" / "checkpoint" / "config.json").read_text())
+    assert ckpt["rotary_base"] == 5_000_000.0 and ckpt["head_size"] == 32
     assert hf["mapping"].world_size == 1 and hf["mapping"].tp_size == 1
     (b,) = calls(fake_trtllm, "build")
     bc = b["build_config"]
@@ -155,6 +162,28 @@ def test_verify_rejects_an_engine_without_the_asked_max_seq_len(fake_trtllm, mon
     with pytest.raises(BuildError, match=r"build_config.max_seq_len = 4096, asked 16384"):
         _run(dirs, model_copy)
     assert not (dirs["engines"] / "a10").exists()
+
+
+def test_transformers5_config_layout_is_staged_for_the_converter(fake_trtllm, monkeypatch, dirs,
+                                                                  model_copy):
+    """transformers 5 writes rope_parameters.rope_theta; TensorRT-LLM reads rope_theta."""
+    set_gpu(monkeypatch, "a10")
+    cfg = json.loads((model_copy / "config.json").read_text())
+    theta = cfg.pop("rope_theta", None) or cfg["rope_parameters"]["rope_theta"]
+    cfg["rope_parameters"] = {"rope_theta": theta, "rope_type": "default"}
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    _run(dirs, model_copy)
+    staged = json.loads((dirs["out"] / "a10" / "hf-staging" / "config.json").read_text())
+    assert staged["rope_theta"] == theta
+    assert (dirs["out"] / "a10" / "hf-staging" / "model.safetensors").resolve() == \
+        (model_copy / "model.safetensors").resolve()
+
+    # without the staging, the converter's default RoPE base is caught by the export check
+    import qwen_trt.engine_build as eb
+
+    monkeypatch.setattr(eb, "needs_legacy_config", lambda config: False)
+    with pytest.raises(BuildError, match=r"rotary_base 100000.0 \(checkpoint rope_theta: 5e\+06\)"):
+        _run(dirs, model_copy, force=True)
 
 
 def _cli(capsys, *args):

@@ -3,8 +3,8 @@
 * ``QWenForCausalLM.from_hugging_face(hf_model_or_dir, dtype='auto', mapping=None,
   quant_config=None, **kwargs)``: tensorrt_llm/models/qwen/model.py @04a2cacb.
 * ``QWenConfig.from_hugging_face`` reads ``head_dim = getattr(hf_config, 'head_dim',
-  hidden // heads)``, qwen_type from model_type (qwen3 allowed in 1.x):
-  tensorrt_llm/models/qwen/config.py @373970a8.
+  hidden // heads)``, ``rotary_base = getattr(hf_config, 'rope_theta', 100000.0)``, qwen_type
+  from model_type (qwen3 allowed in 1.x): tensorrt_llm/models/qwen/config.py @0428c188.
 * ``save_checkpoint(output_dir, save_config=True)`` writes rank0.safetensors and config.json
   into an existing folder (it does not create it); ``from_checkpoint(ckpt_dir, rank=None,
   config=None, *, preprocess_weights_hook=None)`` reads them (PretrainedModel in
@@ -44,6 +44,9 @@ class QWenForCausalLM:
             "hidden_size": hidden, "num_hidden_layers": hf["num_hidden_layers"],
             "num_attention_heads": heads, "num_key_value_heads": hf["num_key_value_heads"],
             "head_size": hf.get("head_dim", hidden // heads), "vocab_size": hf["vocab_size"],
+            # config.py: getattr(hf_config, "rope_theta", 100000.0); transformers 4.57 ignores
+            # the 5.x "rope_parameters" key, so a 5.x-written config falls back to the default
+            "rotary_base": hf.get("rope_theta", 100000.0),
             "max_position_embeddings": hf["max_position_embeddings"],
             "mapping": {"world_size": mapping.world_size if mapping else 1,
                         "tp_size": mapping.tp_size if mapping else 1,
