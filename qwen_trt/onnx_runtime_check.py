@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from qwen_trt.onnx_export import OnnxExportError, quiet, input_names, require
+from qwen_trt.onnx_export import OnnxExportError, input_names, quiet, require
 
 # |ORT logit - torch logit| must stay within TOLERANCE[dtype] * max(1, max |torch logit|).
 TOLERANCE = {"float32": 1e-4, "float16": 2e-2}

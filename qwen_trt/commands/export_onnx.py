@@ -56,7 +56,8 @@ def run_pipeline(model: str | None, out: str | Path, *, dtype: str = "float32",
                  opset: int = DEFAULT_OPSET, force: bool = False, verify: bool = True,
                  external_data: str = "auto",
                  write: Callable[[str], None] = print) -> ExportSummary:
-    """Export, check, write the manifest and (optionally) verify; raise a QwenTrtError on failure."""
+    """Export, check, write the manifest and (optionally) verify; raise a QwenTrtError on
+    failure."""
     from qwen_trt import onnx_export as ox
     from qwen_trt.model_source import resolve_model
 
@@ -176,7 +177,8 @@ def register(sub) -> None:
                         "Qwen/Qwen3-4B-Instruct-2507)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights and KV dtype")
-    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (default %(default)s)")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                   help="ONNX opset, 18 or newer (default %(default)s)")
     p.add_argument("--external-data", choices=EXTERNAL_DATA_MODES, default="auto",
                    help="auto: weights go to model.onnx.data when over 2 GB; always: always")
     p.add_argument("--force", action="store_true", help="overwrite an existing output folder")
