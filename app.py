@@ -119,16 +119,16 @@ def main() -> None:
         st.error(user_error(e, "loading the engine"), icon=":material/error:")
         st.stop()
     st.sidebar.caption(f"**Engine:** {service.info.describe()}")
-    status = service.status()
-    if status.busy:
-        more = f"; {status.queued} more waiting" if status.queued else ""
-        st.sidebar.caption(f"Engine busy with another reply{more}.")
 
     state = st.session_state.get("chat_state")
     if state is None:
         state = st.session_state["chat_state"] = ChatState(ChatSession(service.tokenizer))
     state.chat.system_prompt = (st.session_state.get("system_prompt") or "").strip() or None
     state.commit_pending()       # a reply interrupted by this rerun: keep it, marked interrupted
+    status = service.status()
+    if status.busy:
+        more = f"; {status.queued} more waiting" if status.queued else ""
+        st.sidebar.caption(f"Engine busy with another session's reply{more}.")
     show_history(state)
 
     text = st.chat_input("Message qwen-trt")
