@@ -60,8 +60,8 @@ engine: setup
 bench: setup
 	$(VENV)/bin/qwen-trt bench $(BENCH_ARGS)
 
-onnx: setup
-	$(VENV)/bin/qwen-trt export-onnx $(if $(MODEL),--model $(MODEL),--model $(TINY)) --out build/out/onnx
+onnx: setup tiny
+	$(VENV)/bin/qwen-trt export-onnx $(if $(MODEL),--model $(MODEL),--model $(TINY)) --out build/out/onnx $(if $(FORCE),--force)
 
 clean:
 	rm -rf build/out .pytest_cache
