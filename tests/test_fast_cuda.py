@@ -35,6 +35,16 @@ def tiny_engine(tiny_model_dir, dtype, **kw) -> FastEngine:
     return engine
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_decode_attention_matches_math(dtype):
+    from qwen_trt.fast.attention import check_triton, triton_usable
+
+    assert triton_usable(torch.device("cuda"))
+    # Qwen3-4B head layout; slots span many 128-slot splits and a ragged tail
+    assert check_triton(torch.device("cuda"), dtype, 8, 32, 128, 4097,
+                        tol=1e-2 if dtype == torch.bfloat16 else 1e-5) is None
+
+
 def test_tiny_greedy_parity_eager_and_graphs(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
@@ -44,6 +54,7 @@ def test_tiny_greedy_parity_eager_and_graphs(tiny_model_dir):
     assert list(eager.generate(PROMPT, greedy(300))) == ref
     fast = tiny_engine(tiny_model_dir, torch.float32)
     assert fast.stats.compile and fast.stats.graphs and fast.stats.decode_graphs > 0
+    assert fast.stats.attention == "triton", fast.stats.notes
     assert list(fast.generate(PROMPT, greedy(300))) == ref
 
 
@@ -84,4 +95,7 @@ def test_full_size_float32_greedy_parity():
     rel = ((got_logits - ref_logits).norm() / ref_logits.norm()).item()
     assert rel < 1e-3, rel
     engine = FastEngine(model, compile=False, graphs=False)
+    assert engine.stats.attention == "triton"
+    assert list(engine.generate(prompt, greedy(32))) == ref
+    model.attn_impl = "math"
     assert list(engine.generate(prompt, greedy(32))) == ref

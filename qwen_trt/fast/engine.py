@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from qwen_trt.errors import PromptTooLongError
+from qwen_trt.fast.attention import check_triton, triton_usable
 from qwen_trt.fast.model import Qwen3Fast
 from qwen_trt.fast.sampler import Kind, SamplerState, pick, sampler_kind
 from qwen_trt.params import SamplingParams
@@ -56,6 +57,7 @@ class EngineStats:
 
     compile: bool = False
     graphs: bool = False
+    attention: str = "math"     # decode attention: "triton" kernels or "math" (masked matmuls)
     warmup_s: float = 0.0
     prefill_graphs: int = 0
     decode_graphs: int = 0
@@ -92,9 +94,23 @@ class _HostTokens:
 class FastEngine:
     def __init__(self, model: Qwen3Fast, *, compile: bool | None = None,
                  graphs: bool | None = None, kv_buckets: Sequence[int] | None = None,
-                 prefill_buckets: Sequence[int] | None = None) -> None:
+                 prefill_buckets: Sequence[int] | None = None,
+                 attention: str = "auto") -> None:
         on_cuda = model.device.type == "cuda"
         self.model = model.eval()
+        self.stats = EngineStats()
+        if attention == "auto":
+            attention = "triton" if triton_usable(model.device) else "math"
+        if attention == "triton":
+            cfg = model.cfg
+            problem = check_triton(model.device, model.dtype, cfg.kv_heads, cfg.heads,
+                                   cfg.head_dim, model.cache.kv(0)[0].shape[1])
+            if problem:
+                self.stats.notes.append(problem + "; using the math attention")
+                attention = "math"
+        model.attn_impl = attention
+        if attention == "triton":   # reads only slots <= pos: no KV-length buckets needed
+            kv_buckets = (model.max_seq_len,)
         self.device = model.device
         self.max_seq_len = model.max_seq_len
         self.compile = on_cuda if compile is None else compile
@@ -114,7 +130,8 @@ class FastEngine:
         self.logits = torch.zeros(1, model.cfg.vocab_size, dtype=model.dtype, device=dev)
         self.sampler = SamplerState(n, dev)
         self._host = _HostTokens(dev)
-        self.stats = EngineStats(compile=self.compile, graphs=self.graphs)
+        self.stats.compile, self.stats.graphs, self.stats.attention = (
+            self.compile, self.graphs, attention)
         if self.compile:
             self._decode_fn = torch.compile(model.decode, fullgraph=True,
                                             options=DECODE_COMPILE_OPTIONS)

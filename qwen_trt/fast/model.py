@@ -5,8 +5,9 @@ projections are one matrix, gate/up are one matrix, and the KV cache is static. 
 
 * :meth:`Qwen3Fast.prefill` runs a prompt that starts at position 0 (causal SDPA over the prompt
   itself) and fills the cache; it returns the logits of one chosen position.
-* :meth:`Qwen3Fast.decode` runs one token at position ``pos`` against the first ``kv_len``
-  cache slots (masked to ``<= pos``); written with plain matmuls so inductor can fuse it.
+* :meth:`Qwen3Fast.decode` runs one token at position ``pos`` against the cache slots
+  ``<= pos`` (:mod:`qwen_trt.fast.attention`: a Triton flash-decoding kernel on CUDA, masked
+  matmuls over a KV-length bucket elsewhere).
 
 Both take device tensors for positions, so they can be compiled and captured as CUDA graphs.
 Numerics follow HF: RMSNorm in float32 then cast, rotary tables in float32 cast to the model
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from qwen_trt.fast.attention import decode_attention, math_attend
 from qwen_trt.fast.config import FastConfig
 from qwen_trt.fast.kv_cache import StaticKVCache
 
@@ -69,6 +71,7 @@ class Qwen3Fast(torch.nn.Module):
         self.cfg = cfg
         self.max_seq_len = max_seq_len
         self.dtype = dtype
+        self.attn_impl = "math"   # or "triton" (CUDA): chosen by the engine after a self-check
         self.register_buffer("embed", torch.empty(cfg.vocab_size, cfg.hidden, dtype=dtype,
                                                   device=device))
         if not cfg.tie_embeddings:
@@ -153,23 +156,17 @@ class Qwen3Fast(torch.nn.Module):
         ``kv_pos = arange(kv_len)`` that are ``<= pos`` (its length is the KV bucket; passing it
         as a tensor lets one compiled graph serve every bucket). Returns logits ``[1, vocab]``."""
         cfg = self.cfg
-        group = cfg.heads // cfg.kv_heads
-        scale = cfg.head_dim ** -0.5
         x = F.embedding(tok, self.embed)
-        kv_len = kv_pos.shape[0]
-        mask = kv_pos <= pos
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, pos)
             k_cache, v_cache = self.cache.kv(i)
             k_cache.index_copy_(1, pos, k.transpose(0, 1))
             v_cache.index_copy_(1, pos, v.transpose(0, 1))
-            kc = k_cache.narrow(1, 0, kv_len)                           # [kvh, L, d]
-            vc = v_cache.narrow(1, 0, kv_len)
-            qg = q.view(cfg.kv_heads, group, cfg.head_dim)              # [kvh, g, d]
-            s = torch.matmul(qg, kc.transpose(1, 2)).float() * scale    # [kvh, g, L]
-            s = s.masked_fill(~mask, float("-inf"))
-            p = torch.softmax(s, dim=-1).to(vc.dtype)
-            o = torch.matmul(p, vc).reshape(1, cfg.q_size)              # [1, heads*d]
-            x = x + F.linear(o, layer.wo)
+            q = q.reshape(cfg.heads, cfg.head_dim)
+            if self.attn_impl == "triton":
+                o = decode_attention(q, k_cache, v_cache, pos)
+            else:
+                o = math_attend(q, k_cache, v_cache, pos, kv_pos)
+            x = x + F.linear(o.reshape(1, cfg.q_size), layer.wo)
             x = self._mlp(layer, x)
         return self._logits(x)

@@ -1,0 +1,176 @@
+"""Decode attention (one query token, GQA) over the static KV cache.
+
+Two implementations of the same function ``attend(q, k_cache, v_cache, pos, kv_len)``:
+
+* ``math``: matmuls + masked softmax over the first ``kv_len`` cache slots (any device; the
+  reference, and what inductor fuses when Triton is absent);
+* ``triton``: split-K flash-decoding in two Triton kernels (partial softmax per 128-slot chunk,
+  then a merge), reading only slots ``0..pos``. ``pos`` is read on the device, so one CUDA graph
+  serves every position and no KV-length buckets are needed. Exposed to ``torch.compile`` as
+  the custom op ``qwen_trt::decode_attention``.
+
+Shapes: ``q [heads, d]``, caches ``[kv_heads, slots, d]``, ``pos [1]`` int64; out ``[heads, d]``.
+"""
+from __future__ import annotations
+
+import torch
+
+SPLIT = 128      # cache slots per program of the first kernel
+BLOCK_N = 32     # slots per inner iteration
+
+try:  # Triton comes with CUDA builds of torch; CPU-only installs lack it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+
+def math_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                kv_pos: torch.Tensor) -> torch.Tensor:
+    """Reference: attend to slots ``kv_pos = arange(kv_len)`` that are ``<= pos``."""
+    kvh, _, d = k_cache.shape
+    group = q.shape[0] // kvh
+    kv_len = kv_pos.shape[0]
+    kc = k_cache.narrow(1, 0, kv_len)                                   # [kvh, L, d]
+    vc = v_cache.narrow(1, 0, kv_len)
+    s = torch.matmul(q.view(kvh, group, d), kc.transpose(1, 2)).float() * d ** -0.5
+    s = s.masked_fill(~(kv_pos <= pos), float("-inf"))
+    p = torch.softmax(s, dim=-1).to(vc.dtype)
+    return torch.matmul(p, vc).reshape(q.shape)
+
+
+if triton is not None:
+    @triton.jit
+    def _partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
+                        stride_kh, stride_ks, n_splits, scale,
+                        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                        SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+        kh = tl.program_id(0)
+        sp = tl.program_id(1)
+        pos = tl.load(pos_ptr)
+        start = sp * SPLIT
+        if start <= pos:
+            rows = tl.arange(0, GROUP_PAD)
+            dims = tl.arange(0, D)
+            head = kh * GROUP + rows
+            row_ok = rows < GROUP
+            q = tl.load(q_ptr + head[:, None] * D + dims[None, :], mask=row_ok[:, None],
+                        other=0.0)
+            m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+            l_i = tl.zeros([GROUP_PAD], tl.float32)
+            acc = tl.zeros([GROUP_PAD, D], tl.float32)
+            end = tl.minimum(start + SPLIT, pos + 1)
+            for n0 in tl.static_range(0, SPLIT, BLOCK_N):   # masked past ``end``
+                slots = start + n0 + tl.arange(0, BLOCK_N)
+                ok = slots < end
+                kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
+                k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
+                v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
+                if IEEE:   # float32 models: exact products (tl.dot defaults to tf32)
+                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                else:
+                    s = tl.dot(q, tl.trans(k)) * scale                    # [GROUP_PAD, BLOCK_N]
+                s = tl.where(ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if IEEE:
+                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                m_i = m_new
+            part = head * n_splits + sp
+            tl.store(m_ptr + part, m_i, mask=row_ok)
+            tl.store(l_ptr + part, l_i, mask=row_ok)
+            tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+
+    @triton.jit
+    def _merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, out_ptr,
+                      N_SPLITS: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+                      CHUNK: tl.constexpr):
+        h = tl.program_id(0)
+        active = tl.load(pos_ptr) // SPLIT + 1
+        dims = tl.arange(0, D)
+        m_max = tl.full([CHUNK], float("-inf"), tl.float32)
+        for c in tl.static_range(0, N_SPLITS, CHUNK):    # masked past the active splits
+            sp = c + tl.arange(0, CHUNK)
+            m = tl.load(m_ptr + h * N_SPLITS + sp, mask=sp < active, other=float("-inf"))
+            m_max = tl.maximum(m_max, m)
+        top = tl.max(m_max, 0)
+        total = tl.zeros([CHUNK], tl.float32)
+        acc = tl.zeros([CHUNK, D], tl.float32)
+        for c in tl.static_range(0, N_SPLITS, CHUNK):
+            sp = c + tl.arange(0, CHUNK)
+            ok = sp < active
+            m = tl.load(m_ptr + h * N_SPLITS + sp, mask=ok, other=float("-inf"))
+            l_s = tl.load(l_ptr + h * N_SPLITS + sp, mask=ok, other=0.0)
+            a = tl.load(acc_ptr + (h * N_SPLITS + sp)[:, None] * D + dims[None, :],
+                        mask=ok[:, None], other=0.0)
+            w = tl.exp(m - top)
+            total += w * l_s
+            acc += w[:, None] * a
+        out = tl.sum(acc, 0) / tl.sum(total, 0)
+        tl.store(out_ptr + h * D + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def _triton_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   pos: torch.Tensor) -> torch.Tensor:
+    heads, d = q.shape
+    kvh, slots, _ = k_cache.shape
+    group = heads // kvh
+    n_splits = triton.cdiv(slots, SPLIT)
+    dev = q.device
+    m = torch.empty(heads, n_splits, dtype=torch.float32, device=dev)
+    l_ = torch.empty(heads, n_splits, dtype=torch.float32, device=dev)
+    acc = torch.empty(heads, n_splits, d, dtype=torch.float32, device=dev)
+    out = torch.empty_like(q)
+    q = q.contiguous()
+    _partial_kernel[(kvh, n_splits)](
+        q, k_cache, v_cache, pos, m, l_, acc, k_cache.stride(0), k_cache.stride(1), n_splits,
+        d ** -0.5, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d,
+        SPLIT=SPLIT, BLOCK_N=BLOCK_N, IEEE=q.dtype == torch.float32, num_warps=4)
+    _merge_kernel[(heads,)](m, l_, acc, pos, out, N_SPLITS=n_splits, D=d, SPLIT=SPLIT,
+                            CHUNK=32, num_warps=4)
+    return out
+
+
+@torch.library.custom_op("qwen_trt::decode_attention", mutates_args=())
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     pos: torch.Tensor) -> torch.Tensor:
+    """Triton flash-decoding; see the module docstring."""
+    return _triton_attend(q, k_cache, v_cache, pos)
+
+
+@decode_attention.register_fake
+def _(q, k_cache, v_cache, pos):
+    return torch.empty_like(q)
+
+
+def triton_usable(device: torch.device) -> bool:
+    return triton is not None and device.type == "cuda"
+
+
+def check_triton(device: torch.device, dtype: torch.dtype, kv_heads: int, heads: int,
+                 head_dim: int, slots: int, tol: float = 2e-2) -> str | None:
+    """Compare the Triton kernels with :func:`math_attend` on random data at a few positions;
+    None if they agree, else a one-line reason (the caller falls back to ``math``)."""
+    try:
+        g = torch.Generator(device=device).manual_seed(0)
+        q = torch.randn(heads, head_dim, generator=g, device=device).to(dtype)
+        k = torch.randn(kv_heads, slots, head_dim, generator=g, device=device).to(dtype)
+        v = torch.randn(kv_heads, slots, head_dim, generator=g, device=device).to(dtype)
+        kv_pos = torch.arange(slots, device=device)
+        for p in sorted({0, 1, SPLIT - 1, SPLIT, 2 * SPLIT + 5, slots // 2, slots - 1}):
+            if p >= slots:
+                continue
+            pos = torch.tensor([p], device=device)
+            ref = math_attend(q.float(), k.float(), v.float(), pos, kv_pos)
+            got = decode_attention(q, k, v, pos).float()
+            err = ((got - ref).norm() / ref.norm()).item()
+            if not err < tol:
+                return f"triton decode attention differs from the reference at pos {p} ({err:.2e})"
+    except Exception as e:  # any compile/launch failure means: use the math path
+        return f"triton decode attention unavailable: {type(e).__name__}: {e}".splitlines()[0]
+    return None
