@@ -97,7 +97,8 @@ def _match_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def run_bench(cfg: BenchConfig, log=print) -> dict:
+def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
+    """Run every path of ``cfg``; ``progress(partial_result)`` is called after each path."""
     import torch
     import transformers
 
@@ -167,6 +168,8 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
                 continue
             rep.info["wall_s"] = round(time.perf_counter() - t, 1)
             rows += r
+            if progress:
+                progress(_finish(dict(out), list(rows), reports, ids, weight_bytes, copy_tbps))
             log(f"[bench] {p}: " + ", ".join(f"{x.prompt_len}: {x.ttft_ms_p50:.1f} ms / "
                                               f"{x.decode_tok_s:.1f} tok/s" for x in r))
 
@@ -229,9 +232,16 @@ def run_bench(cfg: BenchConfig, log=print) -> dict:
             except Exception as e:  # missing library/engine is a skip, not a failure
                 rep.status = f"skipped: {type(e).__name__}: {e}".splitlines()[0][:300]
 
+    return _finish(out, rows, reports, ids, weight_bytes, copy_tbps)
+
+
+def _finish(out: dict, rows: list[Row], reports: dict[str, PathReport],
+            ids: dict[str, dict[int, list[int]]], weight_bytes: int,
+            copy_tbps: float | None) -> dict:
     add_ratios(rows, weight_bytes, copy_tbps)
     out["rows"] = [r.to_json() for r in rows]
     out["paths"] = {k: {"status": v.status, **v.info} for k, v in reports.items()}
+    out["parity"] = {}
     ref = "hf-eager" if "hf-eager" in ids else ("torch" if "torch" in ids else None)
     if ref:
         for p, by_len in ids.items():

@@ -68,12 +68,15 @@ def run(args) -> int:
                           command=_command(args), **kw)
     except ValueError as e:
         raise QwenTrtError(str(e)) from e
-    result = run_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-    text = json.dumps(result, indent=1)
-    for dest in filter(None, (args.out, "bench-results/last.json")):
-        path = Path(dest)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
+    def save(result: dict) -> None:
+        text = json.dumps(result, indent=1)
+        for dest in filter(None, (args.out, "bench-results/last.json")):
+            path = Path(dest)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text + "\n")
+
+    result = run_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True), progress=save)
+    save(result)
     print(_summary(result))
     return 0
 
