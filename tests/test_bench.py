@@ -19,6 +19,7 @@ def test_bench_quick_on_tiny_checkpoint(tiny_model_dir, tmp_path, capsys):
     assert res["paths"]["trtllm"]["status"].startswith("skipped")
     for p in ("hf-eager", "torch", "fast"):
         assert res["paths"][p]["status"] == "ok"
+    assert res["paths"]["fast"]["hf_model_freed"] is True   # its memory figure is its own
     rows = {(r["path"], r["prompt_len"]): r for r in res["rows"]}
     assert set(rows) == {(p, n) for p in ("hf-eager", "torch", "fast") for n in (8, 20)}
     for r in rows.values():

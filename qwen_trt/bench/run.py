@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import platform
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -97,12 +98,41 @@ def _match_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def _run_hf_path(p: str, hf, source, reports: dict[str, PathReport],
+                 prompts: dict[int, list[int]], cfg: BenchConfig, device: str,
+                 max_seq_len: int, load_s: float, log):
+    """One HF-model path; returns (rows, first-run token ids) or None when skipped/failed.
+    Its own function so nothing here keeps the HF model alive afterwards."""
+    from qwen_trt.backends.torch_backend import TorchBackend
+
+    rep = reports[p] = PathReport(info={"load_s": round(load_s, 2)})
+    if p == "hf-static" and not _cuda(device):
+        rep.status = "skipped: static cache + compile is measured on CUDA only"
+        return None
+    if p == "torch":
+        run = backend_runner(TorchBackend(source, hf, None, device, max_seq_len))
+    else:
+        run = hf_runner(hf, static=p == "hf-static")
+    log(f"[bench] {p} ...")
+    t = time.perf_counter()
+    try:
+        rows, first_ids = _measure(p, run, prompts, cfg, device,
+                                   warm_tokens=cfg.new_tokens if p == "hf-static" else 4)
+    except Exception as e:  # one contender failing must not lose the others
+        rep.status = f"error: {type(e).__name__}: {e}".splitlines()[0][:300]
+        return None
+    rep.info["wall_s"] = round(time.perf_counter() - t, 1)
+    log(f"[bench] {p}: " + ", ".join(f"{x.prompt_len}: {x.ttft_ms_p50:.1f} ms / "
+                                      f"{x.decode_tok_s:.1f} tok/s" for x in rows))
+    return rows, first_ids
+
+
 def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
     """Run every path of ``cfg``; ``progress(partial_result)`` is called after each path."""
     import torch
     import transformers
 
-    from qwen_trt.backends.torch_backend import TorchBackend, pick_device, pick_dtype
+    from qwen_trt.backends.torch_backend import pick_device, pick_dtype
     from qwen_trt.fast import SHAPES, FastConfig, load_fast_engine
     from qwen_trt.model_source import ModelSource, resolve_model
 
@@ -150,28 +180,14 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
         hf = build_hf_model(fcfg, model_dir=model_dir, dtype=dtype, device=device)
         load_s = time.perf_counter() - t
         for p in hf_paths:
-            rep = reports[p] = PathReport(info={"load_s": round(load_s, 2)})
-            if p == "hf-static" and not _cuda(device):
-                rep.status = "skipped: static cache + compile is measured on CUDA only"
+            r = _run_hf_path(p, hf, source, reports, prompts, cfg, device, max_seq_len, load_s,
+                             log)
+            if r is None:
                 continue
-            if p == "torch":
-                run = backend_runner(TorchBackend(source, hf, None, device, max_seq_len))
-            else:
-                run = hf_runner(hf, static=p == "hf-static")
-            log(f"[bench] {p} ...")
-            t = time.perf_counter()
-            try:
-                r, ids[p] = _measure(p, run, prompts, cfg, device,
-                                     warm_tokens=cfg.new_tokens if p == "hf-static" else 4)
-            except Exception as e:  # one contender failing must not lose the others
-                rep.status = f"error: {type(e).__name__}: {e}".splitlines()[0][:300]
-                continue
-            rep.info["wall_s"] = round(time.perf_counter() - t, 1)
-            rows += r
+            rows += r[0]
+            ids[p] = r[1]
             if progress:
                 progress(_finish(dict(out), list(rows), reports, ids, weight_bytes, copy_tbps))
-            log(f"[bench] {p}: " + ", ".join(f"{x.prompt_len}: {x.ttft_ms_p50:.1f} ms / "
-                                              f"{x.decode_tok_s:.1f} tok/s" for x in r))
 
     if "fast" in cfg.paths:
         rep = reports["fast"] = PathReport()
@@ -182,9 +198,12 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
         del weights
         rep.info["load_s"] = round(time.perf_counter() - t, 2)
         if hf is not None:   # free the HF model and anything compiled for it
+            hf_ref = weakref.ref(hf)
             del hf
             hf = None
             torch._dynamo.reset()
+            gc.collect()
+            rep.info["hf_model_freed"] = hf_ref() is None
         gc.collect()
         if _cuda(device):
             torch.cuda.empty_cache()
