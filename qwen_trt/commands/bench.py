@@ -49,7 +49,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from qwen_trt.bench import BenchConfig, markdown, run_bench
+    from qwen_trt.bench import BenchConfig, run_bench
 
     cuda = torch.cuda.is_available() and args.device != "cpu"
     quick = args.quick or not cuda
