@@ -258,6 +258,7 @@ def _finish(out: dict, rows: list[Row], reports: dict[str, PathReport],
             ids: dict[str, dict[int, list[int]]], weight_bytes: int,
             copy_tbps: float | None) -> dict:
     add_ratios(rows, weight_bytes, copy_tbps)
+    rows = sorted(rows, key=lambda r: (PATHS.index(r.path), r.prompt_len))
     out["rows"] = [r.to_json() for r in rows]
     out["paths"] = {k: {"status": v.status, **v.info} for k, v in reports.items()}
     out["parity"] = {}
