@@ -178,3 +178,21 @@ def test_fast_backend_through_load_backend(tiny_model_dir, tiny_backend):
     next(gen)
     backend.cancel()
     assert len(list(gen)) <= 1
+
+
+def test_config_reads_transformers_4_layout():
+    cfg = FastConfig.from_hf({"model_type": "qwen3", "vocab_size": 10, "hidden_size": 8,
+                              "intermediate_size": 16, "num_hidden_layers": 1,
+                              "num_attention_heads": 2, "num_key_value_heads": 1,
+                              "rope_theta": 1234.0, "rope_scaling": None})
+    assert cfg.rope_theta == 1234.0 and cfg.head_dim == 4 and cfg.kv_heads == 1
+
+
+def test_buckets():
+    from qwen_trt.fast.engine import bucket_for, pow2_buckets
+
+    assert pow2_buckets(16, 100) == (16, 32, 64, 100)
+    assert pow2_buckets(16, 64) == (16, 32, 64)
+    assert bucket_for(17, (16, 32)) == 32 and bucket_for(16, (16, 32)) == 16
+    with pytest.raises(ValueError):
+        bucket_for(33, (16, 32))
