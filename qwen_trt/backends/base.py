@@ -38,17 +38,31 @@ class BackendInfo:
 class Backend(ABC):
     """Load once, then stream token ids for a prompt."""
 
+    _info: BackendInfo
+    _tokenizer: object
+
     def __init__(self) -> None:
         self._cancel = threading.Event()
 
     @property
-    @abstractmethod
-    def info(self) -> BackendInfo: ...
+    def info(self) -> BackendInfo:
+        """Set by each implementation as ``self._info`` when it loads."""
+        return self._info
 
     @property
-    @abstractmethod
     def tokenizer(self):
         """The Hugging Face tokenizer that matches the model (chat template included)."""
+        return self._tokenizer
+
+    def warmup(self) -> None:
+        """One short greedy request at load time, so the first user request pays no lazy init."""
+        from qwen_trt.generation import default_stop_ids
+
+        ids = self.tokenizer.encode("warm up", add_special_tokens=False)
+        params = SamplingParams(max_new_tokens=2, temperature=0,
+                                stop_token_ids=default_stop_ids(self.tokenizer))
+        for _ in self.stream(ids, params):
+            pass
 
     @abstractmethod
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from qwen_trt.backends.base import Backend, BackendInfo
-from qwen_trt.backends.torch_backend import DEFAULT_MAX_SEQ_LEN, pick_device, pick_dtype
-from qwen_trt.errors import ModelSourceError
+from qwen_trt.backends.torch_backend import (context_limit, load_tokenizer, pick_device,
+                                             pick_dtype)
 from qwen_trt.model_source import ModelSource, resolve_model
 from qwen_trt.params import SamplingParams
 
@@ -45,29 +45,16 @@ class FastBackend(Backend):
     @classmethod
     def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
              max_seq_len: int | None = None, warmup: bool = True) -> "FastBackend":
-        from transformers import AutoTokenizer
-
         from qwen_trt.fast import FastConfig, load_fast_engine
 
         source = resolve_model(model)
         device = pick_device(device)
         torch_dtype = pick_dtype(dtype, device)
         cfg = FastConfig.from_hf(source.config)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source.path)
-        except (OSError, ValueError) as e:
-            raise ModelSourceError(f"Could not load '{source.name}': {e}".splitlines()[0]) from e
+        tokenizer = load_tokenizer(source)
         engine = load_fast_engine(cfg, weights=source.path, dtype=torch_dtype, device=device,
-                                  max_seq_len=max_seq_len or DEFAULT_MAX_SEQ_LEN, warmup=warmup)
+                                  max_seq_len=context_limit(source, max_seq_len), warmup=warmup)
         return cls(source, engine, tokenizer)
-
-    @property
-    def info(self) -> BackendInfo:
-        return self._info
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
         cancel = self._begin()

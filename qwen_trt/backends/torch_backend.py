@@ -39,6 +39,23 @@ def pick_dtype(dtype: str, device: str):
     return getattr(torch, dtype)
 
 
+def load_tokenizer(source: ModelSource):
+    """The checkpoint's own tokenizer (and chat template); a broken folder is one clear line."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source.path)
+    except (OSError, ValueError) as e:
+        raise ModelSourceError(f"Could not load the tokenizer of '{source.name}': {e}"
+                               .splitlines()[0]) from e
+
+
+def context_limit(source: ModelSource, requested: int | None) -> int:
+    """Prompt + reply limit: what was asked for (default 32768), never above the model's."""
+    model_max = source.config.get("max_position_embeddings", DEFAULT_MAX_SEQ_LEN)
+    return min(model_max, requested or DEFAULT_MAX_SEQ_LEN)
+
+
 def _cache_kwarg(model) -> str:
     """transformers 5.2x renamed ``past_key_values`` to ``cache``; 4.57 knows only the old name."""
     import inspect
@@ -72,38 +89,22 @@ class TorchBackend(Backend):
     @classmethod
     def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
              max_seq_len: int | None = None, warmup: bool = True) -> "TorchBackend":
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         source = resolve_model(model)
         device = pick_device(device)
         torch_dtype = pick_dtype(dtype, device)
+        tokenizer = load_tokenizer(source)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source.path)
             hf_model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype)
         except (OSError, ValueError) as e:
             raise ModelSourceError(f"Could not load '{source.name}': {e}".splitlines()[0]) from e
         hf_model.to(device).eval()
-        limit = source.config.get("max_position_embeddings", DEFAULT_MAX_SEQ_LEN)
         backend = cls(source, hf_model, tokenizer, device,
-                      max_seq_len=min(limit, max_seq_len or DEFAULT_MAX_SEQ_LEN))
+                      max_seq_len=context_limit(source, max_seq_len))
         if warmup:
             backend.warmup()
         return backend
-
-    @property
-    def info(self) -> BackendInfo:
-        return self._info
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
-
-    def warmup(self) -> None:
-        """One short generation so the first user request does not pay for lazy init."""
-        ids = self._tokenizer.encode("warm up", add_special_tokens=False)
-        for _ in self.stream(ids, SamplingParams(max_new_tokens=2, temperature=0)):
-            pass
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
         import torch

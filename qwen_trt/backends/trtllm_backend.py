@@ -315,20 +315,6 @@ class TrtllmBackend(Backend):
             backend.warmup()
         return backend
 
-    @property
-    def info(self) -> BackendInfo:
-        return self._info
-
-    @property
-    def tokenizer(self):
-        return self._tokenizer
-
-    def warmup(self) -> None:
-        ids = self._tokenizer.encode("warm up", add_special_tokens=False) or [self._pad_id]
-        for _ in self.stream(ids, SamplingParams(max_new_tokens=2, temperature=0,
-                                                 stop_token_ids=(self._im_end,))):
-            pass
-
     def cancel(self) -> None:
         """Thread-safe: ask the executor to stop the running request now."""
         super().cancel()
