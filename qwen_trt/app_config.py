@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from qwen_trt.backends import BACKENDS, BackendConfig
+from qwen_trt.backends.fast_backend import FAST_MODES
 from qwen_trt.errors import QwenTrtError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -34,6 +35,8 @@ OPTIONS: tuple[AppOption, ...] = (
     AppOption("--dtype", "QWEN_TRT_DTYPE", f"torch backend: {' | '.join(DTYPES)} (default auto)"),
     AppOption("--max-seq-len", "QWEN_TRT_MAX_SEQ_LEN",
               "torch backend: context limit in tokens, prompt + reply (default: the model's)"),
+    AppOption("--fast", "QWEN_TRT_FAST",
+              "torch backend: compiled CUDA-graph fast path: auto | on | off (default auto = on CUDA)"),
 )
 
 
@@ -83,6 +86,10 @@ def parse_app_config(argv: Sequence[str] = (), environ: Mapping[str, str] | None
     if dtype not in DTYPES:
         raise AppConfigError(f"Unknown dtype '{dtype}' (from --dtype or QWEN_TRT_DTYPE): "
                              f"use one of {', '.join(DTYPES)}.")
+    fast = values["--fast"] or "auto"
+    if fast not in FAST_MODES:
+        raise AppConfigError(f"Unknown fast mode '{fast}' (from --fast or QWEN_TRT_FAST): "
+                             f"use one of {', '.join(FAST_MODES)}.")
     max_seq_len = None
     if values["--max-seq-len"]:
         try:
@@ -94,7 +101,7 @@ def parse_app_config(argv: Sequence[str] = (), environ: Mapping[str, str] | None
                                  f"of tokens >= 2, got '{values['--max-seq-len']}'.")
     return BackendConfig(backend=backend, model=values["--model"], engine=values["--engine"],
                          device=values["--device"] or "auto", dtype=dtype,
-                         max_seq_len=max_seq_len)
+                         max_seq_len=max_seq_len, fast=fast)
 
 
 def config_key(cfg: BackendConfig) -> str:

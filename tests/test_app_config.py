@@ -53,4 +53,12 @@ def test_config_key_differs_per_config_and_table_lists_every_env_var():
     assert config_key(BackendConfig(model="a")) != config_key(BackendConfig(model="b"))
     envs = [env for _, env, _ in options_table()]
     assert envs == ["QWEN_TRT_MODEL", "QWEN_TRT_ENGINE", "QWEN_TRT_BACKEND", "QWEN_TRT_DEVICE",
-                    "QWEN_TRT_DTYPE", "QWEN_TRT_MAX_SEQ_LEN"]
+                    "QWEN_TRT_DTYPE", "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_FAST"]
+
+
+def test_fast_mode_from_flag_or_env_and_bad_value():
+    assert parse_app_config([], {}).fast == "auto"
+    assert parse_app_config(["--fast", "off"], {}).fast == "off"
+    assert parse_app_config([], {"QWEN_TRT_FAST": "on"}).fast == "on"
+    with pytest.raises(AppConfigError, match="Unknown fast mode 'fastest'"):
+        parse_app_config(["--fast", "fastest"], {})

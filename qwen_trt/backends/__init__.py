@@ -47,7 +47,7 @@ def load_backend(cfg: BackendConfig) -> Backend:
     if name == "trtllm":
         from qwen_trt.backends.trtllm_backend import TrtllmBackend
 
-        return TrtllmBackend.load(engine=cfg.engine, model=cfg.model)
+        return TrtllmBackend.load(engine=cfg.engine, model=cfg.model, warmup=cfg.warmup)
     from qwen_trt.backends.fast_backend import FastBackend, use_fast
     from qwen_trt.backends.torch_backend import TorchBackend, pick_device
 
