@@ -39,7 +39,27 @@ def choose_backend(cfg: BackendConfig) -> str:
         from qwen_trt.backends.trtllm_backend import auto_engine_dir
     except ImportError:
         return "torch"
-    return "trtllm" if auto_engine_dir() is not None else "torch"
+    engine = auto_engine_dir()
+    if engine is None:
+        return "torch"
+    if cfg.model and not engine_built_from(engine, cfg.model):
+        return "torch"   # the user named another model: serve that one, not the engine
+    return "trtllm"
+
+
+def engine_built_from(engine_dir, model: str) -> bool:
+    """Whether the engine's manifest names ``model`` (hub id, or the same folder) as its source."""
+    import json
+    from pathlib import Path
+
+    try:
+        src = json.loads((Path(engine_dir) / "manifest.json").read_text())["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if model in (src.get("source"), src.get("path")):
+        return True
+    local = Path(model).expanduser()
+    return local.is_dir() and str(local.resolve()) == str(Path(src.get("path", "")).resolve())
 
 
 def load_backend(cfg: BackendConfig) -> Backend:
