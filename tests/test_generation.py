@@ -2,35 +2,10 @@
 import pytest
 import torch
 
-from qwen_trt.backends.base import Backend, BackendInfo
+from fakes import ScriptedBackend
 from qwen_trt.generation import ReplyStream
 from qwen_trt.params import SamplingParams
 from qwen_trt.sampling import filter_logits, sample
-
-
-class ScriptedBackend(Backend):
-    """Yields the token ids of a fixed text (then <|im_end|>), honouring max_new_tokens."""
-
-    def __init__(self, tokenizer, text):
-        super().__init__()
-        self._tok = tokenizer
-        self.script = tokenizer.encode(text, add_special_tokens=False) + [
-            tokenizer.convert_tokens_to_ids("<|im_end|>")]
-
-    @property
-    def info(self):
-        return BackendInfo("scripted", "test", "cpu", "float32", 100, 200)
-
-    @property
-    def tokenizer(self):
-        return self._tok
-
-    def stream(self, prompt_ids, params):
-        cancel = self._begin()
-        for tok in self.script[:params.max_new_tokens]:
-            if cancel.is_set():
-                return
-            yield tok
 
 
 TEXT = "你好！Emoji 🚀🎉 and 龘. **Markdown** <script>alert(1)</script>"
@@ -44,7 +19,7 @@ def test_chinese_and_emoji_stream_exactly(tiny_tokenizer):
     assert all("\ufffd" not in d for d in deltas)
     assert len(deltas) > 5                               # it really streamed
     m = rs.reply.metrics
-    assert m.finish_reason == "stop" and m.tokens == len(b.script) and m.prompt_tokens == 3
+    assert m.finish_reason == "stop" and m.tokens == len(b.script()) and m.prompt_tokens == 3
     assert m.total_ms >= m.ttft_ms > 0
 
 

@@ -2,11 +2,10 @@
 and the per-session state that commits interrupted replies exactly once."""
 from __future__ import annotations
 
-import threading
 
 import pytest
 
-from qwen_trt.backends.base import Backend, BackendInfo
+from fakes import ScriptedBackend
 from qwen_trt.chat import ChatSession
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
 from qwen_trt.serving import Delta, EngineService, Finished, Started, Waiting
@@ -142,39 +141,9 @@ def test_user_error_lines():
 # -- ChatState ----------------------------------------------------------------------------------
 
 
-class TextBackend(Backend):
-    """Yields the ids of ``text`` then <|im_end|>; waits on ``gate`` before each token."""
-
-    def __init__(self, tokenizer, text: str) -> None:
-        super().__init__()
-        self._tok = tokenizer
-        self.ids = tokenizer.encode(text, add_special_tokens=False)
-        self.gate = threading.Event()
-        self.gate.set()
-
-    @property
-    def info(self):
-        return BackendInfo("text", "fake", "cpu", "float32", 1023, 1024)
-
-    @property
-    def tokenizer(self):
-        return self._tok
-
-    def stream(self, prompt_ids, params):
-        cancel = self._begin()
-        for tid in self.ids[:params.max_new_tokens]:
-            while not self.gate.wait(0.005):
-                if cancel.is_set():
-                    return
-            yield tid
-            if cancel.is_set():
-                return
-        yield self._tok.convert_tokens_to_ids("<|im_end|>")
-
-
 @pytest.fixture
 def text_service(tiny_tokenizer):
-    backend = TextBackend(tiny_tokenizer, "Hello world")
+    backend = ScriptedBackend(tiny_tokenizer, "Hello world")
     svc = EngineService(backend)
     yield svc, backend
     backend.gate.set()
