@@ -27,7 +27,8 @@ st.set_page_config(page_title="qwen-trt chat", page_icon="💬")
 
 
 @st.cache_resource(max_entries=1, on_release=lambda service: service.close(),
-                   show_spinner="Loading the model (once for all sessions)…")
+                   show_spinner="Loading the model, once for all sessions (on a GPU the first start "
+                                "compiles CUDA graphs: a few minutes)…")
 def engine_service(key: str, _cfg) -> serving.EngineService:
     """One engine per server process, shared by every browser session."""
     return serving.start_service(_cfg)

@@ -13,6 +13,7 @@ On CPU (CI) the same code runs eagerly, without compile or graphs.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -209,11 +210,13 @@ class FastEngine:
         t = time.perf_counter()
         with torch.inference_mode():
             if self.graphs:
-                for b in self.prefill_buckets:
-                    self._prefill_graph(b)
-                for b in self.kv_buckets:
-                    for kind in kinds:
-                        self._decode_graph(b, kind)
+                from tqdm import tqdm
+
+                jobs = [(self._prefill_graph, (b,)) for b in self.prefill_buckets] + [
+                    (self._decode_graph, (b, kind)) for b in self.kv_buckets for kind in kinds]
+                desc = "fast path: compiling + capturing CUDA graphs (minutes on a cold cache)"
+                for fn, args in tqdm(jobs, desc=desc, unit="graph", file=sys.stderr):
+                    fn(*args)
             else:
                 params = SamplingParams(max_new_tokens=2, temperature=0)
                 for _ in self.generate([0, 1, 2], params):
