@@ -5,6 +5,7 @@ call, decode rate after it, and the finish reason (stop / length / cancelled).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -43,14 +44,16 @@ class ReplyStream:
     """
 
     def __init__(self, backend: Backend, prompt_ids: Sequence[int], params: SamplingParams,
-                 dropped_turns: int = 0) -> None:
+                 dropped_turns: int = 0, cancel: threading.Event | None = None) -> None:
         self._backend = backend
         self.params = resolve_stop_ids(params, backend.tokenizer)
         self._prompt_ids = list(prompt_ids)
         self._detok = IncrementalDetokenizer(backend.tokenizer)
         self._dropped = dropped_turns
         self._metrics = ReplyMetrics(prompt_tokens=len(self._prompt_ids), finish_reason="cancelled")
-        self._done = False
+        # This request's own flag: unlike the backend's, nothing clears it when a stream begins,
+        # so a cancel that lands before the first token is never lost.
+        self._cancel = cancel if cancel is not None else threading.Event()
         self._gen = self._run()
 
     def __iter__(self) -> Iterator[str]:
@@ -66,7 +69,8 @@ class ReplyStream:
         self._gen.close()
 
     def cancel(self) -> None:
-        """Thread-safe: stop the backend before its next token."""
+        """Thread-safe: stop the backend before its next token (or before it starts)."""
+        self._cancel.set()
         self._backend.cancel()
 
     @property
@@ -82,15 +86,18 @@ class ReplyStream:
         m = self._metrics
         stop_ids = set(self.params.stop_token_ids)
         t0 = time.perf_counter()
-        t_first = None
+        t_first = t_last = None
+        if self._cancel.is_set():          # cancelled before the engine was even asked
+            m.total_ms = 0.0
+            return
         tokens = self._backend.stream(self._prompt_ids, self.params)
         last = None
         try:
             for tok in tokens:
-                now = time.perf_counter()
+                t_last = time.perf_counter()
                 if t_first is None:
-                    t_first = now
-                    m.ttft_ms = (now - t0) * 1e3
+                    t_first = t_last
+                    m.ttft_ms = (t_last - t0) * 1e3
                 m.tokens += 1
                 last = tok
                 if tok in stop_ids and not self.params.ignore_eos:
@@ -98,19 +105,22 @@ class ReplyStream:
                 delta = self._detok.add(tok)
                 if delta:
                     yield delta
-            tail = self._detok.flush()
-            if tail:
-                yield tail
-            if last is not None and last in stop_ids and not self.params.ignore_eos:
+                if self._cancel.is_set():
+                    break
+            stopped = last is not None and last in stop_ids and not self.params.ignore_eos
+            if stopped or not self._cancel.is_set():
+                tail = self._detok.flush()
+                if tail:
+                    yield tail
+            if stopped:
                 m.finish_reason = "stop"
             elif m.tokens >= self.params.max_new_tokens:
                 m.finish_reason = "length"
             else:
                 m.finish_reason = "cancelled"
         finally:
-            tokens.close()
-            t_end = time.perf_counter()
-            m.total_ms = (t_end - t0) * 1e3
+            tokens.close()   # stops device work; its teardown is not part of the metrics
+            end = t_last if t_last is not None else time.perf_counter()
+            m.total_ms = (end - t0) * 1e3
             if t_first is not None and m.tokens > 1:
-                m.decode_tok_s = (m.tokens - 1) / max(t_end - t_first, 1e-9)
-            self._done = True
+                m.decode_tok_s = (m.tokens - 1) / max(t_last - t_first, 1e-9)

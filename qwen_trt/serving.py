@@ -223,7 +223,11 @@ class EngineService:
         self._queue.put(None)
         self._worker.join(timeout)
         if free_backend:
-            self.backend.close()
+            if self._worker.is_alive():   # never free the model under a running request
+                log.warning("engine worker still busy after %.1f s; not freeing the backend",
+                            timeout)
+            else:
+                self.backend.close()
 
     # -- internals -----------------------------------------------------------------------------
     def _position(self, handle: RequestHandle) -> int:
@@ -273,11 +277,9 @@ class EngineService:
         stream = None
         try:
             stream = ReplyStream(self.backend, handle.prompt_ids, handle.params,
-                                 dropped_turns=handle.dropped_turns)
+                                 dropped_turns=handle.dropped_turns, cancel=handle._cancel)
             for delta in stream:
                 handle._emit(Delta(delta))
-                if handle.cancelled:
-                    break
             stream.close()
             handle._emit(Finished(stream.reply))
         except QwenTrtError as e:

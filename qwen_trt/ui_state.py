@@ -66,7 +66,6 @@ class ChatState:
             pending = pending or self.pending
             if pending is None or self.pending is not pending:
                 return None
-            self.pending = None
         handle = pending.handle
         if not handle.done:
             handle.cancel()           # a queued request is finished at once, a running one
@@ -77,7 +76,10 @@ class ChatState:
             reply = Reply(text=handle.text, metrics=ReplyMetrics(finish_reason="cancelled"),
                           dropped_turns=handle.dropped_turns)
         interrupted = reply.metrics.finish_reason == "cancelled"
-        with self._lock:
+        with self._lock:   # check and append in one step: a racing rerun waits, then sees it
+            if self.pending is not pending:
+                return None              # committed by the other run, or cleared meanwhile
+            self.pending = None
             self.chat.add_exchange(pending.user_text, reply.text, interrupted=interrupted)
             waited = handle.waited_s if handle.started_at is not None else 0.0
             self.notes.append(TurnNote(reply_footer(reply, waited), reply.dropped_turns))

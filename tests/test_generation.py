@@ -68,3 +68,34 @@ def test_top_k_and_top_p_filters():
              for _ in range(200)}
     assert draws == {0, 1}
     assert int(sample(logits, SamplingParams(temperature=0), None)) == 0
+
+
+def test_cancel_before_the_first_token_is_never_lost(tiny_tokenizer):
+    """A cancel that lands before the backend's stream begins (which clears the backend's own
+    flag) still stops the request: the engine is not even asked."""
+    import threading
+
+    b = ScriptedBackend(tiny_tokenizer, TEXT)
+    ev = threading.Event()
+    ev.set()
+    rs = ReplyStream(b, [1, 2], SamplingParams(max_new_tokens=50), cancel=ev)
+    assert list(rs) == [] and b.prompts == []
+    assert rs.reply.metrics.finish_reason == "cancelled" and rs.reply.metrics.tokens == 0
+    rs = ReplyStream(b, [1, 2], SamplingParams(max_new_tokens=50))
+    rs.cancel()
+    assert list(rs) == [] and rs.reply.metrics.finish_reason == "cancelled"
+
+
+def test_cancel_mid_stream_stops_after_the_current_token(tiny_tokenizer):
+    import threading
+
+    b = ScriptedBackend(tiny_tokenizer, TEXT)
+    ev = threading.Event()
+    rs = ReplyStream(b, [1], SamplingParams(max_new_tokens=500), cancel=ev)
+    it = iter(rs)
+    next(it)
+    n = rs.reply.metrics.tokens
+    ev.set()
+    rest = list(it)
+    assert rest == [] and rs.reply.metrics.tokens == n < len(b.script())
+    assert rs.reply.metrics.finish_reason == "cancelled" and TEXT.startswith(rs.reply.text)
