@@ -72,7 +72,9 @@ class StreamView:
 
     def add(self, delta: str) -> StreamUpdate:
         self.text += delta
-        end = stable_prefix_end(self.text)
+        # text[:frozen] ends outside any fence at a block start, so only the rest needs a scan
+        # (keeps each chunk's cost independent of the reply's length)
+        end = self.frozen + stable_prefix_end(self.text[self.frozen:])
         new: list[str] = []
         if end > self.frozen:
             new.append(sanitize_markdown(self.text[self.frozen:end]))

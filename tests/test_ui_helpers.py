@@ -243,3 +243,17 @@ def test_interrupting_a_queued_reply_does_not_wait_for_the_engine(text_service, 
     assert note.footer == "interrupted before the first token"
     backend.gate.set()
     assert other.result(30).text == "Hello world"
+
+
+def test_stream_view_scans_only_the_open_tail_yet_agrees_with_a_full_scan():
+    import random
+
+    rng = random.Random(0)
+    atoms = ["a", "b ", "\n", "\n\n", "```", "~~~", "    ", "x", "`", "#", "\r\n"]
+    for _ in range(500):
+        view, full = StreamView(), ""
+        for _ in range(rng.randrange(1, 30)):
+            delta = "".join(rng.choice(atoms) for _ in range(rng.randrange(1, 4)))
+            view.add(delta)
+            full += delta
+            assert view.frozen == stable_prefix_end(full), full
