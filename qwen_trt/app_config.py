@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from qwen_trt.backends import BACKENDS, BackendConfig
 from qwen_trt.backends.fast_backend import FAST_MODES
+from qwen_trt.backends.torch_backend import DTYPES
 from qwen_trt.errors import QwenTrtError
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)

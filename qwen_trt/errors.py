@@ -32,5 +32,5 @@ class EngineMismatchError(QwenTrtError):
     """An engine exists but was built for another GPU or library version."""
 
 
-class BusyError(QwenTrtError):
-    """The engine is serving another request and the wait timed out."""
+class ConfigError(QwenTrtError, ValueError):
+    """A setting has a value that cannot work (unknown backend, device, ...)."""

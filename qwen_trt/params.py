@@ -1,7 +1,7 @@
 """Typed settings and results shared by every backend and every front end."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Literal
 
 # Qwen3-Instruct-2507's recommended sampling defaults (model card).
@@ -77,7 +77,3 @@ class Reply:
             "prompt_tokens": m.prompt_tokens,
             "dropped_turns": self.dropped_turns,
         }
-
-
-def metrics_dict(m: ReplyMetrics) -> dict:
-    return asdict(m)

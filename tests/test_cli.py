@@ -44,6 +44,9 @@ def test_repl_multi_turn_with_clear(tiny_model_dir):
     (["--prompt", "   "], "message is empty"),
     (["--temperature", "-1"], "temperature must be >= 0"),
     (["--max-new-tokens", "5000", "--max-seq-len", "4096"], "leaves no room"),
+    (["--device", "tpu"], "Unknown device 'tpu'"),
+    (["--max-seq-len", "-5"], "whole number of tokens >= 2"),
+    (["--fast", "maybe"], "Unknown fast mode"),
 ])
 def test_bad_input_is_one_clear_line(tiny_model_dir, capsys, args, expect):
     base = ["chat", "--model", str(tiny_model_dir), "--prompt", "hi", "--backend", "torch"]
@@ -66,3 +69,31 @@ def test_tiny_model_command(tmp_path, capsys):
                  "--heads", "2", "--kv-heads", "1", "--head-dim", "16"]) == 0
     assert (tmp_path / "m" / "config.json").is_file()
     assert "wrote tiny Qwen3 checkpoint" in capsys.readouterr().out
+
+
+def test_environment_settings_are_checked_like_flags(tiny_model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("QWEN_TRT_BACKEND", "foo")
+    assert main(["chat", "--model", str(tiny_model_dir), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown backend 'foo'" in err and "Traceback" not in err
+    monkeypatch.setenv("QWEN_TRT_BACKEND", "torch")
+    monkeypatch.setenv("QWEN_TRT_MAX_SEQ_LEN", "64")      # read from the environment too
+    assert main(["chat", "--model", str(tiny_model_dir), "--prompt", "word " * 100,
+                 "--max-new-tokens", "8"]) == 2
+    assert "prompt limit is 56 tokens" in capsys.readouterr().err
+
+
+def test_engine_failure_mid_reply_is_one_line(tiny_model_dir, capsys, monkeypatch):
+    from qwen_trt.backends.torch_backend import TorchBackend
+
+    def broken(self, prompt_ids, params):
+        yield 5
+        if params.max_new_tokens <= 2:   # the load-time warm-up passes
+            return
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore details")
+
+    monkeypatch.setattr(TorchBackend, "stream", broken)
+    code = main(["chat", "--model", str(tiny_model_dir), "--prompt", "hi", "--backend", "torch"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "The engine failed on this request (RuntimeError: CUDA out of memory" in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qwen_trt.backends.base import Backend, BackendInfo
+from qwen_trt.errors import ConfigError
 
 BACKENDS = ("auto", "torch", "trtllm")
 
@@ -26,7 +27,7 @@ class BackendConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
 
 
 def choose_backend(cfg: BackendConfig) -> str:

@@ -6,10 +6,12 @@ runs on the device (:mod:`qwen_trt.sampling`); only the chosen token id crosses 
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 
 from qwen_trt.backends.base import Backend, BackendInfo
-from qwen_trt.errors import BackendUnavailableError, ModelSourceError, PromptTooLongError
+from qwen_trt.errors import (BackendUnavailableError, ConfigError, ModelSourceError,
+                             PromptTooLongError)
 from qwen_trt.model_source import ModelSource, resolve_model
 from qwen_trt.params import SamplingParams
 
@@ -22,6 +24,8 @@ def pick_device(device: str = "auto") -> str:
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ConfigError(f"Unknown device '{device}': use auto, cpu, cuda or cuda:N.")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise BackendUnavailableError(
             "--device cuda was asked for, but PyTorch sees no CUDA GPU here: use --device cpu, or "
@@ -33,7 +37,7 @@ def pick_dtype(dtype: str, device: str):
     import torch
 
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype == "auto":
         return torch.float32 if device == "cpu" else torch.bfloat16
     return getattr(torch, dtype)

@@ -10,6 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from qwen_trt.backends.torch_backend import DTYPES
 from qwen_trt.errors import QwenTrtError
 
 QUICK = {"prompt_lens": (16, 48), "new_tokens": 8, "repeats": 2, "slow_repeats": 1}
@@ -32,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--shape", choices=("qwen3-4b", "tiny"), default=None,
                    help="with --random-weights (default qwen3-4b on CUDA, tiny on CPU)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--prompt-lens", default=None, help="default 128,512,2048")
     p.add_argument("--new-tokens", type=int, default=None, help="default 256 (EOS ignored)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per prompt (default 5)")

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-import os
+import logging
 import sys
 
-from qwen_trt.backends import BACKENDS, BackendConfig, load_backend
+from qwen_trt.backends import BackendConfig, load_backend
 from qwen_trt.chat import ChatSession
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.generation import ReplyStream
@@ -15,26 +15,28 @@ from qwen_trt.params import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAUL
 HELP = "commands: /clear (forget the conversation), /exit (quit)"
 
 
+class EngineError(QwenTrtError):
+    """The backend raised something unexpected while generating."""
+
+
 def add_backend_args(p) -> None:
-    """Options that choose and load a backend (shared with other commands)."""
-    p.add_argument("--model", default=None,
-                   help="model folder or hub id (default: $QWEN_TRT_MODEL or Qwen/Qwen3-4B-Instruct-2507)")
-    p.add_argument("--backend", choices=BACKENDS, default=os.environ.get("QWEN_TRT_BACKEND", "auto"),
-                   help="default: $QWEN_TRT_BACKEND or auto")
-    p.add_argument("--engine", default=os.environ.get("QWEN_TRT_ENGINE"),
-                   help="TensorRT-LLM engine folder (default: $QWEN_TRT_ENGINE or engines/<gpu>/)")
-    p.add_argument("--device", default="auto", help="torch backend: auto, cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="torch backend weights dtype (auto: float32 on CPU, bfloat16 on CUDA)")
-    p.add_argument("--max-seq-len", type=int, default=None, help="torch backend context limit")
-    p.add_argument("--fast", default="auto", choices=("auto", "on", "off"),
-                   help="torch backend: compiled CUDA-graph fast path (auto: on CUDA, off on CPU)")
+    """Options that choose and load a backend: the same set, environment variables and checks
+    as the app (:mod:`qwen_trt.app_config`); a flag wins over its QWEN_TRT_* variable."""
+    from qwen_trt.app_config import OPTIONS
+
+    for o in OPTIONS:
+        p.add_argument(o.flag, default=None, help=f"{o.help} [env {o.env}]")
 
 
 def backend_config(args) -> BackendConfig:
-    return BackendConfig(backend=args.backend, model=args.model, engine=args.engine,
-                         device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len,
-                         fast=getattr(args, "fast", "auto"))
+    from qwen_trt.app_config import OPTIONS, parse_app_config
+
+    argv: list[str] = []
+    for o in OPTIONS:
+        value = getattr(args, o.flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            argv += [o.flag, str(value)]
+    return parse_app_config(argv)
 
 
 def register(sub) -> None:
@@ -60,8 +62,9 @@ def _params(args) -> SamplingParams:
 
 
 def reply_once(backend, session: ChatSession, text: str, params: SamplingParams, *,
-               as_json: bool, out=sys.stdout) -> None:
-    """Stream one reply to ``out``; Ctrl-C stops it and keeps the partial reply."""
+               as_json: bool, out=None) -> None:
+    """Stream one reply to ``out`` (stdout); Ctrl-C stops it and keeps the partial reply."""
+    out = out or sys.stdout
     info = backend.info
     plan = session.prepare(text, max_input_len=info.max_input_len, max_seq_len=info.max_seq_len,
                            max_new_tokens=params.max_new_tokens)
@@ -73,6 +76,12 @@ def reply_once(backend, session: ChatSession, text: str, params: SamplingParams,
                 out.flush()
     except KeyboardInterrupt:
         pass
+    except QwenTrtError:
+        raise
+    except Exception as e:  # an engine failure (e.g. out of memory) is one line, not a traceback
+        logging.getLogger(__name__).debug("generation failed", exc_info=True)
+        raise EngineError(f"The engine failed on this request ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else e}).") from e
     finally:
         stream.close()
     reply = stream.reply
