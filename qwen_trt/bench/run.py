@@ -191,47 +191,51 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
 
     if "fast" in cfg.paths:
         rep = reports["fast"] = PathReport()
-        t = time.perf_counter()
-        weights = hf.state_dict() if hf is not None else model_dir
-        engine = load_fast_engine(fcfg, weights=weights, max_seq_len=max_seq_len, dtype=dtype,
-                                  device=device, seed=cfg.seed, warmup=False)
-        del weights
-        rep.info["load_s"] = round(time.perf_counter() - t, 2)
-        if hf is not None:   # free the HF model and anything compiled for it
-            hf_ref = weakref.ref(hf)
-            del hf
-            hf = None
-            torch._dynamo.reset()
+        try:   # a compile/capture failure must not lose the rows already measured
+            t = time.perf_counter()
+            weights = hf.state_dict() if hf is not None else model_dir
+            engine = load_fast_engine(fcfg, weights=weights, max_seq_len=max_seq_len, dtype=dtype,
+                                      device=device, seed=cfg.seed, warmup=False)
+            del weights
+            rep.info["load_s"] = round(time.perf_counter() - t, 2)
+            if hf is not None:   # free the HF model and anything compiled for it
+                hf_ref = weakref.ref(hf)
+                del hf
+                hf = None
+                torch._dynamo.reset()
+                gc.collect()
+                rep.info["hf_model_freed"] = hf_ref() is None
             gc.collect()
-            rep.info["hf_model_freed"] = hf_ref() is None
-        gc.collect()
-        if _cuda(device):
-            torch.cuda.empty_cache()
-        _reset_peak(device)
-        if _cuda(device):
-            rep.info["resident_before_warmup_GB"] = _gb(torch.cuda.memory_allocated())
-        log("[bench] fast: compile + capture ...")
-        stats = engine.warmup()
-        rep.info.update(warmup_s=round(stats.warmup_s, 2), compile=stats.compile,
-                        graphs=stats.graphs, prefill_graphs=stats.prefill_graphs,
-                        decode_graphs=stats.decode_graphs, max_seq_len=engine.max_seq_len,
-                        kv_buckets=list(engine.kv_buckets),
-                        kv_cache_GB=_gb(engine.model.cache.nbytes),
-                        weights_GB=_gb(engine.model.weight_bytes))
-        if _cuda(device):
-            rep.info["resident_after_warmup_GB"] = _gb(torch.cuda.memory_allocated())
-        r, ids["fast"] = _measure("fast", engine_runner(engine), prompts, cfg, device,
-                                  warm_tokens=4)
-        rows += r
-        if _cuda(device):
-            rep.info["mem_vs_weights_plus_kv"] = round(
-                r[0].peak_mem_gb * 1e9 / (engine.model.weight_bytes + engine.model.cache.nbytes), 3)
-        log("[bench] fast: " + ", ".join(f"{x.prompt_len}: {x.ttft_ms_p50:.1f} ms / "
-                                         f"{x.decode_tok_s:.1f} tok/s" for x in r))
-        del engine
-        gc.collect()
-        if _cuda(device):
-            torch.cuda.empty_cache()
+            if _cuda(device):
+                torch.cuda.empty_cache()
+            _reset_peak(device)
+            if _cuda(device):
+                rep.info["resident_before_warmup_GB"] = _gb(torch.cuda.memory_allocated())
+            log("[bench] fast: compile + capture ...")
+            stats = engine.warmup()
+            rep.info.update(warmup_s=round(stats.warmup_s, 2), compile=stats.compile,
+                            graphs=stats.graphs, prefill_graphs=stats.prefill_graphs,
+                            decode_graphs=stats.decode_graphs, max_seq_len=engine.max_seq_len,
+                            kv_buckets=list(engine.kv_buckets),
+                            kv_cache_GB=_gb(engine.model.cache.nbytes),
+                            weights_GB=_gb(engine.model.weight_bytes))
+            if _cuda(device):
+                rep.info["resident_after_warmup_GB"] = _gb(torch.cuda.memory_allocated())
+            r, ids["fast"] = _measure("fast", engine_runner(engine), prompts, cfg, device,
+                                      warm_tokens=4)
+            rows += r
+            if _cuda(device):
+                rep.info["mem_vs_weights_plus_kv"] = round(
+                    r[0].peak_mem_gb * 1e9 / (engine.model.weight_bytes + engine.model.cache.nbytes), 3)
+            log("[bench] fast: " + ", ".join(f"{x.prompt_len}: {x.ttft_ms_p50:.1f} ms / "
+                                             f"{x.decode_tok_s:.1f} tok/s" for x in r))
+            del engine
+            gc.collect()
+            if _cuda(device):
+                torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001 - reported in the JSON, the run goes on
+            rep.status = f"failed: {type(e).__name__}: {e}".splitlines()[0][:300]
+            log(f"[bench] fast: {rep.status}")
 
     if "trtllm" in cfg.paths:
         rep = reports["trtllm"] = PathReport()
@@ -244,10 +248,12 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
                 t = time.perf_counter()
                 backend = load_backend(BackendConfig(backend="trtllm", model=cfg.model))
                 rep.info["load_s"] = round(time.perf_counter() - t, 2)
-                r, ids["trtllm"] = _measure("trtllm", backend_runner(backend), prompts, cfg,
-                                            device, warm_tokens=4)
-                rows += r
-                backend.close()
+                try:
+                    r, ids["trtllm"] = _measure("trtllm", backend_runner(backend), prompts, cfg,
+                                                device, warm_tokens=4)
+                    rows += r
+                finally:
+                    backend.close()
             except Exception as e:  # missing library/engine is a skip, not a failure
                 rep.status = f"skipped: {type(e).__name__}: {e}".splitlines()[0][:300]
 
