@@ -8,6 +8,7 @@ are left as they are (escapes are not processed there, so they need none).
 """
 from __future__ import annotations
 
+import functools
 import re
 
 from qwen_trt.errors import QwenTrtError
@@ -71,10 +72,15 @@ def _outside_code_spans(text: str, fn) -> str:
     return "".join(out)
 
 
-def _parse(text: str):
+@functools.lru_cache(maxsize=1)
+def _markdown():
     from markdown_it import MarkdownIt
 
-    return MarkdownIt("commonmark").parse(text)
+    return MarkdownIt("commonmark")   # parse() keeps its state per call: safe to share
+
+
+def _parse(text: str):
+    return _markdown().parse(text)
 
 
 def _has_image(tokens) -> bool:
