@@ -45,6 +45,16 @@ def _escaper(pattern: re.Pattern, literal: str):
 
 _escape_images = _escaper(_IMAGE, "![")
 _escape_dollars = _escaper(_DOLLAR, "$")
+# Streamlit's own Markdown directives, ":red[text]", ":blue-background[x]": an escaped colon
+# shows the text as written (checked in Chromium on Streamlit 1.67). Icon shortcodes
+# (":material/home:") are matched on the rendered text, so escaping cannot stop them; they are
+# harmless.
+_DIRECTIVE = re.compile(r"(\\*):(?=[a-z]+(?:-[a-z]+)*\[)")
+_escape_directives = _escaper(_DIRECTIVE, ":")
+
+
+def _escape_prose(text: str) -> str:
+    return _escape_directives(_escape_dollars(text))
 
 
 def _outside_code_spans(text: str, fn) -> str:
@@ -100,10 +110,11 @@ def sanitize_markdown(text: str) -> str:
 
     Parsed as CommonMark (markdown-it-py, the grammar Streamlit's renderer follows); code blocks
     are left alone. In prose, every image becomes an inert escaped ``\\![a](u)`` (a link the
-    user must click: a prompt-injected image URL could leak data), and ``$`` outside code spans
-    is escaped so that Streamlit does not turn "$5 to $10" into LaTeX.
+    user must click: a prompt-injected image URL could leak data), and ``$`` and Streamlit's
+    ``:color[...]`` directives outside code spans are escaped, so "$5 to
+    $10" is not LaTeX and the reply shows what the model wrote.
     """
-    if "![" not in text and "$" not in text:
+    if "![" not in text and "$" not in text and ":" not in text:
         return text
     lines = text.splitlines(keepends=True)
     for start, end, has_image, prose in _prose_blocks(_parse(text)):
@@ -111,7 +122,7 @@ def sanitize_markdown(text: str) -> str:
         if has_image:
             block = _escape_images(block)
         if prose:
-            block = _outside_code_spans(block, _escape_dollars)
+            block = _outside_code_spans(block, _escape_prose)
         lines[start:end] = [block] + [""] * (end - start - 1)
     out = "".join(lines)
     if _has_image(_parse(out)):                     # never expected: fail safe, as code

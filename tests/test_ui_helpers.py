@@ -64,6 +64,8 @@ def test_no_markdown_layout_lets_an_image_through(text):
     ("shell `echo $HOME` and $x", "shell `echo $HOME` and \\$x"),
     ("```sh\necho $PATH\n```\n", "```sh\necho $PATH\n```\n"),
     ("already \\$5", "already \\$5"),
+    ("say :red[stop] and :blue-background[x] at 10:30", "say \\:red[stop] and \\:blue-background[x] at 10:30"),
+    ("`:red[x]` is a directive", "`:red[x]` is a directive"),
 ])
 def test_dollars_stay_dollars_not_latex(text, expected):
     assert sanitize_markdown(text) == expected
