@@ -111,8 +111,8 @@ def sanitize_markdown(text: str) -> str:
     Parsed as CommonMark (markdown-it-py, the grammar Streamlit's renderer follows); code blocks
     are left alone. In prose, every image becomes an inert escaped ``\\![a](u)`` (a link the
     user must click: a prompt-injected image URL could leak data), and ``$`` and Streamlit's
-    ``:color[...]`` directives outside code spans are escaped, so "$5 to
-    $10" is not LaTeX and the reply shows what the model wrote.
+    ``:color[...]`` directives outside code spans are escaped, so a reply that says
+    "$x$" or ":red[x]" shows exactly that rather than LaTeX or coloured text.
     """
     if "![" not in text and "$" not in text and ":" not in text:
         return text
