@@ -137,11 +137,11 @@ def write_tiny_model(out_dir: str | Path, shape: TinyShape = TinyShape(), seed: 
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.15 if "embed" in name else 0.08)
-        # Shrink (tied) embedding rows of tokens that are only part of a UTF-8 character, so the
-        # demo's word salad is mostly whole words rather than U+FFFD; tests still get such tokens
-        # from the tokenizer itself.
-        partial = [i for i in range(vocab) if "\ufffd" in tokenizer.decode([i])]
-        model.get_input_embeddings().weight[partial] *= 0.2
+        # Shrink (tied) embedding rows of tokens that are only part of a UTF-8 character or a
+        # control character, so the demo's word salad is mostly whole words rather than U+FFFD
+        # and tofu boxes; tests still get such tokens from the tokenizer itself.
+        unprintable = [i for i in range(vocab) if _unprintable(tokenizer.decode([i]))]
+        model.get_input_embeddings().weight[unprintable] *= 0.2
     model.generation_config.eos_token_id = [im_end, endoftext]
     model.generation_config.pad_token_id = endoftext
     model.generation_config.bos_token_id = endoftext
@@ -151,6 +151,13 @@ def write_tiny_model(out_dir: str | Path, shape: TinyShape = TinyShape(), seed: 
         "Its replies are gibberish by design: it exists to test the pipeline, not to chat.\n"
     )
     return out
+
+
+def _unprintable(text: str) -> bool:
+    import unicodedata
+
+    return any(c == "\ufffd" or (unicodedata.category(c) == "Cc" and c not in "\n\t")
+               for c in text)
 
 
 def _patch_tokenizer_config(out: Path) -> None:
