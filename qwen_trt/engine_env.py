@@ -17,7 +17,7 @@ TRTLLM_MAX_EXCL = (1, 3)
 TRTLLM_SPEC = "tensorrt_llm>=1.0,<1.3"
 
 INSTALL_HINT = (
-    f'install it with `pip install "qwen-trt[trtllm]"` (i.e. {TRTLLM_SPEC}) on Linux x86_64/aarch64 '
+    f'install it from the qwen-trt folder with `pip install -e ".[trtllm]"` (i.e. {TRTLLM_SPEC}) on Linux x86_64/aarch64 '
     "with an NVIDIA GPU, after `sudo apt-get install -y libopenmpi-dev`; its wheel comes from "
     "NVIDIA's package index (pypi.nvidia.com), so that index must be reachable; or use the NGC "
     "container nvcr.io/nvidia/tensorrt-llm/release:1.2.1. See docs/tensorrt-llm.md")
@@ -86,7 +86,7 @@ def require_trtllm():
         raise TrtllmNotInstalledError(
             f"tensorrt_llm {version} is installed, but qwen-trt needs {TRTLLM_SPEC}: 1.3 removed "
             f"the TensorRT engine backend and 0.x cannot convert Qwen3. "
-            f'Run `pip install "qwen-trt[trtllm]"`.')
+            f'Run `pip install -e ".[trtllm]"`.')
     return trtllm
 
 

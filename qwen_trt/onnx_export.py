@@ -42,7 +42,7 @@ EXTERNAL_DATA_MODES = ("auto", "always")
 # Protobuf cannot hold a message of 2 GiB or more; auto mode moves weights out well before that.
 PROTOBUF_LIMIT_BYTES = 2**31
 EXPORTER = "torch.onnx.export(dynamo=True)"
-INSTALL_HINT = 'pip install "qwen-trt[onnx]"'
+INSTALL_HINT = 'pip install -e ".[onnx]"'
 
 
 class OnnxExportError(QwenTrtError):

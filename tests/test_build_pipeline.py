@@ -199,7 +199,7 @@ def test_guard_unsupported_trtllm_version(fake_trtllm, monkeypatch, dirs, model_
                    "--profiles-dir", str(dirs["profiles"]))
     assert rc == 2
     assert "tensorrt_llm 1.3.0rc20 is installed, but qwen-trt needs tensorrt_llm>=1.0,<1.3" in err
-    assert 'pip install "qwen-trt[trtllm]"' in err and err.count("\n") == 0
+    assert 'pip install -e ".[trtllm]"' in err and err.count("\n") == 0
 
 
 def test_guard_no_gpu(fake_trtllm, monkeypatch, dirs, model_copy, capsys):

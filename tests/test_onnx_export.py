@@ -293,7 +293,7 @@ def test_force_overwrites_only_our_files(tiny_model_dir, tmp_path):
 
 def test_missing_onnxruntime_says_how_to_install(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import now raises ImportError
-    with pytest.raises(ox.OnnxDependencyError, match=r'pip install "qwen-trt\[onnx\]"') as e:
+    with pytest.raises(ox.OnnxDependencyError, match=r'pip install -e "\.\[onnx\]"') as e:
         run_pipeline(str(tiny_model_dir), tmp_path / "out", write=lambda _: None)
     assert isinstance(e.value, QwenTrtError)
     assert "onnxruntime" in str(e.value)
