@@ -363,5 +363,5 @@ def test_without_tensorrt_llm(monkeypatch, engine_dir):
     monkeypatch.setenv("QWEN_TRT_ENGINES_DIR", str(engine_dir.parent))
     set_gpu(monkeypatch, "a10")
     assert auto_engine_dir() is None
-    with pytest.raises(TrtllmNotInstalledError, match=r'pip install "qwen-trt\[trtllm\]"'):
+    with pytest.raises(TrtllmNotInstalledError, match=r'pip install -e "\.\[trtllm\]"'):
         TrtllmBackend.load(engine=str(engine_dir), warmup=False)
