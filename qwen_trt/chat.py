@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from qwen_trt.chat_template import IM_START
 from qwen_trt.errors import EmptyMessageError, PromptTooLongError
 
 Role = Literal["system", "user", "assistant"]
@@ -34,10 +35,58 @@ class PromptPlan:
     token_budget: int           # the prompt limit it was fitted to
 
 
+def render_prompt_text(tokenizer, messages: list[dict]) -> str:
+    """The prompt through the tokenizer's own chat template (transformers 4.x and 5.x)."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def render_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Prompt ids through the tokenizer's own chat template (works on transformers 4.x and 5.x)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+    """Prompt ids through the tokenizer's own chat template, encoded in one go."""
+    return tokenizer.encode(render_prompt_text(tokenizer, messages), add_special_tokens=False)
+
+
+class PieceEncoder:
+    """Encodes chat prompts without re-tokenizing the whole history on every message.
+
+    A tokenizer splits its special tokens out of the text before anything else and encodes the
+    stretches between them independently. So cutting the prompt right before each
+    ``<|im_start|>`` gives pieces whose ids, concatenated, are exactly the ids of the whole
+    (tested); each piece (one rendered message) is encoded once and then reused. Only the text
+    is re-rendered per message, which is cheap next to BPE.
+    """
+
+    MARKER = IM_START
+
+    def __init__(self, tokenizer) -> None:
+        self._tok = tokenizer
+        marker = [t for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
+                  if str(t) == self.MARKER]
+        # Splitting is exact only if the marker is an added token that does not swallow the
+        # whitespace before it (lstrip), as in Qwen's tokenizer; otherwise encode in one go.
+        self._split = bool(marker) and not getattr(marker[0], "lstrip", False)
+        self._ids: dict[str, list[int]] = {}
+        self._used: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        if not self._split:
+            return self._tok.encode(text, add_special_tokens=False)
+        out: list[int] = []
+        start = 0
+        while start < len(text):
+            nxt = text.find(self.MARKER, start + 1)
+            end = len(text) if nxt < 0 else nxt
+            piece = text[start:end]
+            ids = self._used.get(piece) or self._ids.get(piece)
+            if ids is None:
+                ids = self._tok.encode(piece, add_special_tokens=False)
+            self._used[piece] = ids
+            out.extend(ids)
+            start = end
+        return out
+
+    def keep_used_only(self) -> None:
+        """Forget pieces the last prompts did not use (bounds memory to one conversation)."""
+        self._ids, self._used = self._used, {}
 
 
 def prompt_budget(max_input_len: int, max_seq_len: int, max_new_tokens: int) -> int:
@@ -52,6 +101,13 @@ class ChatSession:
     tokenizer: object
     system_prompt: str | None = None
     messages: list[Message] = field(default_factory=list)   # user/assistant, alternating
+    _encoder: PieceEncoder | None = field(default=None, init=False, repr=False, compare=False)
+
+    def _prompt_ids(self, turns, user_text: str) -> list[int]:
+        if self._encoder is None:
+            self._encoder = PieceEncoder(self.tokenizer)
+        return self._encoder.encode(
+            render_prompt_text(self.tokenizer, self._template_messages(turns, user_text)))
 
     def turns(self) -> list[tuple[Message, Message]]:
         """Completed (user, assistant) pairs, oldest first."""
@@ -83,7 +139,7 @@ class ChatSession:
                 f"Max new tokens ({max_new_tokens}) leaves no room for a prompt within the "
                 f"engine's limit of {max_seq_len} tokens: lower it.")
         turns = self.turns()
-        alone = render_prompt_ids(self.tokenizer, self._template_messages([], user_text))
+        alone = self._prompt_ids([], user_text)
         if len(alone) > budget:
             raise PromptTooLongError(
                 f"The message is too long: {len(alone)} tokens with the chat template, but the "
@@ -93,13 +149,16 @@ class ChatSession:
         # the length grows monotonically with the number of turns kept).
         lo, hi = 0, len(turns)          # number of newest turns kept: lo fits for sure
         best = alone
+        first = True
         while lo < hi:
-            mid = (lo + hi + 1) // 2
-            ids = render_prompt_ids(self.tokenizer, self._template_messages(turns[-mid:], user_text))
+            mid = hi if first else (lo + hi + 1) // 2   # usually everything fits: try that first
+            first = False
+            ids = self._prompt_ids(turns[-mid:] if mid else [], user_text)
             if len(ids) <= budget:
                 lo, best = mid, ids
             else:
                 hi = mid - 1
+        self._encoder.keep_used_only()
         return PromptPlan(ids=best, dropped_turns=len(turns) - lo, used_turns=lo, token_budget=budget)
 
     def add_exchange(self, user_text: str, reply_text: str, interrupted: bool = False) -> None:

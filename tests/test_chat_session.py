@@ -80,3 +80,29 @@ def test_system_prompt_optional_and_clear(tiny_tokenizer):
     assert s.messages == [] and s.turns() == []
     plan = s.prepare("hey", max_input_len=4000, max_seq_len=4096, max_new_tokens=8)
     assert _decode(tiny_tokenizer, plan.ids) == "<|im_start|>user\nhey<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_piece_encoding_equals_encoding_the_whole_prompt(tiny_tokenizer):
+    """The session encodes each rendered message once and reuses it; the ids must be exactly
+    those of encoding the whole rendered prompt, whatever the text (specials typed by the user,
+    Chinese, emoji, whitespace at the edges)."""
+    import random
+
+    from qwen_trt.chat import PieceEncoder
+
+    rng = random.Random(0)
+    atoms = ["hello", " ", "\n", "你好", "🚀", "龘", "<|im_start|>", "<|im_end|>", "\t", "  x ",
+             "def f():\n    return 1", "é", "\u0301", "<|endoftext|>"]
+    enc = PieceEncoder(tiny_tokenizer)
+    assert enc._split
+    for _ in range(200):
+        s = ChatSession(tiny_tokenizer, system_prompt=rng.choice([None, "Be brief. 简短", " "]))
+        for _ in range(rng.randrange(0, 5)):
+            s.add_exchange("".join(rng.choice(atoms) for _ in range(rng.randrange(1, 6))),
+                           "".join(rng.choice(atoms) for _ in range(rng.randrange(0, 6))))
+        new = "q" + "".join(rng.choice(atoms) for _ in range(rng.randrange(1, 6)))
+        plan = s.prepare(new, max_input_len=10**6, max_seq_len=10**6, max_new_tokens=1)
+        msgs = s._template_messages(s.turns(), new)
+        assert plan.ids == render_prompt_ids(tiny_tokenizer, msgs)
+        assert enc.encode(tiny_tokenizer.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=True)) == plan.ids
