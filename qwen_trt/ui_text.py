@@ -105,6 +105,7 @@ def _prose_blocks(tokens) -> list[tuple[int, int, bool, bool]]:
              t.type == "inline") for t in tokens if t.type in ("inline", "html_block") and t.map]
 
 
+@functools.lru_cache(maxsize=2048)   # history is re-rendered on every Streamlit rerun
 def sanitize_markdown(text: str) -> str:
     """``text`` as Markdown that renders exactly as written, minus anything the browser fetches.
 
