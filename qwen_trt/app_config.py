@@ -53,11 +53,6 @@ def usage() -> str:
     return ("streamlit run app.py -- " + " ".join(f"[{o.flag} VALUE]" for o in OPTIONS))
 
 
-def options_table() -> list[tuple[str, str, str]]:
-    """(flag, environment variable, meaning) rows, for docs and the app's help."""
-    return [(o.flag, o.env, o.help) for o in OPTIONS]
-
-
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="app.py", add_help=False)
     for o in OPTIONS:

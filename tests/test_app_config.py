@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from qwen_trt.app_config import AppConfigError, config_key, options_table, parse_app_config
+from qwen_trt.app_config import OPTIONS, AppConfigError, config_key, parse_app_config
 from qwen_trt.backends import BackendConfig
 from qwen_trt.errors import QwenTrtError
 
@@ -51,7 +51,7 @@ def test_bad_options_raise_one_clear_line(argv, env, words):
 
 def test_config_key_differs_per_config_and_table_lists_every_env_var():
     assert config_key(BackendConfig(model="a")) != config_key(BackendConfig(model="b"))
-    envs = [env for _, env, _ in options_table()]
+    envs = [o.env for o in OPTIONS]
     assert envs == ["QWEN_TRT_MODEL", "QWEN_TRT_ENGINE", "QWEN_TRT_BACKEND", "QWEN_TRT_DEVICE",
                     "QWEN_TRT_DTYPE", "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_FAST"]
 
