@@ -52,10 +52,80 @@ def test_tiny_greedy_parity_eager_and_graphs(tiny_model_dir):
     ref = hf_greedy(hf.to("cuda").eval(), PROMPT, 300)
     eager = tiny_engine(tiny_model_dir, torch.float32, compile=False, graphs=False)
     assert list(eager.generate(PROMPT, greedy(300))) == ref
+    assert eager.stats.kernels == "triton", eager.stats.notes
     fast = tiny_engine(tiny_model_dir, torch.float32)
     assert fast.stats.compile and fast.stats.graphs and fast.stats.decode_graphs > 0
     assert fast.stats.attention == "triton", fast.stats.notes
+    assert fast.stats.kernels == "triton", fast.stats.notes
     assert list(fast.generate(PROMPT, greedy(300))) == ref
+    compiled = tiny_engine(tiny_model_dir, torch.float32, kernels="torch")
+    assert compiled.stats.kernels == "torch"
+    assert list(compiled.generate(PROMPT, greedy(300))) == ref
+
+
+# Qwen3-4B projections (rows, k) and their fusions, plus ragged shapes that need masks.
+GEMV_CASES = [
+    ((6144, 2560), dict(ln=True)),                   # qkv
+    ((2560, 4096), dict(residual=True)),             # o
+    ((2 * 9728, 2560), dict(ln=True, gate_up=True)),  # gate/up
+    ((2560, 9728), dict(residual=True)),             # down
+    ((151936, 2560), dict(ln=True)),                 # LM head
+    ((515, 64), dict(ln=True)),                      # tiny LM head: ragged rows
+    ((50, 70), {}),                                  # ragged columns
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape,fuse", GEMV_CASES)
+def test_triton_gemv_matches_unfused_ops(shape, fuse, dtype):
+    from qwen_trt.fast.gemv import gemv, gemv_ref
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    rows, k = shape
+    n = rows // 2 if fuse.get("gate_up") else rows
+    w = (torch.randn(rows, k, generator=g, device="cuda") * 0.05).to(dtype)
+    x = torch.randn(k, generator=g, device="cuda").to(dtype)
+    kw = dict(eps=1e-6, gate_up=fuse.get("gate_up", False),
+              ln=(1 + 0.1 * torch.randn(k, generator=g, device="cuda")).to(dtype)
+              if fuse.get("ln") else None,
+              residual=torch.randn(n, generator=g, device="cuda").to(dtype)
+              if fuse.get("residual") else None)
+    got, ref = gemv(w, x, **kw), gemv_ref(w, x, **kw)
+    assert got.shape == ref.shape == (n,) and got.dtype == dtype
+    err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+    if dtype == torch.float32:
+        assert err < 1e-5, err
+    else:
+        # same rounding steps as the unfused ops: only the accumulation order differs, so
+        # most outputs are bit-identical and the rest one bf16 step away
+        assert err < 4e-3, err
+        assert (got == ref).float().mean().item() > 0.8
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_cache_kernel_matches_unfused_ops(dtype):
+    from qwen_trt.fast.model import rope_tables
+    from qwen_trt.fast.rope_cache import qk_rope_cache, qk_rope_cache_ref
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    cfg = QWEN3_4B
+    cos, sin = (t.to(dtype) for t in rope_tables(cfg, 600, "cuda"))
+    qkv = torch.randn(cfg.q_size + 2 * cfg.kv_size, generator=g, device="cuda").to(dtype)
+    qn, kn = ((1 + 0.1 * torch.randn(cfg.head_dim, generator=g, device="cuda")).to(dtype)
+              for _ in range(2))
+    for p in (0, 1, 517):
+        pos = torch.tensor([p], device="cuda")
+        caches = [torch.zeros(cfg.kv_heads, 600, cfg.head_dim, dtype=dtype, device="cuda")
+                  for _ in range(4)]
+        q1 = qk_rope_cache(qkv, qn, kn, cos, sin, pos, caches[0], caches[1], 1e-6, cfg.heads)
+        q2 = qk_rope_cache_ref(qkv, qn, kn, cos, sin, pos, caches[2], caches[3], 1e-6,
+                               cfg.heads)
+        tol = (dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32
+               else dict(atol=1e-2, rtol=1e-2))
+        torch.testing.assert_close(q1, q2, **tol)
+        torch.testing.assert_close(caches[0], caches[2], **tol)   # K written at p only
+        torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0)   # V copied exactly
+        assert caches[0][:, p].abs().sum() > 0
 
 
 def test_graph_replay_equals_compiled_without_graphs(tiny_model_dir):
@@ -96,6 +166,9 @@ def test_full_size_float32_greedy_parity():
     assert rel < 1e-3, rel
     engine = FastEngine(model, compile=False, graphs=False)
     assert engine.stats.attention == "triton"
+    assert list(engine.generate(prompt, greedy(32))) == ref
+    assert engine.stats.kernels == "triton", engine.stats.notes
+    model.decode_impl, model.attn_impl = "torch", "triton"
     assert list(engine.generate(prompt, greedy(32))) == ref
     model.attn_impl = "math"
     assert list(engine.generate(prompt, greedy(32))) == ref

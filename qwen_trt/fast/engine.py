@@ -59,10 +59,40 @@ class EngineStats:
     compile: bool = False
     graphs: bool = False
     attention: str = "math"     # decode attention: "triton" kernels or "math" (masked matmuls)
+    kernels: str = "torch"      # decode step: "triton" (fused kernels, no compile) or "torch"
     warmup_s: float = 0.0
     prefill_graphs: int = 0
     decode_graphs: int = 0
     notes: list[str] = field(default_factory=list)
+
+
+def check_decode_kernels(model: Qwen3Fast, pos: int | None = None) -> str | None:
+    """Run one decode step with the Triton kernels and with PyTorch ops on the loaded model;
+    None if the logits agree, else a one-line reason (the caller keeps the PyTorch decode).
+
+    It decodes at the spare cache slot past ``max_seq_len`` by default, which no request uses.
+    """
+    slots = model.cache.kv(0)[0].shape[1]
+    p = slots - 1 if pos is None else pos
+    tol = 1e-3 if model.dtype == torch.float32 else 5e-2
+    saved_impl, saved_attn = model.decode_impl, model.attn_impl
+    try:
+        with torch.inference_mode():
+            tok = torch.tensor([1], device=model.device)
+            at = torch.tensor([p], device=model.device)
+            kv_pos = torch.arange(slots, device=model.device)
+            model.decode_impl, model.attn_impl = "torch", "math"
+            ref = model.decode(tok, at, kv_pos).float()
+            model.decode_impl, model.attn_impl = "triton", "triton"
+            got = model.decode(tok, at, kv_pos).float()
+            err = ((got - ref).norm() / ref.norm()).item()
+        if not err < tol:
+            return f"triton decode kernels differ from the PyTorch decode ({err:.2e})"
+    except Exception as e:  # any compile/launch failure means: use the PyTorch decode
+        return f"triton decode kernels unavailable: {type(e).__name__}: {e}".splitlines()[0]
+    finally:
+        model.decode_impl, model.attn_impl = saved_impl, saved_attn
+    return None
 
 
 class _HostTokens:
@@ -96,7 +126,7 @@ class FastEngine:
     def __init__(self, model: Qwen3Fast, *, compile: bool | None = None,
                  graphs: bool | None = None, kv_buckets: Sequence[int] | None = None,
                  prefill_buckets: Sequence[int] | None = None,
-                 attention: str = "auto") -> None:
+                 attention: str = "auto", kernels: str = "auto") -> None:
         on_cuda = model.device.type == "cuda"
         self.model = model.eval()
         self.stats = EngineStats()
@@ -110,6 +140,14 @@ class FastEngine:
                 self.stats.notes.append(problem + "; using the math attention")
                 attention = "math"
         model.attn_impl = attention
+        if kernels == "auto":
+            kernels = "triton" if attention == "triton" else "torch"
+        if kernels == "triton":
+            problem = check_decode_kernels(model)
+            if problem:
+                self.stats.notes.append(problem + "; using the compiled PyTorch decode")
+                kernels = "torch"
+        model.decode_impl = kernels
         if attention == "triton":   # reads only slots <= pos: no KV-length buckets needed
             kv_buckets = (model.max_seq_len,)
         self.device = model.device
@@ -131,11 +169,12 @@ class FastEngine:
         self.logits = torch.zeros(1, model.cfg.vocab_size, dtype=model.dtype, device=dev)
         self.sampler = SamplerState(n, dev)
         self._host = _HostTokens(dev)
-        self.stats.compile, self.stats.graphs, self.stats.attention = (
-            self.compile, self.graphs, attention)
+        self.stats.compile, self.stats.graphs, self.stats.attention, self.stats.kernels = (
+            self.compile, self.graphs, attention, kernels)
         if self.compile:
-            self._decode_fn = torch.compile(model.decode, fullgraph=True,
-                                            options=DECODE_COMPILE_OPTIONS)
+            # The Triton decode is already fused by hand: it is captured as is.
+            self._decode_fn = model.decode if kernels == "triton" else torch.compile(
+                model.decode, fullgraph=True, options=DECODE_COMPILE_OPTIONS)
             self._prefill_fn = torch.compile(model.prefill, fullgraph=True)
         else:
             self._decode_fn = model.decode
@@ -205,14 +244,17 @@ class FastEngine:
             self.stats.prefill_graphs = len(self._prefill_graphs)
         return graph
 
-    def warmup(self, kinds: Sequence[Kind] = ("greedy", "topk")) -> EngineStats:
-        """Compile and capture everything a normal request needs (at load, not on request 1)."""
+    def warmup(self, kinds: Sequence[Kind] = ("greedy", "topk"),
+               prefill: bool = True) -> EngineStats:
+        """Compile and capture everything a normal request needs (at load, not on request 1).
+        ``prefill=False`` captures only the decode graphs (for profiling the decode step)."""
         t = time.perf_counter()
         with torch.inference_mode():
             if self.graphs:
                 from tqdm import tqdm
 
-                jobs = [(self._prefill_graph, (b,)) for b in self.prefill_buckets] + [
+                jobs = [(self._prefill_graph, (b,)) for b in self.prefill_buckets
+                        if prefill] + [
                     (self._decode_graph, (b, kind)) for b in self.kv_buckets for kind in kinds]
                 desc = "fast path: compiling + capturing CUDA graphs (minutes on a cold cache)"
                 for fn, args in tqdm(jobs, desc=desc, unit="graph", file=sys.stderr):

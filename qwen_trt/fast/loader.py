@@ -21,8 +21,10 @@ def build_model(cfg: FastConfig, *, max_seq_len: int, dtype: torch.dtype,
 def load_fast_engine(cfg: FastConfig, *, weights: str | Path | dict | None, max_seq_len: int,
                      dtype: torch.dtype, device: str | torch.device, seed: int = 0,
                      compile: bool | None = None, graphs: bool | None = None,
-                     warmup: bool = True) -> FastEngine:
-    """``weights``: a checkpoint folder, an HF state dict, or None for random weights."""
+                     warmup: bool = True, kernels: str = "auto") -> FastEngine:
+    """``weights``: a checkpoint folder, an HF state dict, or None for random weights.
+    ``kernels``: decode with the fused Triton kernels (``"triton"``), the compiled PyTorch ops
+    (``"torch"``), or ``"auto"`` (Triton on CUDA when its self-check passes)."""
     model = build_model(cfg, max_seq_len=max_seq_len, dtype=dtype, device=device)
     if weights is None:
         init_random(model, seed=seed)
@@ -30,7 +32,7 @@ def load_fast_engine(cfg: FastConfig, *, weights: str | Path | dict | None, max_
         load_state_dict(model, weights)
     else:
         load_safetensors(model, weights)
-    engine = FastEngine(model, compile=compile, graphs=graphs)
+    engine = FastEngine(model, compile=compile, graphs=graphs, kernels=kernels)
     if warmup:
         engine.warmup()
     return engine

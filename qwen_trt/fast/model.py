@@ -20,7 +20,9 @@ import torch.nn.functional as F
 
 from qwen_trt.fast.attention import decode_attention, math_attend
 from qwen_trt.fast.config import FastConfig
+from qwen_trt.fast.gemv import gemv
 from qwen_trt.fast.kv_cache import StaticKVCache
+from qwen_trt.fast.rope_cache import qk_rope_cache
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -72,6 +74,9 @@ class Qwen3Fast(torch.nn.Module):
         self.max_seq_len = max_seq_len
         self.dtype = dtype
         self.attn_impl = "math"   # or "triton" (CUDA): chosen by the engine after a self-check
+        # "torch": decode is PyTorch ops (compiled by the engine on CUDA); "triton": decode runs
+        # the hand-written kernels of gemv.py / rope_cache.py / attention.py, 6 per layer.
+        self.decode_impl = "torch"
         self.register_buffer("embed", torch.empty(cfg.vocab_size, cfg.hidden, dtype=dtype,
                                                   device=device))
         if not cfg.tie_embeddings:
@@ -155,6 +160,8 @@ class Qwen3Fast(torch.nn.Module):
         """One token ``tok [1]`` at ``pos [1]``; attends to the cache slots listed in
         ``kv_pos = arange(kv_len)`` that are ``<= pos`` (its length is the KV bucket; passing it
         as a tensor lets one compiled graph serve every bucket). Returns logits ``[1, vocab]``."""
+        if self.decode_impl == "triton":
+            return self._decode_kernels(tok, pos)
         cfg = self.cfg
         x = F.embedding(tok, self.embed)
         for i, layer in enumerate(self.layers):
@@ -170,3 +177,21 @@ class Qwen3Fast(torch.nn.Module):
             x = x + F.linear(o.reshape(1, cfg.q_size), layer.wo)
             x = self._mlp(layer, x)
         return self._logits(x)
+
+    def _decode_kernels(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """:meth:`decode` with the fused Triton kernels (CUDA): per layer norm+qkv GEMV,
+        q/k-norm+RoPE+cache write, attention (2 kernels), o GEMV+residual, norm+gate/up GEMV
+        with SiLU*up, down GEMV+residual; then norm+LM head."""
+        cfg = self.cfg
+        eps = cfg.rms_eps
+        x = F.embedding(tok, self.embed).view(cfg.hidden)
+        for i, layer in enumerate(self.layers):
+            k_cache, v_cache = self.cache.kv(i)
+            qkv = gemv(layer.wqkv, x, ln=layer.ln_in, eps=eps)
+            q = qk_rope_cache(qkv, layer.q_norm, layer.k_norm, self.cos, self.sin, pos,
+                              k_cache, v_cache, eps, cfg.heads)
+            o = decode_attention(q, k_cache, v_cache, pos)
+            x = gemv(layer.wo, o, residual=x)
+            act = gemv(layer.w_gate_up, x, ln=layer.ln_post, eps=eps, gate_up=True)
+            x = gemv(layer.w_down, act, residual=x)
+        return gemv(self._head(), x, ln=self.ln_final, eps=eps).view(1, cfg.vocab_size)

@@ -22,13 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seq-len", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default=None, help="write a JSON summary here")
+    ap.add_argument("--kernels", default="auto", choices=("auto", "triton", "torch"))
     args = ap.parse_args(argv)
     cfg = SHAPES[args.shape]
     t = time.perf_counter()
     eng = load_fast_engine(cfg, weights=None, max_seq_len=args.max_seq_len, dtype=torch.bfloat16,
-                           device="cuda", warmup=False)
+                           device="cuda", warmup=False, kernels=args.kernels)
     load_s = time.perf_counter() - t
-    stats = eng.warmup(kinds=("greedy",))
+    stats = eng.warmup(kinds=("greedy",), prefill=False)
     kv = next(b for b in eng.kv_buckets if b > args.ctx)
     graph = eng._decode_graph(kv, "greedy")
 
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         times.append(a.elapsed_time(b) / args.steps)
     step_ms = sorted(times)[len(times) // 2]
     wb = eng.model.weight_bytes
-    res = {"load_s": round(load_s, 2), "warmup_s": round(stats.warmup_s, 2),
+    res = {"kernels": stats.kernels, "attention": stats.attention, "notes": stats.notes,
+           "load_s": round(load_s, 2), "warmup_s": round(stats.warmup_s, 2),
            "graph_step_ms": round(step_ms, 4), "tok_s": round(1e3 / step_ms, 1),
            "weight_GB": wb / 1e9, "achieved_TBps": round(wb / (step_ms / 1e3) / 1e12, 3),
            "kv_bucket": kv}

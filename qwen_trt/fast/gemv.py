@@ -1,0 +1,183 @@
+"""Batch-1 projections for the decode step: Triton GEMVs with the neighbouring small ops fused in.
+
+A decode step multiplies one activation row by each weight matrix, so it is bound by how fast
+the weights stream from memory. These kernels read each weight row exactly once with wide loads
+spread over every SM, and fold the small ops around a projection into it:
+
+* ``gemv(w, x)``                          ``y = x @ w.T``
+* ``gemv(w, x, ln=g, eps=e)``             RMSNorm prologue: ``y = rms_norm(x, g) @ w.T`` (each
+  program recomputes the norm statistics from ``x``, which sits in L2)
+* ``gemv(w, x, residual=r)``              residual epilogue: ``y = r + x @ w.T``
+* ``gemv(w, x, ln=g, gate_up=True)``      ``w`` is ``[gate; up]`` (``2I x K``): the epilogue is
+  ``silu(gate) * up`` (``y`` has ``I`` entries)
+
+Rounding follows the unfused PyTorch ops step by step (RMSNorm in float32 then cast, the weight
+product in the model dtype, the projection rounded before the residual add or the activation), so
+the only difference from ``F.linear`` is the order of the float32 accumulation.
+
+On Hopper and newer the kernels use programmatic dependent launch (:mod:`qwen_trt.fast.pdl`):
+a program loads its first weight columns, then waits for the previous kernel, so consecutive
+projections overlap their ramp-up with the previous kernel's tail.
+
+``x`` is ``[K]`` (or ``[1, K]``), the result is ``[N]``. Block sizes come from :func:`config_for`
+(measured on an H200 by ``python -m qwen_trt.fast.gemv_bench``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+
+try:  # Triton comes with CUDA builds of torch; CPU-only installs lack it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int = 4       # output rows per program
+    block_k: int = 512     # columns per load after the prefetched ones
+    warps: int = 4
+    pre_k: int = 8192      # at most this many columns are loaded before the PDL wait
+
+
+def config_for(n: int, k: int, gate_up: bool = False) -> GemvConfig:
+    """Block sizes for an ``n x k`` projection: the fastest in a sweep on an H200
+    (``python -m qwen_trt.fast.kernel_bench --sweep``, docs/benchmarks.md)."""
+    if n >= 65536:          # LM head (778 MB): 4.37 TB/s
+        return GemvConfig(block_n=8, block_k=512, warps=4, pre_k=2048)
+    if gate_up:             # 99.6 MB: 3.67 TB/s
+        return GemvConfig(block_n=4, block_k=512, warps=4, pre_k=2048)
+    if k >= 4096:           # o (21 MB) and down (50 MB): few, long rows; 3.05 / 3.61 TB/s
+        return GemvConfig(block_n=1, block_k=512, warps=4, pre_k=512)
+    return GemvConfig(block_n=8, block_k=512, warps=4, pre_k=2048)   # qkv (31.5 MB): 3.08 TB/s
+
+
+if triton is not None:
+    @triton.jit
+    def _gemv_kernel(w_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
+                     N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, NORM: tl.constexpr,
+                     RESIDUAL: tl.constexpr, GATE_UP: tl.constexpr, PDL: tl.constexpr):
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
+        dt = x_ptr.dtype.element_ty
+        # 1. Weights are constant: issue the loads of the first PRE_K columns before waiting
+        #    for the previous kernel (PDL), so this kernel's memory stream starts while that
+        #    one drains.
+        pk = tl.arange(0, PRE_K)
+        w_pre = tl.load(w_ptr + rows[:, None] * K + pk[None, :], mask=row_ok[:, None], other=0.0)
+        if GATE_UP:
+            w2_pre = tl.load(w_ptr + N * K + rows[:, None] * K + pk[None, :],
+                             mask=row_ok[:, None], other=0.0)
+        if NORM:
+            g_pre = tl.load(ln_ptr + pk)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()   # everything below may read what the previous kernel wrote
+        # 2. RMSNorm statistics of x (each program reads x from L2)
+        cols = tl.arange(0, BLOCK_K)
+        rstd = 0.0
+        if NORM:
+            x0 = tl.load(x_ptr + pk).to(tl.float32)
+            ss = tl.sum(x0 * x0, 0)
+            for k0 in tl.static_range(PRE_K, K, BLOCK_K):
+                kk = k0 + cols
+                xv = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+                ss += tl.sum(xv * xv, 0)
+            rstd = tl.rsqrt(ss / K + eps)
+        # 3. the prefetched columns, then the rest in BLOCK_K chunks. Products accumulate
+        #    elementwise and are reduced once at the end, so the chunk loads do not wait on
+        #    one another.
+        xv = tl.load(x_ptr + pk)
+        if NORM:   # weight * (x * rstd).to(dtype), like the unfused RMSNorm
+            xv = (g_pre.to(tl.float32) * (xv.to(tl.float32) * rstd).to(dt).to(tl.float32)).to(dt)
+        xf = xv.to(tl.float32)[None, :]
+        acc_pre = w_pre.to(tl.float32) * xf
+        if GATE_UP:
+            acc2_pre = w2_pre.to(tl.float32) * xf
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in tl.static_range(PRE_K, K, BLOCK_K):
+            kk = k0 + cols
+            k_ok = kk < K
+            xv = tl.load(x_ptr + kk, mask=k_ok, other=0.0)
+            if NORM:
+                g = tl.load(ln_ptr + kk, mask=k_ok, other=0.0)
+                xv = (g.to(tl.float32) * (xv.to(tl.float32) * rstd).to(dt).to(tl.float32)).to(dt)
+            xf = xv.to(tl.float32)[None, :]
+            offs = rows[:, None] * K + kk[None, :]
+            mask = row_ok[:, None] & k_ok[None, :]
+            w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+            acc += w.to(tl.float32) * xf
+            if GATE_UP:
+                w2 = tl.load(w_ptr + N * K + offs, mask=mask, other=0.0)
+                acc2 += w2.to(tl.float32) * xf
+        y_acc = tl.sum(acc_pre, 1) + tl.sum(acc, 1)
+        if GATE_UP:
+            u_acc = tl.sum(acc2_pre, 1) + tl.sum(acc2, 1)
+        y = y_acc.to(dt)
+        if GATE_UP:   # silu(gate) * up, each op rounded to the model dtype
+            up = u_acc.to(dt).to(tl.float32)
+            gf = y.to(tl.float32)
+            act = (gf / (1.0 + tl.exp(-gf))).to(dt)
+            y = (act.to(tl.float32) * up).to(dt)
+        if RESIDUAL:
+            r = tl.load(res_ptr + rows, mask=row_ok, other=0.0)
+            y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
+        tl.store(out_ptr + rows, y, mask=row_ok)
+
+
+def pre_k(k: int, cap: int = 8192) -> int:
+    """Columns prefetched before the PDL wait: the largest power of two <= k (at most cap)."""
+    return min(1 << (k.bit_length() - 1), cap)
+
+
+def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, eps: float = 0.0,
+         residual: torch.Tensor | None = None, gate_up: bool = False,
+         config: GemvConfig | None = None) -> torch.Tensor:
+    """Triton GEMV with the fusions listed in the module docstring; returns ``[N]``."""
+    rows, k = w.shape
+    n = rows // 2 if gate_up else rows
+    x = x.reshape(k)
+    if not (w.is_contiguous() and x.is_contiguous()):
+        raise ValueError("gemv needs contiguous w and x")
+    cfg = config or config_for(n, k, gate_up)
+    pk = pre_k(k, cfg.pre_k)
+    block_k = min(cfg.block_k, triton.next_power_of_2(k))
+    out = torch.empty(n, dtype=x.dtype, device=x.device)
+    res = residual.reshape(n) if residual is not None else out
+    pdl = pdl_enabled(x.device)
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        w, x, out, ln if ln is not None else x, res, eps, N=n, K=k, BLOCK_N=cfg.block_n,
+        BLOCK_K=block_k, PRE_K=pk, NORM=ln is not None, RESIDUAL=residual is not None,
+        GATE_UP=gate_up, PDL=pdl, num_warps=cfg.warps, **launch_kwargs(pdl))
+    return out
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def gemv_ref(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None,
+             eps: float = 0.0, residual: torch.Tensor | None = None,
+             gate_up: bool = False) -> torch.Tensor:
+    """The same function with unfused PyTorch ops (the reference in tests and self-checks)."""
+    x = x.reshape(1, -1)
+    if ln is not None:
+        x = rms_norm_ref(x, ln, eps)
+    y = F.linear(x, w)
+    if gate_up:
+        g, u = y.chunk(2, dim=-1)
+        y = F.silu(g) * u
+    if residual is not None:
+        y = residual.reshape(1, -1) + y
+    return y.reshape(-1)
