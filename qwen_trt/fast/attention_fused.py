@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - depends on the install
 SPLIT = 64       # cache slots per program
 BLOCK_N = 64     # slots per inner iteration
 WARPS = 4
-MERGE_CHUNK = 32
+MERGE_CHUNK = 8
 
 
 if triton is not None:
@@ -53,7 +53,8 @@ if triton is not None:
                            m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr,
                            stride_kh, stride_ks, scale, eps,
                            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
-                           GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+                           GROUP_M: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                           SPLIT: tl.constexpr,
                            BLOCK_N: tl.constexpr, N_SPLITS: tl.constexpr,
                            MERGE_CHUNK: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
         kh = tl.program_id(0)
@@ -137,36 +138,39 @@ if triton is not None:
                 ticket = tl.atomic_add(count_ptr + kh, 1, sem="acq_rel")
                 if ticket == active - 1:   # the last program of this kv head merges
                     tl.store(count_ptr + kh, 0)
-                    _merge(m_ptr, l_ptr, acc_ptr, out_ptr, kh, active, GROUP, GROUP_PAD, D,
-                           N_SPLITS, MERGE_CHUNK, dt)
+                    _merge(m_ptr, l_ptr, acc_ptr, out_ptr, kh, active, GROUP, GROUP_M,
+                           GROUP_PAD, D, N_SPLITS, MERGE_CHUNK, dt)
 
     @triton.jit
     def _merge(m_ptr, l_ptr, acc_ptr, out_ptr, kh, active, GROUP: tl.constexpr,
-               GROUP_PAD: tl.constexpr, D: tl.constexpr, N_SPLITS: tl.constexpr,
+               GM: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, N_SPLITS: tl.constexpr,
                CHUNK: tl.constexpr, dt: tl.constexpr):
-        rows = tl.arange(0, GROUP_PAD)
+        # Only the GROUP real rows (padded to a power of two GM, not to 16): small tiles.
+        rows = tl.arange(0, GM)
         dims = tl.arange(0, D)
         row_ok = (rows < GROUP)[None, :]
-        top = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        for c in tl.static_range(0, N_SPLITS, CHUNK):   # masked past the active splits
-            sp = c + tl.arange(0, CHUNK)
-            part = (kh * N_SPLITS + sp[:, None]) * GROUP_PAD + rows[None, :]   # [CHUNK, GP]
-            m = tl.load(m_ptr + part, mask=(sp < active)[:, None] & row_ok, other=float("-inf"),
-                        cache_modifier=".cg")
-            top = tl.maximum(top, tl.max(m, 0))
-        total = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, D], tl.float32)
-        for c in tl.static_range(0, N_SPLITS, CHUNK):   # masked past the active splits
-            sp = c + tl.arange(0, CHUNK)
-            ok = (sp < active)[:, None] & row_ok
-            part = (kh * N_SPLITS + sp[:, None]) * GROUP_PAD + rows[None, :]
-            m = tl.load(m_ptr + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
-            l_s = tl.load(l_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")
-            a = tl.load(acc_ptr + part[:, :, None] * D + dims[None, None, :], mask=ok[:, :, None],
-                        other=0.0, cache_modifier=".cg")                     # [CHUNK, GP, D]
-            w = tl.exp(m - top[None, :])
-            total += tl.sum(w * l_s, 0)
-            acc += tl.sum(w[:, :, None] * a, 0)
+        top = tl.full([GM], 0.0, tl.float32) - float("inf")
+        for c in tl.static_range(0, N_SPLITS, CHUNK):
+            if c < active:
+                sp = c + tl.arange(0, CHUNK)
+                part = (kh * N_SPLITS + sp[:, None]) * GROUP_PAD + rows[None, :]   # [CHUNK, GM]
+                m = tl.load(m_ptr + part, mask=(sp < active)[:, None] & row_ok,
+                            other=float("-inf"), cache_modifier=".cg")
+                top = tl.maximum(top, tl.max(m, 0))
+        total = tl.zeros([GM], tl.float32)
+        acc = tl.zeros([GM, D], tl.float32)
+        for c in tl.static_range(0, N_SPLITS, CHUNK):
+            if c < active:
+                sp = c + tl.arange(0, CHUNK)
+                ok = (sp < active)[:, None] & row_ok
+                part = (kh * N_SPLITS + sp[:, None]) * GROUP_PAD + rows[None, :]
+                m = tl.load(m_ptr + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                l_s = tl.load(l_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")
+                a = tl.load(acc_ptr + part[:, :, None] * D + dims[None, None, :],
+                            mask=ok[:, :, None], other=0.0, cache_modifier=".cg")  # [CHUNK, GM, D]
+                w = tl.exp(m - top[None, :])
+                total += tl.sum(w * l_s, 0)
+                acc += tl.sum(w[:, :, None] * a, 0)
         head = kh * GROUP + rows
         tl.store(out_ptr + head[:, None] * D + dims[None, :], (acc / total[:, None]).to(dt),
                  mask=(rows < GROUP)[:, None])
@@ -200,7 +204,8 @@ def attend_qkv(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, co
     _attend_qkv_kernel[(kv_heads, scratch.n_splits)](
         qkv, q_norm, k_norm, cos, sin, pos, k_cache, v_cache, scratch.m, scratch.l, scratch.acc,
         scratch.count, out, k_cache.stride(0), k_cache.stride(1), d ** -0.5, eps,
-        HEADS=heads, KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=scratch.group_pad, D=d,
+        HEADS=heads, KV_HEADS=kv_heads, GROUP=group, GROUP_M=1 << (group - 1).bit_length(),
+        GROUP_PAD=scratch.group_pad, D=d,
         SPLIT=scratch.split, BLOCK_N=min(block_n, scratch.split), N_SPLITS=scratch.n_splits,
         MERGE_CHUNK=MERGE_CHUNK, IEEE=qkv.dtype == torch.float32, PDL=pdl, num_warps=warps,
         **launch_kwargs(pdl))

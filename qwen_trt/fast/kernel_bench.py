@@ -194,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                 if "error" in run:
                     print(f"      error {run['config']}: {run['error']}")
     if not args.only or "attention" in args.only.split(","):
-        combos = [(sp, bn, w) for sp, bn, w in itertools.product((32, 64, 128), (32, 64),
-                                                               (2, 4, 8)) if bn <= sp]
+        combos = [(sp, bn, w) for sp, bn, w in itertools.product((64, 128), (32, 64),
+                                                               (2, 4)) if bn <= sp]
         for ctx in (128, 512, 2048):
             r = bench_attention(ctx, combos if args.sweep else [], QWEN3_4B.layers)
             result.setdefault("attention", []).append(r)
