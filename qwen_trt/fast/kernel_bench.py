@@ -110,46 +110,30 @@ def bench_shape(name: str, spec: dict, configs: list[GemvConfig | None], layers:
 
 def bench_attention(ctx: int, configs: list[tuple[int, int, int]], layers: int,
                     cfg=QWEN3_4B, slots: int = 4097, dtype=torch.bfloat16) -> dict:
-    """Decode attention at position ``ctx`` over ``layers`` distinct caches: the fused kernel
-    (norm + RoPE + cache write + attention + merge) per (split, block_n, warps), and the
-    two-kernel split/merge attention of the compiled PyTorch decode (q given)."""
-    from qwen_trt.fast.attention import _triton_attend
-    from qwen_trt.fast.attention_fused import (SPLIT, BLOCK_N, WARPS, AttendScratch, attend_qkv,
-                                               attend_qkv_reference)
-    from qwen_trt.fast.model import rope_tables
+    """Decode attention at position ``ctx`` over ``layers`` distinct caches."""
+    from qwen_trt.fast.attention import SPLIT, BLOCK_N, WARPS, _triton_attend, math_attend
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    qkv = torch.randn(cfg.q_size + 2 * cfg.kv_size, generator=g, device="cuda").to(dtype)
-    qn = (1 + 0.1 * torch.randn(cfg.head_dim, generator=g, device="cuda")).to(dtype)
-    kn = (1 + 0.1 * torch.randn(cfg.head_dim, generator=g, device="cuda")).to(dtype)
-    cos, sin = (t.to(dtype) for t in rope_tables(cfg, slots, "cuda"))
+    q = torch.randn(cfg.heads, cfg.head_dim, generator=g, device="cuda").to(dtype)
     caches = [(torch.randn(cfg.kv_heads, slots, cfg.head_dim, generator=g, device="cuda",
                            dtype=dtype),
                torch.randn(cfg.kv_heads, slots, cfg.head_dim, generator=g, device="cuda",
                            dtype=dtype)) for _ in range(layers)]
     pos = torch.tensor([ctx], device="cuda")
     k0, v0 = caches[0]
-    ref = attend_qkv_reference(qkv, qn, kn, cos, sin, pos, k0.clone(), v0.clone(), 1e-6,
-                               cfg.heads).float()
+    ref = math_attend(q.float(), k0.float(), v0.float(), pos,
+                      torch.arange(slots, device="cuda")).float()
     out = {"ctx": ctx, "kv_MB_per_layer": round(2 * cfg.kv_heads * (ctx + 1) * cfg.head_dim
-                                                 * qkv.element_size() / 1e6, 2), "runs": []}
-    q = torch.randn(cfg.heads, cfg.head_dim, generator=g, device="cuda").to(dtype)
-    ms = time_graph(lambda: [_triton_attend(q, k, v, pos) for k, v in caches])
-    out["runs"].append({"config": "two kernels (split + merge), q given",
-                        "us": round(ms * 1e3 / layers, 2)})
+                                                 * q.element_size() / 1e6, 2), "runs": []}
     for split, block_n, warps in [(SPLIT, BLOCK_N, WARPS)] + configs:
-        label = f"fused split={split} block_n={block_n} warps={warps}"
+        label = f"split={split} block_n={block_n} warps={warps}"
         try:
-            sc = AttendScratch(cfg.kv_heads, cfg.heads // cfg.kv_heads, cfg.head_dim, slots,
-                               torch.device("cuda"), split=split)
-            got = attend_qkv(qkv, qn, kn, cos, sin, pos, k0, v0, 1e-6, cfg.heads, sc,
-                             block_n, warps).float()
+            got = _triton_attend(q, k0, v0, pos, split, block_n, warps).float()
             err = ((got - ref).norm() / ref.norm()).item()
             if not err < 2e-2:
                 out["runs"].append({"config": label, "error": f"wrong result ({err:.2e})"})
                 continue
-            ms = time_graph(lambda: [attend_qkv(qkv, qn, kn, cos, sin, pos, k, v, 1e-6,
-                                                cfg.heads, sc, block_n, warps)
+            ms = time_graph(lambda: [_triton_attend(q, k, v, pos, split, block_n, warps)
                                      for k, v in caches])
             out["runs"].append({"config": label, "us": round(ms * 1e3 / layers, 2)})
         except Exception as e:
@@ -194,14 +178,13 @@ def main(argv: list[str] | None = None) -> int:
                 if "error" in run:
                     print(f"      error {run['config']}: {run['error']}")
     if not args.only or "attention" in args.only.split(","):
-        combos = [(sp, bn, w) for sp, bn, w in itertools.product((64, 128), (32, 64),
-                                                               (2, 4)) if bn <= sp]
+        combos = [(sp, bn, w) for sp, bn, w in itertools.product((32, 64, 128, 256), (32, 64),
+                                                               (2, 4, 8)) if bn <= sp]
         for ctx in (128, 512, 2048):
             r = bench_attention(ctx, combos if args.sweep else [], QWEN3_4B.layers)
             result.setdefault("attention", []).append(r)
             ok = sorted((x for x in r["runs"] if "us" in x), key=lambda x: x["us"])
-            print(f"attention ctx {ctx}: two kernels {r['runs'][0].get('us')} us, fused default "
-                  f"{r['runs'][1].get('us', r['runs'][1].get('error'))} us; best "
+            print(f"attention ctx {ctx}: default {r['runs'][0].get('us')} us; best "
                   + "; ".join(f"{x['us']} us {x['config']}" for x in ok[:4]), flush=True)
             for run in r["runs"]:
                 if "error" in run:

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from qwen_trt.fast.attention import decode_attention, math_attend
-from qwen_trt.fast.attention_fused import AttendScratch, attend_qkv
 from qwen_trt.fast.config import FastConfig
 from qwen_trt.fast.gemv import gemv
 from qwen_trt.fast.kv_cache import StaticKVCache
+from qwen_trt.fast.rope_cache import qk_rope_cache
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -75,9 +75,8 @@ class Qwen3Fast(torch.nn.Module):
         self.dtype = dtype
         self.attn_impl = "math"   # or "triton" (CUDA): chosen by the engine after a self-check
         # "torch": decode is PyTorch ops (compiled by the engine on CUDA); "triton": decode runs
-        # the hand-written kernels of gemv.py and attention_fused.py, 5 per layer.
+        # the hand-written kernels of gemv.py / rope_cache.py / attention.py, 6 per layer.
         self.decode_impl = "torch"
-        self._attend_scratch: AttendScratch | None = None
         self.register_buffer("embed", torch.empty(cfg.vocab_size, cfg.hidden, dtype=dtype,
                                                   device=device))
         if not cfg.tie_embeddings:
@@ -181,20 +180,17 @@ class Qwen3Fast(torch.nn.Module):
 
     def _decode_kernels(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """:meth:`decode` with the fused Triton kernels (CUDA): per layer norm+qkv GEMV,
-        attention with q/k-norm+RoPE+cache write, o GEMV+residual, norm+gate/up GEMV with
-        SiLU*up, down GEMV+residual; then norm+LM head."""
+        q/k-norm+RoPE+cache write, attention (2 kernels), o GEMV+residual, norm+gate/up GEMV
+        with SiLU*up, down GEMV+residual; then norm+LM head."""
         cfg = self.cfg
         eps = cfg.rms_eps
-        if self._attend_scratch is None:   # first call happens in the engine's self-check
-            k0 = self.cache.kv(0)[0]
-            self._attend_scratch = AttendScratch(cfg.kv_heads, cfg.heads // cfg.kv_heads,
-                                                 cfg.head_dim, k0.shape[1], self.device)
         x = F.embedding(tok, self.embed).view(cfg.hidden)
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = self.cache.kv(i)
             qkv = gemv(layer.wqkv, x, ln=layer.ln_in, eps=eps)
-            o = attend_qkv(qkv, layer.q_norm, layer.k_norm, self.cos, self.sin, pos, k_cache,
-                           v_cache, eps, cfg.heads, self._attend_scratch)
+            q = qk_rope_cache(qkv, layer.q_norm, layer.k_norm, self.cos, self.sin, pos,
+                              k_cache, v_cache, eps, cfg.heads)
+            o = decode_attention(q, k_cache, v_cache, pos)
             x = gemv(layer.wo, o, residual=x)
             act = gemv(layer.w_gate_up, x, ln=layer.ln_post, eps=eps, gate_up=True)
             x = gemv(layer.w_down, act, residual=x)

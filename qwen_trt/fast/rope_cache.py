@@ -1,0 +1,110 @@
+"""Decode-step attention prologue in one kernel: q/k RMSNorm, rotary embedding, KV-cache write.
+
+Input is the fused projection ``qkv [heads*d + 2*kv_heads*d]`` of one token at ``pos`` (device
+tensor). One program per head:
+
+* query heads: ``rope(rms_norm(q_h, q_norm))`` -> ``q_out[h]``
+* key heads:   ``rope(rms_norm(k_h, k_norm))`` -> ``k_cache[h, pos]``
+* value heads: ``v_h``                          -> ``v_cache[h, pos]``
+
+Rounding follows the unfused PyTorch ops (see :func:`qk_rope_cache_ref`): norm in float32 then
+cast, weight product, ``x*cos`` and ``rotate_half(x)*sin`` each rounded to the model dtype, then
+their sum. The rotary tables are ``[slots, d]`` in the model dtype (HF's ``cat(freqs, freqs)``).
+"""
+from __future__ import annotations
+
+import torch
+
+from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+
+if triton is not None:
+    @triton.jit
+    def _rope_cache_kernel(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_out_ptr,
+                           k_ptr, v_ptr, stride_kh, stride_ks, eps,
+                           HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
+                           PDL: tl.constexpr):
+        h = tl.program_id(0)
+        if PDL:   # qkv comes from the previous kernel
+            gdc_launch_dependents()
+            gdc_wait()
+        pos = tl.load(pos_ptr)
+        half: tl.constexpr = D // 2
+        i = tl.arange(0, half)
+        dt = qkv_ptr.dtype.element_ty
+        x1 = tl.load(qkv_ptr + h * D + i)
+        x2 = tl.load(qkv_ptr + h * D + half + i)
+        if h < HEADS + KV_HEADS:
+            is_q = h < HEADS
+            f1 = x1.to(tl.float32)
+            f2 = x2.to(tl.float32)
+            rstd = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
+            if is_q:
+                g1 = tl.load(qn_ptr + i)
+                g2 = tl.load(qn_ptr + half + i)
+            else:
+                g1 = tl.load(kn_ptr + i)
+                g2 = tl.load(kn_ptr + half + i)
+            n1 = (g1.to(tl.float32) * (f1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            n2 = (g2.to(tl.float32) * (f2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            c1 = tl.load(cos_ptr + pos * D + i).to(tl.float32)
+            c2 = tl.load(cos_ptr + pos * D + half + i).to(tl.float32)
+            s1 = tl.load(sin_ptr + pos * D + i).to(tl.float32)
+            s2 = tl.load(sin_ptr + pos * D + half + i).to(tl.float32)
+            o1 = ((n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32)).to(dt)
+            o2 = ((n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32)).to(dt)
+            if is_q:
+                tl.store(q_out_ptr + h * D + i, o1)
+                tl.store(q_out_ptr + h * D + half + i, o2)
+            else:
+                base = k_ptr + (h - HEADS) * stride_kh + pos * stride_ks
+                tl.store(base + i, o1)
+                tl.store(base + half + i, o2)
+        else:
+            base = v_ptr + (h - HEADS - KV_HEADS) * stride_kh + pos * stride_ks
+            tl.store(base + i, x1)
+            tl.store(base + half + i, x2)
+
+
+def qk_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
+                  heads: int) -> torch.Tensor:
+    """Triton kernel (module docstring); returns ``q [heads, d]`` and writes the caches."""
+    kv_heads, _, d = k_cache.shape
+    q = torch.empty(heads, d, dtype=qkv.dtype, device=qkv.device)
+    pdl = pdl_enabled(qkv.device)
+    _rope_cache_kernel[(heads + 2 * kv_heads,)](
+        qkv, q_norm, k_norm, cos, sin, pos, q, k_cache, v_cache, k_cache.stride(0),
+        k_cache.stride(1), eps, HEADS=heads, KV_HEADS=kv_heads, D=d, PDL=pdl, num_warps=1,
+        **launch_kwargs(pdl))
+    return q
+
+
+def qk_rope_cache_ref(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
+                      cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
+                      heads: int) -> torch.Tensor:
+    """The same with PyTorch ops (what :meth:`Qwen3Fast._qkv` computes)."""
+    from qwen_trt.fast.gemv import rms_norm_ref
+
+    kv_heads, _, d = k_cache.shape
+    q, k, v = qkv.reshape(-1).split([heads * d, kv_heads * d, kv_heads * d])
+    q = rms_norm_ref(q.view(heads, d), q_norm, eps)
+    k = rms_norm_ref(k.view(kv_heads, d), k_norm, eps)
+    c, s = cos[pos], sin[pos]
+
+    def rot(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
+
+    q = q * c + rot(q) * s
+    k = k * c + rot(k) * s
+    k_cache.index_copy_(1, pos, k.view(kv_heads, 1, d))
+    v_cache.index_copy_(1, pos, v.view(kv_heads, 1, d))
+    return q
