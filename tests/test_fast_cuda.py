@@ -75,10 +75,11 @@ GEMV_CASES = [
 ]
 
 
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape,fuse", GEMV_CASES)
-def test_triton_gemv_matches_unfused_ops(shape, fuse, dtype):
-    from qwen_trt.fast.gemv import gemv, gemv_ref
+def test_triton_gemv_matches_unfused_ops(shape, fuse, dtype, persistent):
+    from qwen_trt.fast.gemv import GemvConfig, gemv, gemv_ref
 
     g = torch.Generator(device="cuda").manual_seed(1)
     rows, k = shape
@@ -90,7 +91,8 @@ def test_triton_gemv_matches_unfused_ops(shape, fuse, dtype):
               if fuse.get("ln") else None,
               residual=torch.randn(n, generator=g, device="cuda").to(dtype)
               if fuse.get("residual") else None)
-    got, ref = gemv(w, x, **kw), gemv_ref(w, x, **kw)
+    config = GemvConfig(block_n=2, warps=8, ctas_per_sm=2) if persistent else None
+    got, ref = gemv(w, x, config=config, **kw), gemv_ref(w, x, **kw)
     assert got.shape == ref.shape == (n,) and got.dtype == dtype
     err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
     if dtype == torch.float32:

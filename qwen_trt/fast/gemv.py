@@ -24,6 +24,7 @@ projections overlap their ramp-up with the previous kernel's tail.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,8 @@ class GemvConfig:
     block_k: int = 512     # columns per load after the prefetched ones
     warps: int = 4
     pre_k: int = 8192      # at most this many columns are loaded before the PDL wait
+    ctas_per_sm: int = 0   # > 0: persistent kernel, this many programs per SM, each looping
+                           # over row blocks with the next block's loads in flight
 
 
 def config_for(n: int, k: int, gate_up: bool = False) -> GemvConfig:
@@ -134,6 +137,66 @@ if triton is not None:
         tl.store(out_ptr + rows, y, mask=row_ok)
 
 
+    @triton.jit
+    def _gemv_persistent_kernel(w_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
+                                N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                                BLOCK_N: tl.constexpr, NORM: tl.constexpr,
+                                RESIDUAL: tl.constexpr, GATE_UP: tl.constexpr,
+                                PDL: tl.constexpr, P: tl.constexpr):
+        """Same function as ``_gemv_kernel``; a fixed grid of programs, each walking row
+        blocks ``pid, pid + P, ...`` with whole rows (``KP`` = K rounded up to a power of two)
+        and the next block's weights loading while the current one is reduced."""
+        pid = tl.program_id(0)
+        n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+        iters: tl.constexpr = (n_blocks + P - 1) // P
+        dt = x_ptr.dtype.element_ty
+        cols = tl.arange(0, KP)
+        k_ok = cols < K
+        r = tl.arange(0, BLOCK_N)
+        rows = pid * BLOCK_N + r
+        m = (rows < N)[:, None] & k_ok[None, :]
+        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=m, other=0.0)
+        w2 = w
+        if GATE_UP:
+            w2 = tl.load(w_ptr + N * K + rows[:, None] * K + cols[None, :], mask=m, other=0.0)
+        if NORM:
+            g = tl.load(ln_ptr + cols, mask=k_ok, other=0.0)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        xv = tl.load(x_ptr + cols, mask=k_ok, other=0.0)
+        if NORM:   # once per program: weight * (x * rstd).to(dtype)
+            xf32 = xv.to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(xf32 * xf32, 0) / K + eps)
+            xv = (g.to(tl.float32) * (xf32 * rstd).to(dt).to(tl.float32)).to(dt)
+        xf = xv.to(tl.float32)[None, :]
+        for it in range(iters):                 # row blocks pid, pid + P, ...
+            rows = (pid + it * P) * BLOCK_N + r
+            nrows = rows + P * BLOCK_N          # the next block of this program
+            nm = (nrows < N)[:, None] & k_ok[None, :]
+            w_next = tl.load(w_ptr + nrows[:, None] * K + cols[None, :], mask=nm, other=0.0)
+            y = tl.sum(w.to(tl.float32) * xf, 1).to(dt)
+            if GATE_UP:
+                w2_next = tl.load(w_ptr + N * K + nrows[:, None] * K + cols[None, :], mask=nm,
+                                  other=0.0)
+                up = tl.sum(w2.to(tl.float32) * xf, 1).to(dt).to(tl.float32)
+                gf = y.to(tl.float32)
+                act = (gf / (1.0 + tl.exp(-gf))).to(dt)
+                y = (act.to(tl.float32) * up).to(dt)
+                w2 = w2_next
+            row_ok = rows < N
+            if RESIDUAL:
+                res = tl.load(res_ptr + rows, mask=row_ok, other=0.0)
+                y = (res.to(tl.float32) + y.to(tl.float32)).to(dt)
+            tl.store(out_ptr + rows, y, mask=row_ok)
+            w = w_next
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def pre_k(k: int, cap: int = 8192) -> int:
     """Columns prefetched before the PDL wait: the largest power of two <= k (at most cap)."""
     return min(1 << (k.bit_length() - 1), cap)
@@ -154,6 +217,16 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, ep
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     res = residual.reshape(n) if residual is not None else out
     pdl = pdl_enabled(x.device)
+    if cfg.ctas_per_sm > 0 and x.device.type == "cuda":
+        sms = _sm_count(x.device.index if x.device.index is not None
+                        else torch.cuda.current_device())
+        grid = min(triton.cdiv(n, cfg.block_n), sms * cfg.ctas_per_sm)
+        _gemv_persistent_kernel[(grid,)](
+            w, x, out, ln if ln is not None else x, res, eps, N=n, K=k,
+            KP=triton.next_power_of_2(k), BLOCK_N=cfg.block_n, NORM=ln is not None,
+            RESIDUAL=residual is not None, GATE_UP=gate_up, PDL=pdl, P=grid,
+            num_warps=cfg.warps, **launch_kwargs(pdl))
+        return out
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         w, x, out, ln if ln is not None else x, res, eps, N=n, K=k, BLOCK_N=cfg.block_n,
         BLOCK_K=block_k, PRE_K=pk, NORM=ln is not None, RESIDUAL=residual is not None,

@@ -161,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.sweep and time.perf_counter() - t0 < args.budget_s:
             bns = (4, 8, 16) if name == "lm_head" else (1, 2, 4, 8)
             configs += [GemvConfig(bn, 512, w, pk) for bn, w, pk in
-                        itertools.product(bns, (4, 8), (512, 2048, 8192))]
+                        itertools.product(bns, (4, 8), (512, 2048))]
+            if name != "lm_head":
+                configs += [GemvConfig(bn, 512, w, 8192, c) for bn, w, c in
+                            itertools.product((1, 2, 4), (4, 8), (2, 4, 8))]
         r = bench_shape(name, spec, configs, QWEN3_4B.layers)
         result["shapes"][name] = r
         cub = r["runs"][0]
