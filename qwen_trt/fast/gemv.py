@@ -51,14 +51,14 @@ class GemvConfig:
 
 def config_for(n: int, k: int, gate_up: bool = False) -> GemvConfig:
     """Block sizes for an ``n x k`` projection: the fastest in a sweep on an H200
-    (``python -m qwen_trt.fast.kernel_bench --sweep``, docs/benchmarks.md)."""
-    if n >= 65536:          # LM head (778 MB): 4.37 TB/s
+    (``python -m qwen_trt.fast.kernel_bench --sweep``; µs per call with PDL, docs/benchmarks.md)."""
+    if n >= 65536:          # LM head, 778 MB: 178 µs, 4.37 TB/s
         return GemvConfig(block_n=8, block_k=512, warps=4, pre_k=2048)
-    if gate_up:             # 99.6 MB: 3.67 TB/s
-        return GemvConfig(block_n=4, block_k=512, warps=4, pre_k=2048)
-    if k >= 4096:           # o (21 MB) and down (50 MB): few, long rows; 3.05 / 3.61 TB/s
-        return GemvConfig(block_n=1, block_k=512, warps=4, pre_k=512)
-    return GemvConfig(block_n=8, block_k=512, warps=4, pre_k=2048)   # qkv (31.5 MB): 3.08 TB/s
+    if gate_up:             # 99.6 MB: 26.5 µs, 3.75 TB/s
+        return GemvConfig(block_n=1, warps=8, ctas_per_sm=4)
+    if k >= 8192:           # down, 49.8 MB: 13.3 µs, 3.75 TB/s
+        return GemvConfig(block_n=2, warps=4, ctas_per_sm=2)
+    return GemvConfig(block_n=2, warps=8, ctas_per_sm=4)   # qkv 31.5 MB: 9.2 µs; o 21 MB: 6.4 µs
 
 
 if triton is not None:
