@@ -15,6 +15,8 @@ dtype, softmax in float32.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -45,6 +47,54 @@ def rope_tables(cfg: FastConfig, max_seq_len: int, device) -> tuple[torch.Tensor
     freqs = pos[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
+
+
+def qkv_rope(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
+             sin: torch.Tensor, ln_in: torch.Tensor, wqkv: torch.Tensor, q_norm: torch.Tensor,
+             k_norm: torch.Tensor):
+    """Norm, fused projection, q/k norms and rotary for ``x [T, hidden]`` at ``pos [T]``."""
+    t = x.shape[0]
+    h = rms_norm(x, ln_in, cfg.rms_eps)
+    qkv = F.linear(h, wqkv)
+    q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+    q = rms_norm(q.view(t, cfg.heads, cfg.head_dim), q_norm, cfg.rms_eps)
+    k = rms_norm(k.view(t, cfg.kv_heads, cfg.head_dim), k_norm, cfg.rms_eps)
+    v = v.view(t, cfg.kv_heads, cfg.head_dim)
+    c = cos[pos].unsqueeze(1)
+    s = sin[pos].unsqueeze(1)
+    q = q * c + rotate_half(q) * s
+    k = k * c + rotate_half(k) * s
+    return q, k, v
+
+
+def mlp(cfg: FastConfig, x: torch.Tensor, ln_post: torch.Tensor, w_gate_up: torch.Tensor,
+        w_down: torch.Tensor) -> torch.Tensor:
+    h = rms_norm(x, ln_post, cfg.rms_eps)
+    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, w_down)
+
+
+def prefill_layer(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, weights: tuple[torch.Tensor, ...], k_cache: torch.Tensor,
+                  v_cache: torch.Tensor) -> torch.Tensor:
+    """One decoder layer over a prompt at positions ``pos = 0..T-1`` (causal SDPA over the
+    prompt itself); writes K/V into the layer's cache. ``weights`` = (ln_in, wqkv, q_norm,
+    k_norm, wo, ln_post, w_gate_up, w_down)."""
+    ln_in, wqkv, q_norm, k_norm, wo, ln_post, w_gate_up, w_down = weights
+    t = x.shape[0]
+    group = cfg.heads // cfg.kv_heads
+    q, k, v = qkv_rope(cfg, x, pos, cos, sin, ln_in, wqkv, q_norm, k_norm)
+    k_cache.index_copy_(1, pos, k.transpose(0, 1))   # no slicing: keeps T symbolic
+    v_cache.index_copy_(1, pos, v.transpose(0, 1))
+    # GQA by expanding K/V to the query heads (a copy of T x kv size: cheap, any torch).
+    kx = k.transpose(0, 1).unsqueeze(1).expand(cfg.kv_heads, group, t, cfg.head_dim)
+    vx = v.transpose(0, 1).unsqueeze(1).expand(cfg.kv_heads, group, t, cfg.head_dim)
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), kx.reshape(1, cfg.heads, t, cfg.head_dim),
+        vx.reshape(1, cfg.heads, t, cfg.head_dim), is_causal=True)
+    o = o.squeeze(0).transpose(0, 1).reshape(t, cfg.q_size)
+    x = x + F.linear(o, wo)
+    return mlp(cfg, x, ln_post, w_gate_up, w_down)
 
 
 class Qwen3Layer(torch.nn.Module):
@@ -109,51 +159,31 @@ class Qwen3Fast(torch.nn.Module):
         return self.embed if self.cfg.tie_embeddings else self.lm_head
 
     def _qkv(self, layer: Qwen3Layer, x: torch.Tensor, pos: torch.Tensor):
-        """Norm, fused projection, q/k norms and rotary for ``x [T, hidden]`` at ``pos [T]``."""
-        cfg = self.cfg
-        t = x.shape[0]
-        h = rms_norm(x, layer.ln_in, cfg.rms_eps)
-        qkv = F.linear(h, layer.wqkv)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = rms_norm(q.view(t, cfg.heads, cfg.head_dim), layer.q_norm, cfg.rms_eps)
-        k = rms_norm(k.view(t, cfg.kv_heads, cfg.head_dim), layer.k_norm, cfg.rms_eps)
-        v = v.view(t, cfg.kv_heads, cfg.head_dim)
-        cos = self.cos[pos].unsqueeze(1)
-        sin = self.sin[pos].unsqueeze(1)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        return q, k, v
+        return qkv_rope(self.cfg, x, pos, self.cos, self.sin, layer.ln_in, layer.wqkv,
+                        layer.q_norm, layer.k_norm)
 
     def _mlp(self, layer: Qwen3Layer, x: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(x, layer.ln_post, self.cfg.rms_eps)
-        gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, layer.w_down)
+        return mlp(self.cfg, x, layer.ln_post, layer.w_gate_up, layer.w_down)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(rms_norm(x, self.ln_final, self.cfg.rms_eps), self._head())
 
-    def prefill(self, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    def prefill(self, ids: torch.Tensor, last: torch.Tensor,
+                layer_fn: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
         """Prompt ``ids [T]`` at positions ``0..T-1``; returns logits ``[1, vocab]`` of row
-        ``last [1]``. Rows after ``last`` may be padding: causality keeps them out of it."""
-        cfg = self.cfg
-        t = ids.shape[0]
-        pos = torch.arange(t, device=ids.device)
-        group = cfg.heads // cfg.kv_heads
+        ``last [1]``. Rows after ``last`` may be padding: causality keeps them out of it.
+
+        Each layer is ``layer_fn(cfg, x, pos, cos, sin, weights, k_cache, v_cache)``
+        (default :func:`prefill_layer`): every layer has the same shapes, so the engine compiles
+        that function once and it serves all layers."""
+        fn = layer_fn or prefill_layer
+        pos = torch.arange(ids.shape[0], device=ids.device)
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, pos)
             k_cache, v_cache = self.cache.kv(i)
-            k_cache.index_copy_(1, pos, k.transpose(0, 1))   # no slicing: keeps T symbolic
-            v_cache.index_copy_(1, pos, v.transpose(0, 1))
-            # GQA by expanding K/V to the query heads (a copy of T x kv size: cheap, any torch).
-            kx = k.transpose(0, 1).unsqueeze(1).expand(cfg.kv_heads, group, t, cfg.head_dim)
-            vx = v.transpose(0, 1).unsqueeze(1).expand(cfg.kv_heads, group, t, cfg.head_dim)
-            o = F.scaled_dot_product_attention(
-                q.transpose(0, 1).unsqueeze(0), kx.reshape(1, cfg.heads, t, cfg.head_dim),
-                vx.reshape(1, cfg.heads, t, cfg.head_dim), is_causal=True)
-            o = o.squeeze(0).transpose(0, 1).reshape(t, cfg.q_size)
-            x = x + F.linear(o, layer.wo)
-            x = self._mlp(layer, x)
+            weights = (layer.ln_in, layer.wqkv, layer.q_norm, layer.k_norm, layer.wo,
+                       layer.ln_post, layer.w_gate_up, layer.w_down)
+            x = fn(self.cfg, x, pos, self.cos, self.sin, weights, k_cache, v_cache)
         return self._logits(x.index_select(0, last))
 
     def decode(self, tok: torch.Tensor, pos: torch.Tensor, kv_pos: torch.Tensor) -> torch.Tensor:
