@@ -12,7 +12,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test test-compat tiny chat engine bench onnx clean
+.PHONY: setup demo test test-compat test-kernels tiny chat engine bench onnx clean
 
 setup: $(VENV)/.installed
 
@@ -53,6 +53,14 @@ test-compat:
 	  tokenizers safetensors huggingface_hub tqdm pytest
 	$(COMPAT_VENV)/bin/pip install -q --no-deps -e .
 	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider $(CORE_TESTS)
+
+# The fast path's Triton kernels in Triton's CPU interpreter. Triton is not a dependency of the
+# CPU install (and must not replace the one a CUDA torch pins), so a copy goes in its own folder.
+TRITON_DIR ?= .venv-triton
+TRITON_SPEC ?= triton==3.5.0
+test-kernels: setup
+	test -d $(TRITON_DIR)/triton || $(PIP) install -q --target $(TRITON_DIR) --no-deps "$(TRITON_SPEC)"
+	QWEN_TRT_TRITON_PATH=$(TRITON_DIR) $(PY) -m pytest -q -p no:cacheprovider tests/test_fast_kernels_interpret.py
 
 engine: setup
 	$(VENV)/bin/qwen-trt build --gpu $(GPU) $(if $(MODEL),--model $(MODEL))

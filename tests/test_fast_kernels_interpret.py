@@ -1,0 +1,128 @@
+"""The fast path's Triton decode kernels, run on CPU in Triton's interpreter (float32).
+
+The kernels themselves are measured and checked in bf16 on a GPU (tests/test_fast_cuda.py); this
+checks their indexing, masking, fusions and the persistent loop on every CI run. Triton is not a
+dependency of the CPU install, so ``make test-kernels`` puts a pinned copy in ``.venv-triton``
+(``QWEN_TRT_TRITON_PATH`` points elsewhere) and each check runs in a subprocess with
+``TRITON_INTERPRET=1``; without Triton the tests skip.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRITON_PATH = os.environ.get("QWEN_TRT_TRITON_PATH", str(ROOT / ".venv-triton"))
+
+
+def interpret(code: str) -> dict:
+    """Run ``code`` (which prints one JSON line last) under the Triton interpreter."""
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([TRITON_PATH, str(ROOT)]))
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def triton_interpreter():
+    env = dict(os.environ, PYTHONPATH=TRITON_PATH)
+    r = subprocess.run([sys.executable, "-c", "import triton"], env=env, capture_output=True)
+    if r.returncode:
+        pytest.skip("Triton is not installed here (make test-kernels installs a copy)")
+
+
+def test_gemv_kernels_match_unfused_ops():
+    errs = interpret("""
+        import json, torch
+        import qwen_trt.fast.gemv as G
+        torch.manual_seed(0)
+        cases = [(96, 64, dict(ln=True)), (64, 128, dict(residual=True)),
+                 (256, 64, dict(ln=True, gate_up=True)), (515, 64, dict(ln=True)),
+                 (50, 70, {}), (40, 300, dict(ln=True, residual=True))]
+        out = []
+        for rows, k, f in cases:
+            w, x = torch.randn(rows, k) * 0.1, torch.randn(k)
+            n = rows // 2 if f.get("gate_up") else rows
+            kw = dict(eps=1e-6, gate_up=f.get("gate_up", False),
+                      ln=1 + 0.1 * torch.randn(k) if f.get("ln") else None,
+                      residual=torch.randn(n) if f.get("residual") else None)
+            ref = G.gemv_ref(w, x, **kw)
+            for cfg in (G.GemvConfig(1, 32, 4, 64), G.GemvConfig(4, 64, 4, 32), None):
+                got = G.gemv(w, x, config=cfg, **kw)
+                out.append(((got - ref).norm() / ref.norm()).item())
+            for bn, grid in ((1, 3), (2, 5), (4, 7)):   # persistent: several blocks per program
+                got = torch.empty(n)
+                G._gemv_persistent_kernel[(grid,)](
+                    w, x, got, kw["ln"] if kw["ln"] is not None else x,
+                    kw["residual"] if kw["residual"] is not None else got, 1e-6, N=n, K=k,
+                    KP=1 << (k - 1).bit_length(), BLOCK_N=bn, NORM=kw["ln"] is not None,
+                    RESIDUAL=kw["residual"] is not None, GATE_UP=kw["gate_up"], PDL=False,
+                    P=grid)
+                out.append(((got - ref).norm() / ref.norm()).item())
+        print(json.dumps(out))
+    """)
+    assert len(errs) == 6 * 6
+    assert max(errs) < 1e-5, errs
+
+
+def test_rope_cache_and_attention_kernels_match_unfused_ops(tmp_path):
+    res = interpret("""
+        import json, torch
+        from qwen_trt.fast.attention import check_triton
+        from qwen_trt.fast.config import TINY
+        from qwen_trt.fast.model import rope_tables
+        from qwen_trt.fast.rope_cache import qk_rope_cache, qk_rope_cache_ref
+        torch.manual_seed(0)
+        cfg, slots = TINY, 300
+        cos, sin = rope_tables(cfg, slots, "cpu")
+        qn, kn = 1 + 0.1 * torch.randn(cfg.head_dim), 1 + 0.1 * torch.randn(cfg.head_dim)
+        diffs = []
+        for p in (0, 1, 64, 299):
+            qkv = torch.randn(cfg.q_size + 2 * cfg.kv_size)
+            pos = torch.tensor([p])
+            c = [torch.zeros(cfg.kv_heads, slots, cfg.head_dim) for _ in range(4)]
+            q1 = qk_rope_cache(qkv, qn, kn, cos, sin, pos, c[0], c[1], 1e-6, cfg.heads)
+            q2 = qk_rope_cache_ref(qkv, qn, kn, cos, sin, pos, c[2], c[3], 1e-6, cfg.heads)
+            diffs += [(q1 - q2).abs().max().item(), (c[0] - c[2]).abs().max().item(),
+                      (c[1] - c[3]).abs().max().item(), float(c[0][:, p].abs().sum() > 0)]
+        attn = check_triton(torch.device("cpu"), torch.float32, 2, 4, 32, 300, tol=1e-5)
+        print(json.dumps({"diffs": diffs, "attention": attn}))
+    """)
+    d = res["diffs"]
+    assert max(d[i] for i in range(len(d)) if i % 4 != 3) < 1e-5, d
+    assert all(d[i] == 1.0 for i in range(3, len(d), 4))   # the key landed at pos
+    assert res["attention"] is None, res["attention"]
+
+
+def test_decode_with_the_kernels_equals_the_pytorch_decode(tiny_model_dir):
+    res = interpret(f"""
+        import json, torch
+        from pathlib import Path
+        from qwen_trt.fast import FastConfig, FastEngine, build_model
+        from qwen_trt.fast.engine import check_decode_kernels
+        from qwen_trt.fast.weights import load_safetensors
+        from qwen_trt.params import SamplingParams
+        d = Path({str(tiny_model_dir)!r})
+        cfg = FastConfig.from_hf(json.loads((d / "config.json").read_text()))
+        model = build_model(cfg, max_seq_len=160, dtype=torch.float32, device="cpu")
+        load_safetensors(model, d)
+        checks = [check_decode_kernels(model), check_decode_kernels(model, pos=70)]
+        p = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
+        prompt = [5, 17, 99, 3, 250, 41, 7, 7, 300, 12] * 7
+        ref = list(FastEngine(model, compile=False).generate(prompt, p))
+        eng = FastEngine(model, compile=False, attention="triton", kernels="triton")
+        got = list(eng.generate(prompt, p))
+        print(json.dumps({{"checks": checks, "kernels": eng.stats.kernels, "notes":
+                          eng.stats.notes, "ref": ref, "got": got}}))
+    """)
+    assert res["checks"] == [None, None]
+    assert res["kernels"] == "triton", res["notes"]
+    assert len(res["ref"]) == 8 and res["got"] == res["ref"]
