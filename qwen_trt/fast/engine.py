@@ -1,9 +1,11 @@
 """Runs :class:`Qwen3Fast` for one request at a time: bucketed prefill, graph-replayed decode.
 
 On CUDA (the default there) the decode step -- model forward plus token choice plus advancing
-the position -- is compiled by inductor and captured as one CUDA graph per (KV-length bucket,
-sampler kind); the prefill is compiled once with a dynamic length and captured per prompt-length
-bucket. Everything is compiled and captured in :meth:`FastEngine.warmup`, at load time.
+the position -- is captured as one CUDA graph per (KV-length bucket, sampler kind). Its forward
+is our Triton kernels (``kernels="triton"``, checked against the PyTorch decode at build) or the
+PyTorch ops compiled by inductor (``kernels="torch"``). The prefill's layer function is compiled
+once with a dynamic length and the prefill captured per prompt-length bucket. Everything is
+compiled and captured in :meth:`FastEngine.warmup`, at load time.
 
 Host/device traffic per token is one 8-byte copy into pinned memory. The engine keeps one
 step in flight: it launches step n+1 before waiting for token n, so the GPU never idles on the

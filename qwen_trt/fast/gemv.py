@@ -20,7 +20,7 @@ a program loads its first weight columns, then waits for the previous kernel, so
 projections overlap their ramp-up with the previous kernel's tail.
 
 ``x`` is ``[K]`` (or ``[1, K]``), the result is ``[N]``. Block sizes come from :func:`config_for`
-(measured on an H200 by ``python -m qwen_trt.fast.gemv_bench``).
+(measured on an H200 by ``python -m qwen_trt.fast.kernel_bench --sweep``).
 """
 from __future__ import annotations
 
