@@ -196,3 +196,18 @@ def test_buckets():
     assert bucket_for(17, (16, 32)) == 32 and bucket_for(16, (16, 32)) == 16
     with pytest.raises(ValueError):
         bucket_for(33, (16, 32))
+
+
+def test_triton_decode_that_cannot_run_falls_back_with_a_note(tiny_model_dir, fast_cfg, engine,
+                                                             capsys):
+    """Asking for the Triton decode where it cannot run (no GPU here) keeps the PyTorch decode,
+    says why in the stats, and still generates the same tokens."""
+    from qwen_trt.fast.loader import report_fallbacks
+
+    fb = make_engine(tiny_model_dir, fast_cfg, kernels="triton", kv_buckets=(16, 32, 64, 256))
+    assert fb.stats.kernels == "torch" and fb.model.decode_impl == "torch"
+    assert any(n.startswith("triton decode kernels") for n in fb.stats.notes), fb.stats.notes
+    report_fallbacks(fb)
+    assert "triton decode kernels" in capsys.readouterr().err
+    p = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
+    assert list(fb.generate(PROMPT, p)) == list(engine.generate(PROMPT, p))

@@ -214,6 +214,8 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
             log("[bench] fast: compile + capture ...")
             stats = engine.warmup()
             rep.info.update(warmup_s=round(stats.warmup_s, 2), compile=stats.compile,
+                            kernels=stats.kernels, attention=stats.attention,
+                            notes=list(stats.notes),
                             graphs=stats.graphs, prefill_graphs=stats.prefill_graphs,
                             decode_graphs=stats.decode_graphs, max_seq_len=engine.max_seq_len,
                             kv_buckets=list(engine.kv_buckets),

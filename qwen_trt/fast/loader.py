@@ -1,6 +1,7 @@
 """Build a :class:`FastEngine` from a checkpoint folder, an HF state dict, or random weights."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -33,6 +34,13 @@ def load_fast_engine(cfg: FastConfig, *, weights: str | Path | dict | None, max_
     else:
         load_safetensors(model, weights)
     engine = FastEngine(model, compile=compile, graphs=graphs, kernels=kernels)
+    report_fallbacks(engine)
     if warmup:
         engine.warmup()
     return engine
+
+
+def report_fallbacks(engine: FastEngine) -> None:
+    """Say on stderr when a self-check made the engine fall back to slower code."""
+    for note in engine.stats.notes:
+        print(f"qwen-trt fast path: {note}", file=sys.stderr)
