@@ -40,7 +40,7 @@ def test_triton_decode_attention_matches_math(dtype):
     from qwen_trt.fast.attention import check_triton, triton_usable
 
     assert triton_usable(torch.device("cuda"))
-    # Qwen3-4B head layout; slots span many 128-slot splits and a ragged tail
+    # Qwen3-4B head layout; slots span many splits and a ragged tail
     assert check_triton(torch.device("cuda"), dtype, 8, 32, 128, 4097,
                         tol=1e-2 if dtype == torch.bfloat16 else 1e-5) is None
 
@@ -75,10 +75,10 @@ GEMV_CASES = [
 ]
 
 
-@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("kernel", ["grid", "persistent", "auto"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape,fuse", GEMV_CASES)
-def test_triton_gemv_matches_unfused_ops(shape, fuse, dtype, persistent):
+def test_triton_gemv_matches_unfused_ops(shape, fuse, dtype, kernel):
     from qwen_trt.fast.gemv import GemvConfig, gemv, gemv_ref
 
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -91,7 +91,9 @@ def test_triton_gemv_matches_unfused_ops(shape, fuse, dtype, persistent):
               if fuse.get("ln") else None,
               residual=torch.randn(n, generator=g, device="cuda").to(dtype)
               if fuse.get("residual") else None)
-    config = GemvConfig(block_n=2, warps=8, ctas_per_sm=2) if persistent else None
+    config = {"grid": GemvConfig(block_n=4, warps=4, pre_k=2048),
+              "persistent": GemvConfig(block_n=2, warps=8, ctas_per_sm=2),
+              "auto": None}[kernel]
     got, ref = gemv(w, x, config=config, **kw), gemv_ref(w, x, **kw)
     assert got.shape == ref.shape == (n,) and got.dtype == dtype
     err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()

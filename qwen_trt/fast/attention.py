@@ -4,7 +4,7 @@ Two implementations of the same function ``attend(q, k_cache, v_cache, pos, kv_l
 
 * ``math``: matmuls + masked softmax over the first ``kv_len`` cache slots (any device; the
   reference, and what inductor fuses when Triton is absent);
-* ``triton``: split-K flash-decoding in two Triton kernels (partial softmax per 128-slot chunk,
+* ``triton``: split-K flash-decoding in two Triton kernels (partial softmax per ``SPLIT``-slot chunk,
   then a merge), reading only slots ``0..pos``. ``pos`` is read on the device, so one CUDA graph
   serves every position and no KV-length buckets are needed. Exposed to ``torch.compile`` as
   the custom op ``qwen_trt::decode_attention``.
@@ -17,8 +17,8 @@ import torch
 
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
-# Measured on an H200 (python -m qwen_trt.fast.kernel_bench --sweep): 6.7 / 8.9 us per layer at
-# 512 / 2048 tokens of context, against 10.2 / 11.2 with 128-slot splits of 32.
+# Measured on an H200 (python -m qwen_trt.fast.kernel_bench --sweep): about 7 / 9 us per layer
+# at 512 / 2048 tokens of context, against 10.2 / 11.2 with 128-slot splits of 32.
 SPLIT = 64       # cache slots per program of the first kernel
 BLOCK_N = 64     # slots per inner iteration
 WARPS = 4

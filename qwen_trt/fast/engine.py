@@ -68,28 +68,34 @@ class EngineStats:
     notes: list[str] = field(default_factory=list)
 
 
-def check_decode_kernels(model: Qwen3Fast, pos: int | None = None) -> str | None:
-    """Run one decode step with the Triton kernels and with PyTorch ops on the loaded model;
+def check_decode_kernels(model: Qwen3Fast, positions: Sequence[int] | None = None) -> str | None:
+    """Run decode steps with the Triton kernels and with PyTorch ops on the loaded model;
     None if the logits agree, else a one-line reason (the caller keeps the PyTorch decode).
 
-    It decodes at the spare cache slot past ``max_seq_len`` by default, which no request uses.
+    Default positions: 3, where the new key and value carry a large share of the attention (so
+    a wrong q/k norm, RoPE or cache write shows in the logits), and the spare slot past
+    ``max_seq_len``, which attends over the whole cache. Writing those slots is harmless: a
+    request's prefill rewrites every slot below its first decode position before any read, and
+    no request uses the spare slot.
     """
     slots = model.cache.kv(0)[0].shape[1]
-    p = slots - 1 if pos is None else pos
+    ps = sorted({min(3, slots - 1), slots - 1}) if positions is None else list(positions)
     tol = 1e-3 if model.dtype == torch.float32 else 5e-2
     saved_impl, saved_attn = model.decode_impl, model.attn_impl
     try:
         with torch.inference_mode():
-            tok = torch.tensor([1], device=model.device)
-            at = torch.tensor([p], device=model.device)
             kv_pos = torch.arange(slots, device=model.device)
-            model.decode_impl, model.attn_impl = "torch", "math"
-            ref = model.decode(tok, at, kv_pos).float()
-            model.decode_impl, model.attn_impl = "triton", "triton"
-            got = model.decode(tok, at, kv_pos).float()
-            err = ((got - ref).norm() / ref.norm()).item()
-        if not err < tol:
-            return f"triton decode kernels differ from the PyTorch decode ({err:.2e})"
+            for p in ps:
+                tok = torch.tensor([1 + p % 7], device=model.device)
+                at = torch.tensor([p], device=model.device)
+                model.decode_impl, model.attn_impl = "torch", "math"
+                ref = model.decode(tok, at, kv_pos).float()
+                model.decode_impl, model.attn_impl = "triton", "triton"
+                got = model.decode(tok, at, kv_pos).float()
+                err = ((got - ref).norm() / ref.norm()).item()
+                if not err < tol:
+                    return (f"triton decode kernels differ from the PyTorch decode at position "
+                            f"{p} ({err:.2e})")
     except Exception as e:  # any compile/launch failure means: use the PyTorch decode
         return f"triton decode kernels unavailable: {type(e).__name__}: {e}".splitlines()[0]
     finally:
@@ -129,6 +135,10 @@ class FastEngine:
                  graphs: bool | None = None, kv_buckets: Sequence[int] | None = None,
                  prefill_buckets: Sequence[int] | None = None,
                  attention: str = "auto", kernels: str = "auto") -> None:
+        if attention not in ("auto", "triton", "math"):
+            raise ValueError(f"attention must be auto, triton or math, got {attention!r}")
+        if kernels not in ("auto", "triton", "torch"):
+            raise ValueError(f"kernels must be auto, triton or torch, got {kernels!r}")
         on_cuda = model.device.type == "cuda"
         self.model = model.eval()
         self.stats = EngineStats()
@@ -144,6 +154,10 @@ class FastEngine:
         model.attn_impl = attention
         if kernels == "auto":
             kernels = "triton" if attention == "triton" else "torch"
+        if kernels == "triton" and attention != "triton":   # the kernels include the attention
+            self.stats.notes.append("triton decode kernels need the triton attention; using "
+                                    "the PyTorch decode")
+            kernels = "torch"
         if kernels == "triton":
             problem = check_decode_kernels(model)
             if problem:
@@ -200,7 +214,7 @@ class FastEngine:
 
     def _decode_step(self, kv_len: int, kind: Kind) -> None:
         kv_pos = self.positions[:kv_len]
-        if self.compile:
+        if self.compile and self.model.decode_impl == "torch":
             torch._dynamo.maybe_mark_dynamic(kv_pos, 0)
         logits = self._decode_fn(self.tok, self.pos, kv_pos)
         self.tok.copy_(pick(logits, kind, self.sampler))

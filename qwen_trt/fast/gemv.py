@@ -41,12 +41,13 @@ except ImportError:  # pragma: no cover - depends on the install
 
 @dataclass(frozen=True)
 class GemvConfig:
-    block_n: int = 4       # output rows per program
-    block_k: int = 512     # columns per load after the prefetched ones
+    block_n: int = 4       # output rows per program (per row block, when persistent)
+    block_k: int = 512     # columns per load after the prefetched ones (power of two)
     warps: int = 4
     pre_k: int = 8192      # at most this many columns are loaded before the PDL wait
     ctas_per_sm: int = 0   # > 0: persistent kernel, this many programs per SM, each looping
-                           # over row blocks with the next block's loads in flight
+                           # over row blocks with the next block's loads in flight; it loads
+                           # whole rows, so block_k and pre_k do not apply to it
 
 
 def config_for(n: int, k: int, gate_up: bool = False) -> GemvConfig:
@@ -209,8 +210,8 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, ep
     rows, k = w.shape
     n = rows // 2 if gate_up else rows
     x = x.reshape(k)
-    if not (w.is_contiguous() and x.is_contiguous()):
-        raise ValueError("gemv needs contiguous w and x")
+    if not all(t is None or t.is_contiguous() for t in (w, x, ln, residual)):
+        raise ValueError("gemv needs contiguous w, x, ln and residual")
     cfg = config or config_for(n, k, gate_up)
     pk = pre_k(k, cfg.pre_k)
     block_k = min(cfg.block_k, triton.next_power_of_2(k))

@@ -84,11 +84,15 @@ def bench_shape(name: str, spec: dict, configs: list[GemvConfig | None], layers:
 
     record("cublas F.linear (unfused)", lambda: [F.linear(x.view(1, k), w) for w in ws])
     if pdl_enabled(x.device):
+        saved = os.environ.get("QWEN_TRT_PDL")
         os.environ["QWEN_TRT_PDL"] = "0"
         try:
             record("auto without PDL", lambda: [gemv(w, x, **kw) for w in ws])
         finally:
-            del os.environ["QWEN_TRT_PDL"]
+            if saved is None:
+                del os.environ["QWEN_TRT_PDL"]
+            else:
+                os.environ["QWEN_TRT_PDL"] = saved
     for cfg in configs:
         label = "auto " + str(config_for(n, k, gate_up)) if cfg is None else str(cfg)
         try:

@@ -125,7 +125,7 @@ class Qwen3Fast(torch.nn.Module):
         self.dtype = dtype
         self.attn_impl = "math"   # or "triton" (CUDA): chosen by the engine after a self-check
         # "torch": decode is PyTorch ops (compiled by the engine on CUDA); "triton": decode runs
-        # the hand-written kernels of gemv.py / rope_cache.py / attention.py, 6 per layer.
+        # the hand-written kernels of gemv.py / rope_cache.py / attention.py, 7 per layer.
         self.decode_impl = "torch"
         self.register_buffer("embed", torch.empty(cfg.vocab_size, cfg.hidden, dtype=dtype,
                                                   device=device))
@@ -189,7 +189,8 @@ class Qwen3Fast(torch.nn.Module):
     def decode(self, tok: torch.Tensor, pos: torch.Tensor, kv_pos: torch.Tensor) -> torch.Tensor:
         """One token ``tok [1]`` at ``pos [1]``; attends to the cache slots listed in
         ``kv_pos = arange(kv_len)`` that are ``<= pos`` (its length is the KV bucket; passing it
-        as a tensor lets one compiled graph serve every bucket). Returns logits ``[1, vocab]``."""
+        as a tensor lets one compiled graph serve every bucket). Returns logits ``[1, vocab]``.
+        The Triton path ignores ``kv_pos``: its attention reads slots ``0..pos`` itself."""
         if self.decode_impl == "triton":
             return self._decode_kernels(tok, pos)
         cfg = self.cfg

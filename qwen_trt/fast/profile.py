@@ -1,7 +1,7 @@
 """Where a decode step's time goes: ``python -m qwen_trt.fast.profile [--shape qwen3-4b]``.
 
 Builds the fast engine on random weights, times graph replays of one decode step with CUDA
-events, then runs the same compiled step without the graph under ``torch.profiler`` and prints
+events, then runs the same step without the graph under ``torch.profiler`` and prints
 the GPU kernels grouped by name (time per step, share), so launch gaps and slow kernels show.
 """
 from __future__ import annotations

@@ -78,6 +78,9 @@ def qk_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
                   heads: int) -> torch.Tensor:
     """Triton kernel (module docstring); returns ``q [heads, d]`` and writes the caches."""
     kv_heads, _, d = k_cache.shape
+    if v_cache.stride() != k_cache.stride() or d & (d - 1):
+        raise ValueError("qk_rope_cache needs K and V caches of one layout and a power-of-two "
+                         "head_dim")
     q = torch.empty(heads, d, dtype=qkv.dtype, device=qkv.device)
     pdl = pdl_enabled(qkv.device)
     _rope_cache_kernel[(heads + 2 * kv_heads,)](
