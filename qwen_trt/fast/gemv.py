@@ -235,19 +235,15 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, ep
     return out
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
 def gemv_ref(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None,
              eps: float = 0.0, residual: torch.Tensor | None = None,
              gate_up: bool = False) -> torch.Tensor:
     """The same function with unfused PyTorch ops (the reference in tests and self-checks)."""
+    from qwen_trt.fast.model import rms_norm   # the model's own norm (model imports this module)
+
     x = x.reshape(1, -1)
     if ln is not None:
-        x = rms_norm_ref(x, ln, eps)
+        x = rms_norm(x, ln, eps)
     y = F.linear(x, w)
     if gate_up:
         g, u = y.chunk(2, dim=-1)

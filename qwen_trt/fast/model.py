@@ -49,22 +49,30 @@ def rope_tables(cfg: FastConfig, max_seq_len: int, device) -> tuple[torch.Tensor
     return emb.cos(), emb.sin()
 
 
-def qkv_rope(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
-             sin: torch.Tensor, ln_in: torch.Tensor, wqkv: torch.Tensor, q_norm: torch.Tensor,
-             k_norm: torch.Tensor):
-    """Norm, fused projection, q/k norms and rotary for ``x [T, hidden]`` at ``pos [T]``."""
-    t = x.shape[0]
-    h = rms_norm(x, ln_in, cfg.rms_eps)
-    qkv = F.linear(h, wqkv)
-    q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-    q = rms_norm(q.view(t, cfg.heads, cfg.head_dim), q_norm, cfg.rms_eps)
-    k = rms_norm(k.view(t, cfg.kv_heads, cfg.head_dim), k_norm, cfg.rms_eps)
-    v = v.view(t, cfg.kv_heads, cfg.head_dim)
+def split_norm_rope(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    q_norm: torch.Tensor, k_norm: torch.Tensor, heads: int, kv_heads: int,
+                    head_dim: int, eps: float):
+    """``qkv [T, (heads + 2 kv_heads) * head_dim]`` at ``pos [T]`` -> q, k (per-head RMSNorm
+    and rotary) and v, each ``[T, n, head_dim]``."""
+    t = qkv.shape[0]
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = rms_norm(q.view(t, heads, head_dim), q_norm, eps)
+    k = rms_norm(k.view(t, kv_heads, head_dim), k_norm, eps)
+    v = v.view(t, kv_heads, head_dim)
     c = cos[pos].unsqueeze(1)
     s = sin[pos].unsqueeze(1)
     q = q * c + rotate_half(q) * s
     k = k * c + rotate_half(k) * s
     return q, k, v
+
+
+def qkv_rope(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
+             sin: torch.Tensor, ln_in: torch.Tensor, wqkv: torch.Tensor, q_norm: torch.Tensor,
+             k_norm: torch.Tensor):
+    """Norm, fused projection, q/k norms and rotary for ``x [T, hidden]`` at ``pos [T]``."""
+    qkv = F.linear(rms_norm(x, ln_in, cfg.rms_eps), wqkv)
+    return split_norm_rope(qkv, pos, cos, sin, q_norm, k_norm, cfg.heads, cfg.kv_heads,
+                           cfg.head_dim, cfg.rms_eps)
 
 
 def mlp(cfg: FastConfig, x: torch.Tensor, ln_post: torch.Tensor, w_gate_up: torch.Tensor,

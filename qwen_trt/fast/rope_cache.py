@@ -94,20 +94,12 @@ def qk_rope_cache_ref(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Ten
                       cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
                       k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
                       heads: int) -> torch.Tensor:
-    """The same with PyTorch ops (what :meth:`Qwen3Fast._qkv` computes)."""
-    from qwen_trt.fast.gemv import rms_norm_ref
+    """The same with PyTorch ops (the model's :func:`~qwen_trt.fast.model.split_norm_rope`)."""
+    from qwen_trt.fast.model import split_norm_rope   # model imports this module
 
     kv_heads, _, d = k_cache.shape
-    q, k, v = qkv.reshape(-1).split([heads * d, kv_heads * d, kv_heads * d])
-    q = rms_norm_ref(q.view(heads, d), q_norm, eps)
-    k = rms_norm_ref(k.view(kv_heads, d), k_norm, eps)
-    c, s = cos[pos], sin[pos]
-
-    def rot(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
-
-    q = q * c + rot(q) * s
-    k = k * c + rot(k) * s
-    k_cache.index_copy_(1, pos, k.view(kv_heads, 1, d))
-    v_cache.index_copy_(1, pos, v.view(kv_heads, 1, d))
-    return q
+    q, k, v = split_norm_rope(qkv.reshape(1, -1), pos, cos, sin, q_norm, k_norm, heads,
+                              kv_heads, d, eps)
+    k_cache.index_copy_(1, pos, k.transpose(0, 1))
+    v_cache.index_copy_(1, pos, v.transpose(0, 1))
+    return q.reshape(heads, d)
