@@ -69,7 +69,8 @@ def bench_shape(name: str, spec: dict, configs: list[GemvConfig | None], layers:
     ws = [torch.randn(rows, k, generator=g, device="cuda", dtype=dtype) * 0.02
           for _ in range(copies)]
     x = torch.randn(k, generator=g, device="cuda", dtype=dtype)
-    ln = (1 + 0.1 * torch.randn(k, generator=g, device="cuda")).to(dtype) if spec.get("ln") else None
+    ln = ((1 + 0.1 * torch.randn(k, generator=g, device="cuda")).to(dtype) if spec.get("ln")
+          else None)
     res = torch.randn(n, generator=g, device="cuda", dtype=dtype) if spec.get("residual") else None
     kw = dict(ln=ln, eps=1e-6, residual=res, gate_up=gate_up)
     nbytes = rows * k * ws[0].element_size()

@@ -19,7 +19,6 @@ import torch
 
 try:
     import triton
-    import triton.language as tl
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
