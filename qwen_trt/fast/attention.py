@@ -6,8 +6,8 @@ Two implementations of the same function ``attend(q, k_cache, v_cache, pos, kv_l
   reference, and what inductor fuses when Triton is absent);
 * ``triton``: split-K flash-decoding in two Triton kernels (partial softmax per ``SPLIT``-slot
   chunk, then a merge), reading only slots ``0..pos``. ``pos`` is read on the device, so one
-  CUDA graph serves every position and no KV-length buckets are needed. Exposed to ``torch.compile`` as
-  the custom op ``qwen_trt::decode_attention``.
+  CUDA graph serves every position and no KV-length buckets are needed. Exposed to
+  ``torch.compile`` as the custom op ``qwen_trt::decode_attention``.
 
 Shapes: ``q [heads, d]``, caches ``[kv_heads, slots, d]``, ``pos [1]`` int64; out ``[heads, d]``.
 """
