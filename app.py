@@ -11,14 +11,14 @@ from contextlib import closing
 
 import streamlit as st
 
-from qwen_trt import serving
-from qwen_trt.app_config import config_key, parse_app_config
-from qwen_trt.chat import ChatSession
+from qwen_trt.serving import service as serving
+from qwen_trt.options import config_key, parse_app_config
+from qwen_trt.chat.session import ChatSession
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, SamplingParams
-from qwen_trt.ui_state import ChatState
-from qwen_trt.ui_stream import StreamView, coalesce
-from qwen_trt.ui_text import (dropped_note, reply_footer, sanitize_markdown, user_error,
+from qwen_trt.ui.state import ChatState
+from qwen_trt.ui.stream import StreamView, coalesce
+from qwen_trt.ui.text import (dropped_note, reply_footer, sanitize_markdown, user_error,
                               waiting_label)
 
 log = logging.getLogger("qwen_trt.app")
@@ -29,7 +29,7 @@ st.set_page_config(page_title="qwen-trt chat", page_icon="💬")
 @st.cache_resource(max_entries=1, on_release=lambda service: service.close(),
                    show_spinner="Loading the model, once for all sessions (on a GPU the first start "
                                 "compiles CUDA graphs: a few minutes)…")
-def engine_service(key: str, _cfg) -> serving.EngineService:
+def engine_service(key: str, _cfg) -> serving.InferenceService:
     """One engine per server process, shared by every browser session."""
     return serving.start_service(_cfg)
 
@@ -64,7 +64,7 @@ def show_history(state: ChatState) -> None:
             st.caption(note.footer)
 
 
-def stream_reply(service: serving.EngineService, state: ChatState, text: str,
+def stream_reply(service: serving.InferenceService, state: ChatState, text: str,
                  params: SamplingParams) -> None:
     info = service.info
     plan = state.chat.prepare(text, max_input_len=info.max_input_len, max_seq_len=info.max_seq_len,

@@ -18,7 +18,7 @@ class SamplingParams:
     """How to pick tokens. temperature 0 means greedy; top_k 0 and top_p 1 disable those filters.
 
     ``stop_token_ids`` empty means "the tokenizer's defaults" (``<|im_end|>``, ``<|endoftext|>``),
-    filled in by :func:`qwen_trt.generation.resolve_stop_ids`.
+    filled in by :func:`qwen_trt.chat.generation.resolve_stop_ids`.
     """
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """The offline tiny Qwen3 checkpoint, written once per test session."""
-    from qwen_trt.tiny_model import write_tiny_model
+    from qwen_trt.model.tiny import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"))
 

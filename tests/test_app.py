@@ -10,12 +10,12 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from qwen_trt import serving
+from qwen_trt.serving import service as serving
 from fakes import ScriptedBackend
 from qwen_trt.errors import EngineMismatchError
 from qwen_trt.params import SamplingParams
-from qwen_trt.serving import EngineService
-from qwen_trt.ui_state import PendingReply
+from qwen_trt.serving.service import InferenceService
+from qwen_trt.ui.state import PendingReply
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 TIMEOUT = 30
@@ -259,7 +259,7 @@ def test_reply_interrupted_by_a_rerun_is_kept_and_marked(scripted, tiny_tokenize
             yield tok
 
     stuck.stream = stream
-    svc = EngineService(stuck)
+    svc = InferenceService(stuck)
     try:
         handle = svc.submit([1, 2, 3], SamplingParams(max_new_tokens=64, temperature=0))
         assert released.acquire(timeout=TIMEOUT)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from qwen_trt.app_config import OPTIONS, AppConfigError, config_key, parse_app_config
+from qwen_trt.options import OPTIONS, AppConfigError, config_key, parse_app_config
 from qwen_trt.backends import BackendConfig
 from qwen_trt.errors import QwenTrtError
 

@@ -12,10 +12,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_trtllm.support import calls, fake_trtllm, set_gpu  # noqa: E402,F401
 
-from qwen_trt.build_profiles import default_profiles_dir, load_profile  # noqa: E402
+from qwen_trt.engine.profiles import default_profiles_dir, load_profile  # noqa: E402
 from qwen_trt.cli import main  # noqa: E402
-from qwen_trt.engine_build import BuildError, BuildRequest, run_build  # noqa: E402
-from qwen_trt.engine_manifest import checkpoint_files, read_manifest  # noqa: E402
+from qwen_trt.engine.build import BuildError, BuildRequest, run_build  # noqa: E402
+from qwen_trt.engine.manifest import checkpoint_files, read_manifest  # noqa: E402
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_trtllm_is_called_with_the_profile_settings(fake_trtllm, monkeypatch, di
     _run(dirs, model_copy)
     prof = load_profile("a10", dirs["profiles"])
     (hf,) = calls(fake_trtllm, "from_hugging_face")
-    from qwen_trt.engine_build import needs_legacy_config
+    from qwen_trt.engine.build import needs_legacy_config
 
     hf_cfg = json.loads((model_copy / "config.json").read_text())
     staged = dirs["out"] / "a10" / "hf-staging"
@@ -179,7 +179,7 @@ def test_transformers5_config_layout_is_staged_for_the_converter(fake_trtllm, mo
         (model_copy / "model.safetensors").resolve()
 
     # without the staging, the converter's default RoPE base is caught by the export check
-    import qwen_trt.engine_build as eb
+    import qwen_trt.engine.build as eb
 
     monkeypatch.setattr(eb, "needs_legacy_config", lambda config: False)
     with pytest.raises(BuildError, match=r"rotary_base 100000.0 \(checkpoint rope_theta: 5e\+06\)"):
@@ -226,7 +226,7 @@ def test_guard_same_sm_other_card(fake_trtllm, monkeypatch, dirs, model_copy, ca
 
 def test_guard_not_enough_disk(fake_trtllm, monkeypatch, dirs, model_copy, capsys):
     set_gpu(monkeypatch, "a10")
-    import qwen_trt.engine_env as env
+    import qwen_trt.engine.env as env
 
     monkeypatch.setattr(env, "free_bytes", lambda path: 10**8)
     rc, err = _cli(capsys, "--gpu", "a10", "--model", str(model_copy),
@@ -250,7 +250,7 @@ def test_guard_missing_head_dim(fake_trtllm, monkeypatch, dirs, model_copy, caps
 
 
 def test_qwen3_4b_head_dim_trap_is_caught():
-    from qwen_trt.engine_build import check_model_shapes
+    from qwen_trt.engine.build import check_model_shapes
     from qwen_trt.errors import ModelSourceError
 
     cfg = {"num_hidden_layers": 36, "hidden_size": 2560, "num_attention_heads": 32,

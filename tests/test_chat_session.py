@@ -1,7 +1,7 @@
 """Token budget: oldest whole turns go first; system prompt and newest message always stay."""
 import pytest
 
-from qwen_trt.chat import ChatSession, prompt_budget, render_prompt_ids
+from qwen_trt.chat.session import ChatSession, prompt_budget, render_prompt_ids
 from qwen_trt.errors import EmptyMessageError, PromptTooLongError
 
 
@@ -88,7 +88,7 @@ def test_piece_encoding_equals_encoding_the_whole_prompt(tiny_tokenizer):
     Chinese, emoji, whitespace at the edges)."""
     import random
 
-    from qwen_trt.chat import PieceEncoder
+    from qwen_trt.chat.session import PieceEncoder
 
     rng = random.Random(0)
     atoms = ["hello", " ", "\n", "你好", "🚀", "龘", "<|im_start|>", "<|im_end|>", "\t", "  x ",

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from qwen_trt.fast import QWEN3_4B, FastConfig, FastEngine, build_model
+from qwen_trt.fast import QWEN3_4B, FastConfig, FastDecoder, build_model
 from qwen_trt.fast.weights import load_safetensors, load_state_dict
 from qwen_trt.params import SamplingParams
 
@@ -26,11 +26,11 @@ def hf_greedy(hf_model, prompt, n):
     return out[0, len(prompt):].tolist()
 
 
-def tiny_engine(tiny_model_dir, dtype, **kw) -> FastEngine:
+def tiny_engine(tiny_model_dir, dtype, **kw) -> FastDecoder:
     cfg = FastConfig.from_hf(json.loads((tiny_model_dir / "config.json").read_text()))
     model = build_model(cfg, max_seq_len=512, dtype=dtype, device="cuda")
     load_safetensors(model, tiny_model_dir)
-    engine = FastEngine(model, **kw)
+    engine = FastDecoder(model, **kw)
     engine.warmup()
     return engine
 
@@ -168,7 +168,7 @@ def test_full_size_float32_greedy_parity():
                                    torch.tensor([511], device="cuda"))[0].float()
     rel = ((got_logits - ref_logits).norm() / ref_logits.norm()).item()
     assert rel < 1e-3, rel
-    engine = FastEngine(model, compile=False, graphs=False)
+    engine = FastDecoder(model, compile=False, graphs=False)
     assert engine.stats.attention == "triton"
     assert list(engine.generate(prompt, greedy(32))) == ref
     assert engine.stats.kernels == "triton", engine.stats.notes

@@ -110,8 +110,8 @@ def test_decode_with_the_kernels_equals_the_pytorch_decode(tiny_model_dir):
         import json, torch
         from pathlib import Path
         import qwen_trt.fast.model as M
-        from qwen_trt.fast import FastConfig, FastEngine, build_model
-        from qwen_trt.fast.engine import check_decode_kernels
+        from qwen_trt.fast import FastConfig, FastDecoder, build_model
+        from qwen_trt.fast.decoder import check_decode_kernels
         from qwen_trt.fast.weights import load_safetensors
         from qwen_trt.params import SamplingParams
         d = Path({str(tiny_model_dir)!r})
@@ -140,8 +140,8 @@ def test_decode_with_the_kernels_equals_the_pytorch_decode(tiny_model_dir):
         p = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
         small = build_model(cfg, max_seq_len=160, dtype=torch.float32, device="cpu")
         load_safetensors(small, d)
-        ref_gen = list(FastEngine(small, compile=False).generate(prompt, p))
-        eng = FastEngine(small, compile=False, attention="triton", kernels="triton")
+        ref_gen = list(FastDecoder(small, compile=False).generate(prompt, p))
+        eng = FastDecoder(small, compile=False, attention="triton", kernels="triton")
         got_gen = list(eng.generate(prompt, p))
         print(json.dumps({{"checks": checks, "errs": errs,
                           "kernels": eng.stats.kernels, "notes": eng.stats.notes,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qwen_trt.errors import ModelSourceError, PromptTooLongError
-from qwen_trt.fast import FastConfig, FastEngine, build_model
+from qwen_trt.fast import FastConfig, FastDecoder, build_model
 from qwen_trt.fast.sampler import SamplerState, pick, sampler_kind
 from qwen_trt.fast.weights import load_safetensors
 from qwen_trt.params import SamplingParams
@@ -28,11 +28,11 @@ def fast_cfg(tiny_model_dir):
     return FastConfig.from_hf(json.loads((tiny_model_dir / "config.json").read_text()))
 
 
-def make_engine(tiny_model_dir, cfg, **kw) -> FastEngine:
+def make_engine(tiny_model_dir, cfg, **kw) -> FastDecoder:
     model = build_model(cfg, max_seq_len=kw.pop("max_seq_len", 256), dtype=torch.float32,
                         device="cpu")
     load_safetensors(model, tiny_model_dir)
-    return FastEngine(model, **kw)
+    return FastDecoder(model, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +189,7 @@ def test_config_reads_transformers_4_layout():
 
 
 def test_buckets():
-    from qwen_trt.fast.engine import bucket_for, pow2_buckets
+    from qwen_trt.fast.decoder import bucket_for, pow2_buckets
 
     assert pow2_buckets(16, 100) == (16, 32, 64, 100)
     assert pow2_buckets(16, 64) == (16, 32, 64)

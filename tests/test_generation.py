@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from fakes import ScriptedBackend
-from qwen_trt.generation import ReplyStream
+from qwen_trt.chat.generation import ReplyStream
 from qwen_trt.params import SamplingParams
-from qwen_trt.sampling import filter_logits, sample
+from qwen_trt.backends.sampling import filter_logits, sample
 
 
 TEXT = "你好！Emoji 🚀🎉 and 龘. **Markdown** <script>alert(1)</script>"

@@ -4,9 +4,9 @@ import shutil
 
 import pytest
 
-from qwen_trt import model_source
+from qwen_trt.model import source as model_source
 from qwen_trt.errors import ModelSourceError
-from qwen_trt.model_source import looks_like_path, resolve_model
+from qwen_trt.model.source import looks_like_path, resolve_model
 
 
 def test_resolves_the_tiny_folder(tiny_model_dir):

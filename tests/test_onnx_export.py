@@ -15,12 +15,12 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from qwen_trt import onnx_export as ox  # noqa: E402
-from qwen_trt import onnx_runtime_check as rc  # noqa: E402
+from qwen_trt.onnx import export as ox  # noqa: E402
+from qwen_trt.onnx import runtime_check as rc  # noqa: E402
 from qwen_trt.cli import main  # noqa: E402
 from qwen_trt.commands.export_onnx import run_pipeline  # noqa: E402
 from qwen_trt.errors import ModelSourceError, QwenTrtError  # noqa: E402
-from qwen_trt.model_source import resolve_model  # noqa: E402
+from qwen_trt.model.source import resolve_model  # noqa: E402
 from qwen_trt.params import SamplingParams  # noqa: E402
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen_trt.build_profiles import ProfileError, default_profiles_dir, load_all, load_profile
-from qwen_trt.engine_build import build_config_kwargs, plugin_settings
-from qwen_trt.gpu import GpuInfo, matching_profiles
+from qwen_trt.engine.profiles import ProfileError, default_profiles_dir, load_all, load_profile
+from qwen_trt.engine.build import build_config_kwargs, plugin_settings
+from qwen_trt.engine.gpu import GpuInfo, matching_profiles
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_trtllm.support import GPUS  # noqa: E402

@@ -1,4 +1,4 @@
-"""EngineService: one backend, many threads, one request at a time, FIFO, clean cancellation."""
+"""InferenceService: one backend, many threads, one request at a time, FIFO, clean cancellation."""
 from __future__ import annotations
 
 import threading
@@ -6,10 +6,10 @@ import threading
 import pytest
 
 from qwen_trt.backends.base import Backend, BackendInfo
-from qwen_trt.chat import ChatSession
+from qwen_trt.chat.session import ChatSession
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import SamplingParams
-from qwen_trt.serving import (Delta, EngineFailedError, EngineService, Failed, Finished,
+from qwen_trt.serving.service import (Delta, EngineFailedError, InferenceService, Failed, Finished,
                               ServiceClosedError, Started, Waiting)
 
 GREEDY = SamplingParams(max_new_tokens=40, temperature=0)
@@ -64,7 +64,7 @@ def _prompt(tokenizer, text: str) -> list[int]:
 
 @pytest.fixture
 def tiny_service(tiny_backend):
-    svc = EngineService(tiny_backend)
+    svc = InferenceService(tiny_backend)
     yield svc
     svc.close(free_backend=False)
 
@@ -72,7 +72,7 @@ def tiny_service(tiny_backend):
 @pytest.fixture
 def gated(tiny_tokenizer):
     backend = GatedBackend(tiny_tokenizer)
-    svc = EngineService(backend)
+    svc = InferenceService(backend)
     yield svc, backend
     backend.gate.set()
     svc.close()
@@ -214,7 +214,7 @@ def test_backend_error_is_reported_and_worker_survives(gated, tiny_tokenizer):
 
 def test_close_cancels_waiting_requests_and_refuses_new_ones(tiny_tokenizer):
     backend = GatedBackend(tiny_tokenizer)
-    svc = EngineService(backend)
+    svc = InferenceService(backend)
     ids = _prompt(tiny_tokenizer, "hi")
     a = svc.submit(ids, SamplingParams(max_new_tokens=10))
     b = svc.submit(ids, SamplingParams(max_new_tokens=10))

@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from qwen_trt.backends import BackendConfig
-from qwen_trt.chat import ChatSession
+from qwen_trt.chat.session import ChatSession
 from qwen_trt.params import SamplingParams
-from qwen_trt.serving import start_service
+from qwen_trt.serving.service import start_service
 
 pytestmark = pytest.mark.cuda
 

@@ -4,8 +4,8 @@ import json
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from qwen_trt.chat_template import QWEN3_INSTRUCT_CHAT_TEMPLATE
-from qwen_trt.tiny_model import TinyShape, write_tiny_model
+from qwen_trt.chat.template import QWEN3_INSTRUCT_CHAT_TEMPLATE
+from qwen_trt.model.tiny import TinyShape, write_tiny_model
 
 
 def test_loads_through_auto_classes(tiny_model_dir):

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from qwen_trt.backends.torch_backend import TorchBackend
 from qwen_trt.errors import PromptTooLongError
-from qwen_trt.generation import ReplyStream, default_stop_ids
+from qwen_trt.chat.generation import ReplyStream, default_stop_ids
 from qwen_trt.params import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)

@@ -17,9 +17,9 @@ from qwen_trt.backends.trtllm_backend import (NO_END_ID, OutputDeltas, TrtllmBac
                                               TrtllmRuntimeError, auto_engine_dir,
                                               final_stop_token, request_ids_for, runner_kwargs,
                                               sampling_kwargs)
-from qwen_trt.chat_template import ENDOFTEXT, IM_END  # noqa: E402
+from qwen_trt.chat.template import ENDOFTEXT, IM_END  # noqa: E402
 from qwen_trt.errors import EngineMismatchError, PromptTooLongError  # noqa: E402
-from qwen_trt.generation import ReplyStream  # noqa: E402
+from qwen_trt.chat.generation import ReplyStream  # noqa: E402
 from qwen_trt.params import SamplingParams  # noqa: E402
 
 MAX_SEQ = 64
@@ -81,7 +81,7 @@ def built_engine(tiny_model_dir, tmp_path_factory):
     """One engine folder built by the real pipeline with the fake tensorrt_llm, per module."""
     from fake_trtllm.support import _purge
 
-    from qwen_trt.engine_build import BuildRequest, run_build
+    from qwen_trt.engine.build import BuildRequest, run_build
 
     root = tmp_path_factory.mktemp("trt")
     with pytest.MonkeyPatch.context() as mp:
@@ -323,7 +323,7 @@ def test_no_engine_for_this_gpu(fake_trtllm, monkeypatch, tmp_path):
 
 
 def test_folder_without_manifest(fake_trtllm, monkeypatch, engine_dir):
-    from qwen_trt.engine_manifest import ManifestError
+    from qwen_trt.engine.manifest import ManifestError
 
     set_gpu(monkeypatch, "a10")
     (engine_dir / "manifest.json").unlink()
@@ -344,7 +344,7 @@ def test_auto_engine_dir_picks_this_gpus_engine(fake_trtllm, monkeypatch, engine
 
 
 def test_auto_engine_dir_never_raises(fake_trtllm, monkeypatch, engine_dir):
-    import qwen_trt.gpu as gpu_mod
+    import qwen_trt.engine.gpu as gpu_mod
 
     monkeypatch.setenv("QWEN_TRT_ENGINES_DIR", str(engine_dir.parent))
 
@@ -358,7 +358,7 @@ def test_auto_engine_dir_never_raises(fake_trtllm, monkeypatch, engine_dir):
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None,
                     reason="a real tensorrt_llm is installed")
 def test_without_tensorrt_llm(monkeypatch, engine_dir):
-    from qwen_trt.engine_env import TrtllmNotInstalledError
+    from qwen_trt.engine.env import TrtllmNotInstalledError
 
     monkeypatch.setenv("QWEN_TRT_ENGINES_DIR", str(engine_dir.parent))
     set_gpu(monkeypatch, "a10")

@@ -22,8 +22,8 @@ PROMPTS = ["Hello, how are you today?", "def fibonacci(n):", "你好，世界！
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir, tmp_path_factory):
-    from qwen_trt.engine_build import BuildRequest, run_build
-    from qwen_trt.gpu import require_gpu
+    from qwen_trt.engine.build import BuildRequest, run_build
+    from qwen_trt.engine.gpu import require_gpu
 
     gpu = require_gpu()
     root = tmp_path_factory.mktemp("real-trt")
@@ -72,9 +72,9 @@ def torch_cuda_backend(tiny_model_dir):
 
 
 def test_manifest_records_this_machine(tiny_engine):
-    from qwen_trt.engine_env import library_versions
-    from qwen_trt.engine_manifest import read_manifest
-    from qwen_trt.gpu import require_gpu
+    from qwen_trt.engine.env import library_versions
+    from qwen_trt.engine.manifest import read_manifest
+    from qwen_trt.engine.gpu import require_gpu
 
     m = read_manifest(tiny_engine)
     gpu = require_gpu()
@@ -107,7 +107,7 @@ def test_cancel_then_next_request(trt_backend):
 
 
 def test_reply_stream_metrics(trt_backend):
-    from qwen_trt.generation import ReplyStream
+    from qwen_trt.chat.generation import ReplyStream
 
     ids = trt_backend.tokenizer.encode("Hello", add_special_tokens=False)
     rs = ReplyStream(trt_backend, ids, SamplingParams(max_new_tokens=16, temperature=0))

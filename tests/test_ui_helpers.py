@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from fakes import ScriptedBackend
-from qwen_trt.chat import ChatSession
+from qwen_trt.chat.session import ChatSession
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
-from qwen_trt.serving import Delta, EngineService, Finished, Started, Waiting
-from qwen_trt.ui_state import ChatState
-from qwen_trt.ui_stream import StreamView, coalesce
+from qwen_trt.serving.service import Delta, InferenceService, Finished, Started, Waiting
+from qwen_trt.ui.state import ChatState
+from qwen_trt.ui.stream import StreamView, coalesce
 from qwen_trt.errors import PromptTooLongError
-from qwen_trt.ui_text import (CURSOR, dropped_note, reply_footer, sanitize_markdown,
+from qwen_trt.ui.text import (CURSOR, dropped_note, reply_footer, sanitize_markdown,
                               stable_prefix_end, user_error, waiting_label)
 
 # -- sanitize_markdown --------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def test_user_error_lines():
 @pytest.fixture
 def text_service(tiny_tokenizer):
     backend = ScriptedBackend(tiny_tokenizer, "Hello world")
-    svc = EngineService(backend)
+    svc = InferenceService(backend)
     yield svc, backend
     backend.gate.set()
     svc.close()

@@ -1,7 +1,7 @@
 """The one interface every inference engine implements.
 
 A backend is loaded once and then serves one request at a time (callers serialise access,
-see :mod:`qwen_trt.serving`). ``stream`` is a generator of new token ids:
+see :mod:`qwen_trt.serving.service`). ``stream`` is a generator of new token ids:
 
 * it yields each generated token id as soon as it is known, in order;
 * when a stop token is generated it is yielded (so the caller can tell "stop" from "length")
@@ -56,7 +56,7 @@ class Backend(ABC):
 
     def warmup(self) -> None:
         """One short greedy request at load time, so the first user request pays no lazy init."""
-        from qwen_trt.generation import default_stop_ids
+        from qwen_trt.chat.generation import default_stop_ids
 
         ids = self.tokenizer.encode("warm up", add_special_tokens=False)
         params = SamplingParams(max_new_tokens=2, temperature=0,

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.backends.torch_backend import (context_limit, load_tokenizer, pick_device,
                                              pick_dtype)
-from qwen_trt.model_source import ModelSource, resolve_model
+from qwen_trt.model.source import ModelSource, resolve_model
 from qwen_trt.params import SamplingParams
 
 FAST_MODES = ("auto", "on", "off")
@@ -28,41 +28,41 @@ class FastBackend(Backend):
 
     name = "torch-fast"
 
-    def __init__(self, source: ModelSource, engine, tokenizer) -> None:
+    def __init__(self, source: ModelSource, decoder, tokenizer) -> None:
         super().__init__()
         import torch
 
         self.source = source
-        self.engine = engine
+        self.decoder = decoder
         self._tokenizer = tokenizer
-        dev = engine.device
+        dev = decoder.device
         dev_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-        n = engine.max_seq_len
+        n = decoder.max_seq_len
         self._info = BackendInfo(name=self.name, model=source.name, device=dev_name,
-                                 dtype=str(engine.model.dtype).replace("torch.", ""),
+                                 dtype=str(decoder.model.dtype).replace("torch.", ""),
                                  max_input_len=n - 1, max_seq_len=n)
 
     @classmethod
     def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
              max_seq_len: int | None = None, warmup: bool = True) -> "FastBackend":
-        from qwen_trt.fast import FastConfig, load_fast_engine
+        from qwen_trt.fast import FastConfig, load_fast_decoder
 
         source = resolve_model(model)
         device = pick_device(device)
         torch_dtype = pick_dtype(dtype, device)
         cfg = FastConfig.from_hf(source.config)
         tokenizer = load_tokenizer(source)
-        engine = load_fast_engine(cfg, weights=source.path, dtype=torch_dtype, device=device,
+        decoder = load_fast_decoder(cfg, weights=source.path, dtype=torch_dtype, device=device,
                                   max_seq_len=context_limit(source, max_seq_len), warmup=warmup)
-        return cls(source, engine, tokenizer)
+        return cls(source, decoder, tokenizer)
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
         cancel = self._begin()
-        yield from self.engine.generate(prompt_ids, params, cancel)
+        yield from self.decoder.generate(prompt_ids, params, cancel)
 
     def close(self) -> None:
         import torch
 
-        self.engine = None
+        self.decoder = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -2,7 +2,7 @@
 
 Decoding is a plain loop in the caller's thread (prefill, then one forward per token with the
 KV cache), so closing the generator or :meth:`cancel` stops work before the next token. Sampling
-runs on the device (:mod:`qwen_trt.sampling`); only the chosen token id crosses to the host.
+runs on the device (:mod:`qwen_trt.backends.sampling`); only the chosen token id crosses to the host.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.errors import (BackendUnavailableError, ConfigError, ModelSourceError,
                              PromptTooLongError)
-from qwen_trt.model_source import ModelSource, resolve_model
+from qwen_trt.model.source import ModelSource, resolve_model
 from qwen_trt.params import SamplingParams
 
 DEFAULT_MAX_SEQ_LEN = 32768
@@ -114,7 +114,7 @@ class TorchBackend(Backend):
         import torch
         from transformers import DynamicCache
 
-        from qwen_trt.sampling import make_generator, sample
+        from qwen_trt.backends.sampling import make_generator, sample
 
         cancel = self._begin()
         if not prompt_ids:

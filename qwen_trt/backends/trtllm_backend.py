@@ -191,7 +191,7 @@ class _RequestIdRecorder:
 # ---------------------------------------------------------------- engine discovery
 
 def _manifest_fits(engine_dir: Path, gpu, versions: dict) -> bool:
-    from qwen_trt.engine_manifest import manifest_problem, read_manifest
+    from qwen_trt.engine.manifest import manifest_problem, read_manifest
 
     try:
         return manifest_problem(read_manifest(engine_dir), gpu, versions) is None
@@ -201,7 +201,7 @@ def _manifest_fits(engine_dir: Path, gpu, versions: dict) -> bool:
 
 def find_engine_dir(gpu, root: Path | None = None, versions: dict | None = None) -> Path | None:
     """The engine folder under ``root`` whose manifest fits ``gpu`` and ``versions``."""
-    from qwen_trt.engine_env import library_versions
+    from qwen_trt.engine.env import library_versions
 
     root = root or default_engines_dir()
     if not root.is_dir():
@@ -220,8 +220,8 @@ def auto_engine_dir() -> Path | None:
     import takes seconds and starts MPI), then compares manifests under ``engines/``.
     """
     try:
-        from qwen_trt.engine_env import trtllm_available
-        from qwen_trt.gpu import detect_gpu
+        from qwen_trt.engine.env import trtllm_available
+        from qwen_trt.engine.gpu import detect_gpu
 
         if not trtllm_available():
             return None
@@ -250,7 +250,7 @@ class TrtllmBackend(Backend):
         self.manifest = manifest
         self.engine_dir = engine_dir
         tok = manifest.get("tokenizer") or {}
-        from qwen_trt.chat_template import ENDOFTEXT, IM_END
+        from qwen_trt.chat.template import ENDOFTEXT, IM_END
 
         im_end = tokenizer.convert_tokens_to_ids(IM_END)
         self._im_end = int(tok.get("end_id", im_end if isinstance(im_end, int) else
@@ -267,10 +267,10 @@ class TrtllmBackend(Backend):
     @classmethod
     def load(cls, engine: str | None = None, model: str | None = None, *,
              warmup: bool = True) -> "TrtllmBackend":
-        from qwen_trt.build_profiles import load_all
-        from qwen_trt.engine_env import library_versions, require_trtllm
-        from qwen_trt.engine_manifest import check_manifest, read_manifest
-        from qwen_trt.gpu import require_gpu, suggest_profile
+        from qwen_trt.engine.profiles import load_all
+        from qwen_trt.engine.env import library_versions, require_trtllm
+        from qwen_trt.engine.manifest import check_manifest, read_manifest
+        from qwen_trt.engine.gpu import require_gpu, suggest_profile
 
         require_trtllm()
         gpu = require_gpu()
@@ -434,13 +434,13 @@ def _load_tokenizer(engine_dir: Path, model: str | None):
     """The tokenizer copied into the engine folder at build time, else from ``model``."""
     from transformers import AutoTokenizer
 
-    from qwen_trt.engine_manifest import TOKENIZER_DIR
+    from qwen_trt.engine.manifest import TOKENIZER_DIR
 
     tok_dir = engine_dir / TOKENIZER_DIR
     if (tok_dir / "tokenizer.json").is_file() or (tok_dir / "vocab.json").is_file():
         return AutoTokenizer.from_pretrained(tok_dir)
     if model:
-        from qwen_trt.model_source import resolve_model
+        from qwen_trt.model.source import resolve_model
 
         return AutoTokenizer.from_pretrained(resolve_model(model).path)
     raise EngineNotFoundError(f"{engine_dir} has no {TOKENIZER_DIR}/ folder: pass --model with the "

@@ -133,8 +133,8 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
     import transformers
 
     from qwen_trt.backends.torch_backend import pick_device, pick_dtype
-    from qwen_trt.fast import SHAPES, FastConfig, load_fast_engine
-    from qwen_trt.model_source import ModelSource, resolve_model
+    from qwen_trt.fast import SHAPES, FastConfig, load_fast_decoder
+    from qwen_trt.model.source import ModelSource, resolve_model
 
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
@@ -194,7 +194,7 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
         try:   # a compile/capture failure must not lose the rows already measured
             t = time.perf_counter()
             weights = hf.state_dict() if hf is not None else model_dir
-            engine = load_fast_engine(fcfg, weights=weights, max_seq_len=max_seq_len, dtype=dtype,
+            engine = load_fast_decoder(fcfg, weights=weights, max_seq_len=max_seq_len, dtype=dtype,
                                       device=device, seed=cfg.seed, warmup=False)
             del weights
             rep.info["load_s"] = round(time.perf_counter() - t, 2)

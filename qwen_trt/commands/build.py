@@ -1,5 +1,5 @@
 """``qwen-trt build --gpu a10 [--model M]``: build the TensorRT-LLM engine for one GPU profile
-(what ``make engine GPU=a10`` runs). See :mod:`qwen_trt.engine_build` for the stages."""
+(what ``make engine GPU=a10`` runs). See :mod:`qwen_trt.engine.build` for the stages."""
 from __future__ import annotations
 
 import os
@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 
 def list_profiles(profiles_dir: Path | None) -> int:
-    from qwen_trt.build_profiles import load_all
+    from qwen_trt.engine.profiles import load_all
 
     print(f"{'profile':<9} {'sm':<5} {'GiB':>4} {'batch':>5} {'max_seq_len':>11} "
           f"{'max_input_len':>13} {'max_num_tokens':>14}  description")
@@ -36,7 +36,7 @@ def list_profiles(profiles_dir: Path | None) -> int:
 
 
 def run(args) -> int:
-    from qwen_trt.engine_build import BuildRequest, run_build
+    from qwen_trt.engine.build import BuildRequest, run_build
     from qwen_trt.errors import QwenTrtError
 
     profiles_dir = Path(args.profiles_dir) if args.profiles_dir else None

@@ -6,9 +6,9 @@ import logging
 import sys
 
 from qwen_trt.backends import BackendConfig, load_backend
-from qwen_trt.chat import ChatSession
+from qwen_trt.chat.session import ChatSession
 from qwen_trt.errors import QwenTrtError
-from qwen_trt.generation import ReplyStream
+from qwen_trt.chat.generation import ReplyStream
 from qwen_trt.params import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K,
                              DEFAULT_TOP_P, SamplingParams)
 
@@ -21,15 +21,15 @@ class EngineError(QwenTrtError):
 
 def add_backend_args(p) -> None:
     """Options that choose and load a backend: the same set, environment variables and checks
-    as the app (:mod:`qwen_trt.app_config`); a flag wins over its QWEN_TRT_* variable."""
-    from qwen_trt.app_config import OPTIONS
+    as the app (:mod:`qwen_trt.options`); a flag wins over its QWEN_TRT_* variable."""
+    from qwen_trt.options import OPTIONS
 
     for o in OPTIONS:
         p.add_argument(o.flag, default=None, help=f"{o.help} [env {o.env}]")
 
 
 def backend_config(args) -> BackendConfig:
-    from qwen_trt.app_config import OPTIONS, parse_app_config
+    from qwen_trt.options import OPTIONS, parse_app_config
 
     argv: list[str] = []
     for o in OPTIONS:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen_trt.onnx_export import (DEFAULT_OPSET, DTYPES, EXTERNAL_DATA_MODES, CheckResult,
+from qwen_trt.onnx.export import (DEFAULT_OPSET, DTYPES, EXTERNAL_DATA_MODES, CheckResult,
                                   ExportResult, Manifest)
 
 DEFAULT_OUT = "build/out/onnx"
@@ -58,8 +58,8 @@ def run_pipeline(model: str | None, out: str | Path, *, dtype: str = "float32",
                  write: Callable[[str], None] = print) -> ExportSummary:
     """Export, check, write the manifest and (optionally) verify; raise a QwenTrtError on
     failure."""
-    from qwen_trt import onnx_export as ox
-    from qwen_trt.model_source import resolve_model
+    from qwen_trt.onnx import export as ox
+    from qwen_trt.model.source import resolve_model
 
     out_dir = Path(out)
     source = resolve_model(model)
@@ -83,7 +83,7 @@ def run_pipeline(model: str | None, out: str | Path, *, dtype: str = "float32",
             source, torch_model, staging, shape, progress, write, dtype=dtype, opset=opset,
             external_data=external_data, verify=verify)
     except BaseException as e:
-        from qwen_trt.onnx_runtime_check import OnnxParityError
+        from qwen_trt.onnx.runtime_check import OnnxParityError
 
         # A failed parity check keeps its files for inspection (the error says where);
         # anything else (Ctrl-C included) leaves nothing behind.
@@ -104,8 +104,7 @@ def _build(source, torch_model, staging: Path, shape, progress: Progress,
            write: Callable[[str], None], *, dtype: str, opset: int, external_data: str,
            verify: bool):
     """The export, check, manifest and verify stages, writing into ``staging``."""
-    from qwen_trt import onnx_export as ox
-
+    from qwen_trt.onnx import export as ox
     progress.start("export", f"{ox.EXPORTER}, opset {opset}, dynamic batch/seq/past axes")
     exported = ox.export_decoder(torch_model, staging, dtype=dtype, opset=opset,
                                  external_data=external_data)
@@ -126,8 +125,7 @@ def _build(source, torch_model, staging: Path, shape, progress: Progress,
 
     report = None
     if verify:
-        from qwen_trt import onnx_runtime_check as rc
-
+        from qwen_trt.onnx import runtime_check as rc
         progress.start("verify", "ONNX Runtime (CPU) vs torch: prefill, decode steps, padded "
                                  "batch, greedy tokens")
         tokenizer = _load_tokenizer(source)
@@ -157,7 +155,7 @@ def _moved(result: ExportResult, out_dir: Path) -> ExportResult:
 def _load_tokenizer(source):
     from transformers import AutoTokenizer
 
-    from qwen_trt.onnx_export import OnnxExportError
+    from qwen_trt.onnx.export import OnnxExportError
 
     try:
         return AutoTokenizer.from_pretrained(source.path)

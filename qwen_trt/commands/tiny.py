@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from qwen_trt.tiny_model import TinyShape
+from qwen_trt.model.tiny import TinyShape
 
 
 def register(sub) -> None:
@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from qwen_trt.tiny_model import write_tiny_model
+    from qwen_trt.model.tiny import write_tiny_model
 
     shape = TinyShape(layers=args.layers, hidden=args.hidden, heads=args.heads,
                       kv_heads=args.kv_heads, head_dim=args.head_dim,

@@ -1,11 +1,11 @@
 """The fast path: a compact Qwen3 model with a static KV cache, compiled and replayed as CUDA
-graphs on the GPU (see docs/fast-path.md). :func:`load_fast_engine` is the one entry point."""
+graphs on the GPU (see docs/fast-path.md). :func:`load_fast_decoder` is the one entry point."""
 from __future__ import annotations
 
 from qwen_trt.fast.config import QWEN3_4B, SHAPES, TINY, FastConfig
-from qwen_trt.fast.engine import EngineStats, FastEngine
-from qwen_trt.fast.loader import build_model, load_fast_engine
+from qwen_trt.fast.decoder import EngineStats, FastDecoder
+from qwen_trt.fast.loader import build_model, load_fast_decoder
 from qwen_trt.fast.model import Qwen3Fast
 
-__all__ = ["FastConfig", "QWEN3_4B", "TINY", "SHAPES", "FastEngine", "EngineStats", "Qwen3Fast",
-           "build_model", "load_fast_engine"]
+__all__ = ["FastConfig", "QWEN3_4B", "TINY", "SHAPES", "FastDecoder", "EngineStats", "Qwen3Fast",
+           "build_model", "load_fast_decoder"]

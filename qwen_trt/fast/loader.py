@@ -1,4 +1,4 @@
-"""Build a :class:`FastEngine` from a checkpoint folder, an HF state dict, or random weights."""
+"""Build a :class:`FastDecoder` from a checkpoint folder, an HF state dict, or random weights."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from qwen_trt.fast.config import FastConfig
-from qwen_trt.fast.engine import FastEngine
+from qwen_trt.fast.decoder import FastDecoder
 from qwen_trt.fast.model import Qwen3Fast
 from qwen_trt.fast.weights import init_random, load_safetensors, load_state_dict
 
@@ -19,10 +19,10 @@ def build_model(cfg: FastConfig, *, max_seq_len: int, dtype: torch.dtype,
     return Qwen3Fast(cfg, max_seq_len, dtype, device)
 
 
-def load_fast_engine(cfg: FastConfig, *, weights: str | Path | dict | None, max_seq_len: int,
+def load_fast_decoder(cfg: FastConfig, *, weights: str | Path | dict | None, max_seq_len: int,
                      dtype: torch.dtype, device: str | torch.device, seed: int = 0,
                      compile: bool | None = None, graphs: bool | None = None,
-                     warmup: bool = True, kernels: str = "auto") -> FastEngine:
+                     warmup: bool = True, kernels: str = "auto") -> FastDecoder:
     """``weights``: a checkpoint folder, an HF state dict, or None for random weights.
     ``kernels``: decode with the fused Triton kernels (``"triton"``), the compiled PyTorch ops
     (``"torch"``), or ``"auto"`` (Triton on CUDA when its self-check passes)."""
@@ -33,14 +33,14 @@ def load_fast_engine(cfg: FastConfig, *, weights: str | Path | dict | None, max_
         load_state_dict(model, weights)
     else:
         load_safetensors(model, weights)
-    engine = FastEngine(model, compile=compile, graphs=graphs, kernels=kernels)
-    report_fallbacks(engine)
+    decoder = FastDecoder(model, compile=compile, graphs=graphs, kernels=kernels)
+    report_fallbacks(decoder)
     if warmup:
-        engine.warmup()
-    return engine
+        decoder.warmup()
+    return decoder
 
 
-def report_fallbacks(engine: FastEngine) -> None:
-    """Say on stderr when a self-check made the engine fall back to slower code."""
-    for note in engine.stats.notes:
+def report_fallbacks(decoder: FastDecoder) -> None:
+    """Say on stderr when a self-check made the decoder fall back to slower code."""
+    for note in decoder.stats.notes:
         print(f"qwen-trt fast path: {note}", file=sys.stderr)

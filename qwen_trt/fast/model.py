@@ -131,8 +131,8 @@ class Qwen3Fast(torch.nn.Module):
         self.cfg = cfg
         self.max_seq_len = max_seq_len
         self.dtype = dtype
-        self.attn_impl = "math"   # or "triton" (CUDA): chosen by the engine after a self-check
-        # "torch": decode is PyTorch ops (compiled by the engine on CUDA); "triton": decode runs
+        self.attn_impl = "math"   # or "triton" (CUDA): chosen by the decoder after a self-check
+        # "torch": decode is PyTorch ops (compiled by the decoder on CUDA); "triton": decode runs
         # the hand-written kernels of gemv.py / rope_cache.py / attention.py, 7 per layer.
         self.decode_impl = "torch"
         self.register_buffer("embed", torch.empty(cfg.vocab_size, cfg.hidden, dtype=dtype,
@@ -182,7 +182,7 @@ class Qwen3Fast(torch.nn.Module):
         ``last [1]``. Rows after ``last`` may be padding: causality keeps them out of it.
 
         Each layer is ``layer_fn(cfg, x, pos, cos, sin, weights, k_cache, v_cache)``
-        (default :func:`prefill_layer`): every layer has the same shapes, so the engine compiles
+        (default :func:`prefill_layer`): every layer has the same shapes, so the decoder compiles
         that function once and it serves all layers."""
         fn = layer_fn or prefill_layer
         pos = torch.arange(ids.shape[0], device=ids.device)

@@ -1,6 +1,6 @@
 """Where a decode step's time goes: ``python -m qwen_trt.fast.profile [--shape qwen3-4b]``.
 
-Builds the fast engine on random weights, times graph replays of one decode step with CUDA
+Builds the fast decoder on random weights, times graph replays of one decode step with CUDA
 events, then runs the same step without the graph under ``torch.profiler`` and prints
 the GPU kernels grouped by name (time per step, share), so launch gaps and slow kernels show.
 """
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from qwen_trt.fast import SHAPES, load_fast_engine
+from qwen_trt.fast import SHAPES, load_fast_decoder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = SHAPES[args.shape]
     t = time.perf_counter()
-    eng = load_fast_engine(cfg, weights=None, max_seq_len=args.max_seq_len, dtype=torch.bfloat16,
+    eng = load_fast_decoder(cfg, weights=None, max_seq_len=args.max_seq_len, dtype=torch.bfloat16,
                            device="cuda", warmup=False, kernels=args.kernels)
     load_s = time.perf_counter() - t
     stats = eng.warmup(kinds=("greedy",), prefill=False)

@@ -4,7 +4,7 @@ Request settings sit in small device buffers, and the random numbers for a whole
 drawn up front (one per token, from the request's seeded generator), so a captured graph
 replays any temperature / top-p / top-k and stays reproducible for a given seed.
 
-Filters match :mod:`qwen_trt.sampling`: temperature, then top-k, then the top-p nucleus (a token
+Filters match :mod:`qwen_trt.backends.sampling`: temperature, then top-k, then the top-p nucleus (a token
 is dropped when the mass before it already reaches top_p). Inverse-CDF sampling over the kept
 tokens with the pre-drawn uniform.
 """
@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 
 from qwen_trt.params import SamplingParams
-from qwen_trt.sampling import make_generator
+from qwen_trt.backends.sampling import make_generator
 
 Kind = Literal["greedy", "topk", "full"]
 TOPK_CAP = 64   # top_k up to this uses a cheap topk; larger (or 0 = off) sorts the whole vocab

@@ -43,9 +43,8 @@ def fake_trtllm(monkeypatch):
 
 
 def set_gpu(monkeypatch, key: str | None):
-    """Make qwen_trt.gpu.detect_gpu report one of GPUS (None: no GPU)."""
-    from qwen_trt import gpu as gpu_mod
-
+    """Make qwen_trt.engine.gpu.detect_gpu report one of GPUS (None: no GPU)."""
+    from qwen_trt.engine import gpu as gpu_mod
     info = None if key is None else gpu_mod.GpuInfo(*GPUS[key])
     monkeypatch.setattr(gpu_mod, "detect_gpu", lambda index=0: info)
     return info

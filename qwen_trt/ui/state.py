@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from qwen_trt.chat import ChatSession, Message
+from qwen_trt.chat.session import ChatSession, Message
 from qwen_trt.params import Reply, ReplyMetrics
-from qwen_trt.serving import RequestHandle
-from qwen_trt.ui_text import reply_footer
+from qwen_trt.serving.service import RequestHandle
+from qwen_trt.ui.text import reply_footer
 
 # How long an interrupting run waits for the cancelled request to stop (it stops before its
 # next token, so this is normally one token's time).

@@ -5,7 +5,7 @@ the position -- is captured as one CUDA graph per (KV-length bucket, sampler kin
 is our Triton kernels (``kernels="triton"``, checked against the PyTorch decode at build) or the
 PyTorch ops compiled by inductor (``kernels="torch"``). The prefill's layer function is compiled
 once with a dynamic length and the prefill captured per prompt-length bucket. Everything is
-compiled and captured in :meth:`FastEngine.warmup`, at load time.
+compiled and captured in :meth:`FastDecoder.warmup`, at load time.
 
 Host/device traffic per token is one 8-byte copy into pinned memory. The engine keeps one
 step in flight: it launches step n+1 before waiting for token n, so the GPU never idles on the
@@ -134,7 +134,7 @@ class _HostTokens:
         return get
 
 
-class FastEngine:
+class FastDecoder:
     def __init__(self, model: Qwen3Fast, *, compile: bool | None = None,
                  graphs: bool | None = None, kv_buckets: Sequence[int] | None = None,
                  prefill_buckets: Sequence[int] | None = None,

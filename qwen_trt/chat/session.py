@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from qwen_trt.chat_template import IM_START
+from qwen_trt.chat.template import IM_START
 from qwen_trt.errors import EmptyMessageError, PromptTooLongError
 
 Role = Literal["system", "user", "assistant"]

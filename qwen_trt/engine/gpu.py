@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from qwen_trt.build_profiles import BuildProfile
+from qwen_trt.engine.profiles import BuildProfile
 from qwen_trt.errors import BackendUnavailableError, QwenTrtError
 
 MEMORY_TOLERANCE = 0.95   # a card may report a little less than the nominal size

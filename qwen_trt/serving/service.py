@@ -1,11 +1,11 @@
 """One engine, many callers: a process-wide service that runs one request at a time.
 
 A backend serves a single request at a time, but a web app calls it from one thread per browser
-session. :class:`EngineService` owns the backend and one worker thread that takes requests from a
+session. :class:`InferenceService` owns the backend and one worker thread that takes requests from a
 FIFO queue. Each request gets its own :class:`RequestHandle` with its own event queue and cancel
 flag, so replies never interleave:
 
-* :meth:`EngineService.submit` returns at once; the handle reports its queue position while it
+* :meth:`InferenceService.submit` returns at once; the handle reports its queue position while it
   waits ("waiting for the engine"), then text deltas, then the finished :class:`Reply`;
 * :meth:`RequestHandle.cancel` drops a queued request, or stops a running one before its next
   token, so the engine is free for the next request at once;
@@ -25,7 +25,7 @@ from typing import Literal, Union
 from qwen_trt.backends import BackendConfig, load_backend
 from qwen_trt.backends.base import Backend
 from qwen_trt.errors import QwenTrtError
-from qwen_trt.generation import ReplyStream
+from qwen_trt.chat.generation import ReplyStream
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ Event = Union[Waiting, Started, Delta, Finished, Failed]
 class RequestHandle:
     """One caller's view of one request. Thread-safe: the worker writes, the caller reads."""
 
-    def __init__(self, service: "EngineService", request_id: int, prompt_ids: Sequence[int],
+    def __init__(self, service: "InferenceService", request_id: int, prompt_ids: Sequence[int],
                  params: SamplingParams, dropped_turns: int) -> None:
         self.id = request_id
         self.prompt_ids = list(prompt_ids)
@@ -174,7 +174,7 @@ class ServiceStatus:
     served: int           # requests finished since start
 
 
-class EngineService:
+class InferenceService:
     """Owns one backend; runs submitted requests one at a time, in submission order."""
 
     def __init__(self, backend: Backend, *, name: str = "qwen-trt-engine") -> None:
@@ -301,6 +301,6 @@ def _cancelled_reply(handle: RequestHandle) -> Reply:
                  dropped_turns=handle.dropped_turns)
 
 
-def start_service(cfg: BackendConfig) -> EngineService:
+def start_service(cfg: BackendConfig) -> InferenceService:
     """Load the backend ``cfg`` names and serve it (the app caches one per process)."""
-    return EngineService(load_backend(cfg))
+    return InferenceService(load_backend(cfg))

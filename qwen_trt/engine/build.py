@@ -42,14 +42,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen_trt.build_profiles import BuildProfile, load_all, load_profile
-from qwen_trt.engine_env import library_versions, require_disk, require_trtllm
-from qwen_trt.engine_manifest import (TOKENIZER_DIR, TOKENIZER_FILES, Stamp, checkpoint_files,
+from qwen_trt.engine.profiles import BuildProfile, load_all, load_profile
+from qwen_trt.engine.env import library_versions, require_disk, require_trtllm
+from qwen_trt.engine.manifest import (TOKENIZER_DIR, TOKENIZER_FILES, Stamp, checkpoint_files,
                                       content_hash, fingerprint, hub_revision, make_manifest,
                                       write_manifest)
 from qwen_trt.errors import ModelSourceError, QwenTrtError
-from qwen_trt.gpu import check_profile_matches, require_gpu
-from qwen_trt.model_source import ModelSource, resolve_model
+from qwen_trt.engine.gpu import check_profile_matches, require_gpu
+from qwen_trt.model.source import ModelSource, resolve_model
 
 ENGINE_FILES = ("config.json", "rank0.engine")
 CHECKPOINT_FILES = ("config.json", "rank0.safetensors")
@@ -314,8 +314,8 @@ def _weights_bytes(source: ModelSource) -> int:
 def _tokenizer_info(source: ModelSource) -> dict:
     from transformers import AutoTokenizer
 
-    from qwen_trt.chat_template import ENDOFTEXT, IM_END
-    from qwen_trt.generation import default_stop_ids
+    from qwen_trt.chat.template import ENDOFTEXT, IM_END
+    from qwen_trt.chat.generation import default_stop_ids
 
     tok = AutoTokenizer.from_pretrained(source.path)
     im_end = tok.convert_tokens_to_ids(IM_END)
@@ -447,7 +447,7 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
 
     log.run("build", f"-> {engine_dir}", do_build, skip=skip_build)
     if skip_build:
-        from qwen_trt.engine_manifest import read_manifest
+        from qwen_trt.engine.manifest import read_manifest
 
         manifest = read_manifest(engine_dir)
         runtime = profile.to_dict()["runtime"]

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qwen_trt.errors import QwenTrtError
-from qwen_trt.model_source import ModelSource
+from qwen_trt.model.source import ModelSource
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"

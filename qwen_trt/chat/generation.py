@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from qwen_trt.backends.base import Backend
-from qwen_trt.chat_template import ENDOFTEXT, IM_END
-from qwen_trt.detokenizer import IncrementalDetokenizer
+from qwen_trt.chat.template import ENDOFTEXT, IM_END
+from qwen_trt.chat.detokenizer import IncrementalDetokenizer
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
 
 

@@ -1,7 +1,7 @@
 """Run the exported decoder with ONNX Runtime (CPU) and check it against the torch model.
 
 :class:`OrtDecoder` is a small KV-cache loop over the graph written by
-:mod:`qwen_trt.onnx_export`: prefill with empty ``past_*`` tensors, then one token per step with
+:mod:`qwen_trt.onnx.export`: prefill with empty ``past_*`` tensors, then one token per step with
 the ``present_*`` outputs fed back. :func:`verify_export` compares its logits (prefill, several
 decode steps, a left-padded batch of two) and its greedy tokens with the HF model.
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from qwen_trt.onnx_export import OnnxExportError, input_names, quiet, require
+from qwen_trt.onnx.export import OnnxExportError, input_names, quiet, require
 
 # |ORT logit - torch logit| must stay within TOLERANCE[dtype] * max(1, max |torch logit|).
 TOLERANCE = {"float32": 1e-4, "float16": 2e-2}
