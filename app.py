@@ -1,18 +1,19 @@
 """qwen-trt chat in the browser: ``streamlit run app.py -- [--model DIR] [--engine DIR] ...``.
 
 Widgets and session state only; the engine service, settings, streaming and text handling live
-in ``qwen_trt`` (serving, app_config, ui_state, ui_stream, ui_text). See docs/app.md.
+in ``qwen_trt`` (serving, options, ui). See docs/app.md.
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from contextlib import closing
 
 import streamlit as st
 
 from qwen_trt.serving import service as serving
-from qwen_trt.options import config_key, parse_app_config
+from qwen_trt.options import app_parser, config_from, config_key
 from qwen_trt.chat.session import ChatSession
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, SamplingParams
@@ -112,7 +113,7 @@ def main() -> None:
     st.title("qwen-trt chat")
     params = sidebar()
     try:
-        cfg = parse_app_config(sys.argv[1:])
+        cfg = config_from(app_parser().parse_args(sys.argv[1:]), os.environ)
         service = engine_service(config_key(cfg), cfg)
     except Exception as e:  # noqa: BLE001 - shown as one line, never a traceback
         if not isinstance(e, QwenTrtError):

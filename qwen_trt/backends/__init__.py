@@ -2,19 +2,26 @@
 ``tensorrt_llm`` imports, otherwise the torch backend."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.errors import ConfigError
 
 BACKENDS = ("auto", "torch", "trtllm")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+FAST_MODES = ("auto", "on", "off")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
-__all__ = ["Backend", "BackendInfo", "BackendConfig", "BACKENDS", "load_backend", "choose_backend"]
+__all__ = ["Backend", "BackendInfo", "BackendConfig", "BACKENDS", "DTYPES", "FAST_MODES",
+           "load_backend", "choose_backend"]
 
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """Everything needed to load a backend; the CLI and the app both build one of these."""
+    """Everything needed to load a backend; the CLI and the app both build one of these
+    (:func:`qwen_trt.options.config_from`). Every value is checked here, once, and a bad one
+    raises :class:`ConfigError` with one line naming the option and its variable."""
 
     backend: str = "auto"
     model: str | None = None        # folder or hub id (torch; tokenizer source for trtllm)
@@ -26,8 +33,24 @@ class BackendConfig:
     fast: str = "auto"              # torch only: compiled fast path; auto = on CUDA, off on CPU
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        for what, flag, value, allowed in (("backend", "backend", self.backend, BACKENDS),
+                                           ("dtype", "dtype", self.dtype, DTYPES),
+                                           ("fast mode", "fast", self.fast, FAST_MODES)):
+            if value not in allowed:
+                raise ConfigError(f"Unknown {what} '{value}' ({_where(flag)}): "
+                                  f"use one of {', '.join(allowed)}.")
+        if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
+            raise ConfigError(f"Unknown device '{self.device}' ({_where('device')}): "
+                              f"use auto, cpu, cuda or cuda:N.")
+        n = self.max_seq_len
+        if n is not None and (type(n) is not int or n < 2):
+            raise ConfigError(f"{_where('max-seq-len')} must be a whole number of tokens >= 2, "
+                              f"got '{n}'.")
+
+
+def _where(flag: str) -> str:
+    """Where a backend option comes from, for error messages: the flag and its variable."""
+    return f"--{flag} / QWEN_TRT_{flag.upper().replace('-', '_')}"
 
 
 def choose_backend(cfg: BackendConfig) -> str:

@@ -11,13 +11,9 @@ from qwen_trt.backends.torch_backend import (context_limit, load_tokenizer, pick
 from qwen_trt.model.source import ModelSource, resolve_model
 from qwen_trt.params import SamplingParams
 
-FAST_MODES = ("auto", "on", "off")
-
-
 def use_fast(mode: str, device: str) -> bool:
-    """Whether ``mode`` selects the fast path on ``device`` (already resolved, e.g. 'cuda')."""
-    if mode not in FAST_MODES:
-        raise ValueError(f"fast must be one of {', '.join(FAST_MODES)}, got {mode!r}")
+    """Whether ``mode`` (a checked ``BackendConfig.fast``) selects the fast path on ``device``
+    (already resolved, e.g. 'cuda')."""
     if mode == "auto":
         return device.startswith("cuda")
     return mode == "on"

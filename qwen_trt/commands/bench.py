@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from qwen_trt.backends.torch_backend import DTYPES
+from qwen_trt.backends import DTYPES
 from qwen_trt.errors import QwenTrtError
 
 QUICK = {"prompt_lens": (16, 48), "new_tokens": 8, "repeats": 2, "slow_repeats": 1}

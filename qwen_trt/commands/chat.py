@@ -5,10 +5,11 @@ import json
 import logging
 import sys
 
-from qwen_trt.backends import BackendConfig, load_backend
+from qwen_trt.backends import load_backend
 from qwen_trt.chat.session import ChatSession
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.chat.generation import ReplyStream
+from qwen_trt.options import add_backend_args, config_from
 from qwen_trt.params import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K,
                              DEFAULT_TOP_P, SamplingParams)
 
@@ -17,26 +18,6 @@ HELP = "commands: /clear (forget the conversation), /exit (quit)"
 
 class EngineError(QwenTrtError):
     """The backend raised something unexpected while generating."""
-
-
-def add_backend_args(p) -> None:
-    """Options that choose and load a backend: the same set, environment variables and checks
-    as the app (:mod:`qwen_trt.options`); a flag wins over its QWEN_TRT_* variable."""
-    from qwen_trt.options import OPTIONS
-
-    for o in OPTIONS:
-        p.add_argument(o.flag, default=None, help=f"{o.help} [env {o.env}]")
-
-
-def backend_config(args) -> BackendConfig:
-    from qwen_trt.options import OPTIONS, parse_app_config
-
-    argv: list[str] = []
-    for o in OPTIONS:
-        value = getattr(args, o.flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            argv += [o.flag, str(value)]
-    return parse_app_config(argv)
 
 
 def register(sub) -> None:
@@ -100,7 +81,7 @@ def run(args) -> int:
     params = _params(args)
     if not args.json:
         print("loading model...", file=sys.stderr)
-    backend = load_backend(backend_config(args))
+    backend = load_backend(config_from(args))
     session = ChatSession(backend.tokenizer, system_prompt=args.system)
     if args.prompt is not None:
         reply_once(backend, session, args.prompt, params, as_json=args.json)

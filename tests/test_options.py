@@ -1,11 +1,17 @@
-"""App settings: command line after ``--`` and QWEN_TRT_* environment variables."""
+"""Backend options, shared by the app and the CLI: flags and QWEN_TRT_* environment variables."""
 from __future__ import annotations
+
+import argparse
 
 import pytest
 
-from qwen_trt.options import OPTIONS, AppConfigError, config_key, parse_app_config
 from qwen_trt.backends import BackendConfig
-from qwen_trt.errors import QwenTrtError
+from qwen_trt.errors import ConfigError, QwenTrtError
+from qwen_trt.options import OPTIONS, add_backend_args, app_parser, config_from, config_key
+
+
+def parse_app_config(argv, environ):
+    return config_from(app_parser().parse_args(argv), environ)
 
 
 def test_nothing_given_means_auto():
@@ -43,7 +49,7 @@ def test_empty_environment_values_are_ignored():
     (["--model"], {}, "expected one argument"),
 ])
 def test_bad_options_raise_one_clear_line(argv, env, words):
-    with pytest.raises(AppConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         parse_app_config(argv, env)
     assert isinstance(e.value, QwenTrtError)
     assert words in str(e.value) and "\n" not in str(e.value)
@@ -60,5 +66,26 @@ def test_fast_mode_from_flag_or_env_and_bad_value():
     assert parse_app_config([], {}).fast == "auto"
     assert parse_app_config(["--fast", "off"], {}).fast == "off"
     assert parse_app_config([], {"QWEN_TRT_FAST": "on"}).fast == "on"
-    with pytest.raises(AppConfigError, match="Unknown fast mode 'fastest'"):
+    with pytest.raises(ConfigError, match="Unknown fast mode 'fastest'"):
         parse_app_config(["--fast", "fastest"], {})
+
+
+def test_cli_parser_gets_the_same_options_and_checks():
+    p = argparse.ArgumentParser()
+    add_backend_args(p)
+    p.add_argument("--other")
+    args = p.parse_args(["--backend", "torch", "--max-seq-len", "64", "--other", "x"])
+    assert config_from(args, {"QWEN_TRT_DTYPE": "float16"}) == BackendConfig(
+        backend="torch", max_seq_len=64, dtype="float16")
+    with pytest.raises(ConfigError, match=r"Unknown device 'tpu' \(--device / QWEN_TRT_DEVICE\)"):
+        config_from(p.parse_args(["--device", "tpu"]), {})
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("backend", "onnx", "Unknown backend 'onnx'"), ("dtype", "int4", "Unknown dtype 'int4'"),
+    ("fast", "x", "Unknown fast mode 'x'"), ("device", "cuda:x", "Unknown device 'cuda:x'"),
+    ("max_seq_len", 1, "whole number of tokens >= 2"),
+])
+def test_backend_config_checks_each_value_once(field, value, words):
+    with pytest.raises(ConfigError, match=words):
+        BackendConfig(**{field: value})
