@@ -17,8 +17,9 @@ FinishReason = Literal["stop", "length", "cancelled", "error"]
 class SamplingParams:
     """How to pick tokens. temperature 0 means greedy; top_k 0 and top_p 1 disable those filters.
 
-    ``stop_token_ids`` empty means "the tokenizer's defaults" (``<|im_end|>``, ``<|endoftext|>``),
-    filled in by :func:`qwen_trt.chat.generation.resolve_stop_ids`.
+    A request stops at the backend's stop ids (``BackendInfo.stop_token_ids``: ``<|im_end|>``,
+    ``<|endoftext|>``, resolved once at load) and at the extra ``stop_token_ids`` given here;
+    ``ignore_eos`` turns every stop off.
     """
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS

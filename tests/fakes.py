@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 
 from qwen_trt.backends.base import Backend, BackendInfo
+from qwen_trt.chat.template import default_stop_ids
 
 
 class ScriptedBackend(Backend):
@@ -20,7 +21,8 @@ class ScriptedBackend(Backend):
         self.gate = threading.Event()
         self.gate.set()
         self.prompts: list[list[int]] = []
-        self._info = BackendInfo(name, "fake-model", "cpu", "float32", max_seq_len - 1, max_seq_len)
+        self._info = BackendInfo(name, "fake-model", "cpu", "float32", max_seq_len - 1, max_seq_len,
+                                 default_stop_ids(tokenizer))
 
     def script(self) -> list[int]:
         """The ids a full reply yields: the text's, then <|im_end|>."""

@@ -120,9 +120,12 @@ def test_cancel_stops_before_next_token(engine):
     assert len(out) == 3
 
 
-def test_prompt_too_long(engine):
-    with pytest.raises(PromptTooLongError):
-        next(engine.generate([1] * 250, SamplingParams(max_new_tokens=10)))
+def test_prompt_too_long(tiny_model_dir):
+    from qwen_trt.backends.fast_backend import FastBackend
+
+    backend = FastBackend.load(str(tiny_model_dir), device="cpu", max_seq_len=64, warmup=False)
+    with pytest.raises(PromptTooLongError, match="exceeds this backend's limits"):
+        backend.check_request([1] * 60, SamplingParams(max_new_tokens=10))
 
 
 def test_sampling_is_seeded_and_filtered(engine):

@@ -31,7 +31,7 @@ class GatedBackend(Backend):
 
     @property
     def info(self) -> BackendInfo:
-        return BackendInfo("gated", "fake", "cpu", "float32", 1023, 1024)
+        return BackendInfo("gated", "fake", "cpu", "float32", 1023, 1024, ())
 
     @property
     def tokenizer(self):

@@ -8,8 +8,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from qwen_trt.backends.torch_backend import TorchBackend
-from qwen_trt.errors import PromptTooLongError
-from qwen_trt.chat.generation import ReplyStream, default_stop_ids
+from qwen_trt.chat.generation import ReplyStream
+from qwen_trt.chat.template import default_stop_ids
+from qwen_trt.errors import EmptyMessageError, PromptTooLongError
 from qwen_trt.params import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)
@@ -43,7 +44,7 @@ def test_seeded_sampling_repeats_and_seeds_differ(tiny_backend, prompt):
 
 def test_max_new_tokens_gives_length(tiny_backend, prompt):
     rs = ReplyStream(tiny_backend, prompt, SamplingParams(max_new_tokens=5, temperature=0,
-                                                          stop_token_ids=(10**6,)))
+                                                          ignore_eos=True))
     list(rs)
     assert rs.reply.metrics.tokens == 5 and rs.reply.metrics.finish_reason == "length"
     assert rs.reply.metrics.ttft_ms > 0 and rs.reply.metrics.prompt_tokens == len(prompt)
@@ -53,7 +54,9 @@ def test_stops_at_a_stop_token_mid_stream(tiny_backend, prompt):
     sampled = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=1.0, top_k=0, seed=3,
                              ignore_eos=True)
     free = list(tiny_backend.stream(prompt, sampled))
+    defaults = set(tiny_backend.info.stop_token_ids)
     k = next(i for i, t in enumerate(free) if t not in free[:i] and i >= 2)
+    assert not defaults & set(free[:k + 1])   # only the extra stop id can end this reply
     stop_at = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=1.0, top_k=0, seed=3,
                              stop_token_ids=(free[k],))
     rs = ReplyStream(tiny_backend, prompt, stop_at)
@@ -87,6 +90,7 @@ def test_stops_cleanly_at_im_end(im_end_backend, prompt):
     assert rs.reply.token_ids == [] or im_end not in rs.reply.token_ids
     assert "<|im_end|>" not in text and rs.reply.metrics.tokens < 16
     assert im_end in default_stop_ids(im_end_backend.tokenizer)
+    assert im_end_backend.info.stop_token_ids == default_stop_ids(im_end_backend.tokenizer)
     # ignore_eos (benchmarks) runs through it
     rs = ReplyStream(im_end_backend, prompt,
                      SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True))
@@ -144,8 +148,11 @@ def test_cancel_from_another_thread(tiny_backend, prompt):
 
 def test_prompt_plus_reply_over_limit_is_rejected(tiny_backend):
     too_long = [5] * tiny_backend.info.max_seq_len
-    with pytest.raises(PromptTooLongError, match="limit"):
-        next(tiny_backend.stream(too_long, SamplingParams(max_new_tokens=1)))
+    with pytest.raises(PromptTooLongError, match="exceeds this backend's limits"):
+        next(iter(ReplyStream(tiny_backend, too_long, SamplingParams(max_new_tokens=1))))
+    with pytest.raises(EmptyMessageError, match="The prompt is empty"):
+        tiny_backend.check_request([], SamplingParams())
+    tiny_backend.check_request([5] * 10, SamplingParams(max_new_tokens=10))   # fits: no error
 
 
 def test_info_describes_the_backend(tiny_backend, tiny_model_dir):

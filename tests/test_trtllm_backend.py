@@ -274,8 +274,8 @@ def test_executor_error_is_one_line(backend, monkeypatch):
 
 def test_prompt_longer_than_the_engine_allows(backend):
     too_long = [30] * (backend.info.max_input_len + 1)
-    with pytest.raises(PromptTooLongError, match="exceeds this engine's limits"):
-        list(backend.stream(too_long, SamplingParams(max_new_tokens=1)))
+    with pytest.raises(PromptTooLongError, match="exceeds this backend's limits"):
+        backend.check_request(too_long, SamplingParams(max_new_tokens=1))
 
 
 # ---------------------------------------------------------------- load guards and auto

@@ -3,8 +3,9 @@
 A backend is loaded once and then serves one request at a time (callers serialise access,
 see :mod:`qwen_trt.serving.service`). ``stream`` is a generator of new token ids:
 
+* callers check the request first with :meth:`Backend.check_request` (``ReplyStream`` does);
 * it yields each generated token id as soon as it is known, in order;
-* when a stop token is generated it is yielded (so the caller can tell "stop" from "length")
+* when a stop token (:meth:`Backend.stop_ids`) is generated it is yielded (so the caller can tell "stop" from "length")
   and the generator returns; unless ``params.ignore_eos``;
 * it never yields more than ``params.max_new_tokens`` ids;
 * closing the generator (``gen.close()``) or calling :meth:`Backend.cancel` stops device work
@@ -17,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from qwen_trt.errors import EmptyMessageError, PromptTooLongError
 from qwen_trt.params import SamplingParams
 
 
@@ -30,6 +32,7 @@ class BackendInfo:
     dtype: str                # "float32", "bfloat16", "float16"
     max_input_len: int        # longest prompt accepted, in tokens
     max_seq_len: int          # prompt + new tokens
+    stop_token_ids: tuple[int, ...]   # resolved once at load (chat.template.default_stop_ids)
 
     def describe(self) -> str:
         return f"{self.name} · {self.model} · {self.device} · {self.dtype} · ctx {self.max_seq_len}"
@@ -56,13 +59,26 @@ class Backend(ABC):
 
     def warmup(self) -> None:
         """One short greedy request at load time, so the first user request pays no lazy init."""
-        from qwen_trt.chat.generation import default_stop_ids
-
         ids = self.tokenizer.encode("warm up", add_special_tokens=False)
-        params = SamplingParams(max_new_tokens=2, temperature=0,
-                                stop_token_ids=default_stop_ids(self.tokenizer))
-        for _ in self.stream(ids, params):
+        for _ in self.stream(ids, SamplingParams(max_new_tokens=2, temperature=0)):
             pass
+
+    def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """The one check of a request against this backend's limits, before :meth:`stream`."""
+        n, info = len(prompt_ids), self.info
+        if n == 0:
+            raise EmptyMessageError("The prompt is empty: there is nothing to answer.")
+        if n > info.max_input_len or n + params.max_new_tokens > info.max_seq_len:
+            raise PromptTooLongError(
+                f"The prompt ({n} tokens) + max new tokens ({params.max_new_tokens}) exceeds this "
+                f"backend's limits (prompt {info.max_input_len}, prompt + reply "
+                f"{info.max_seq_len} tokens): shorten the prompt or lower max new tokens.")
+
+    def stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        """The ids that end this request: the backend's and the request's; none with ignore_eos."""
+        if params.ignore_eos:
+            return frozenset()
+        return frozenset(self.info.stop_token_ids) | frozenset(params.stop_token_ids)
 
     @abstractmethod
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.backends.torch_backend import (context_limit, load_tokenizer, pick_device,
                                              pick_dtype)
+from qwen_trt.chat.template import default_stop_ids
 from qwen_trt.model.source import ModelSource, resolve_model
 from qwen_trt.params import SamplingParams
 
@@ -36,7 +37,8 @@ class FastBackend(Backend):
         n = decoder.max_seq_len
         self._info = BackendInfo(name=self.name, model=source.name, device=dev_name,
                                  dtype=str(decoder.model.dtype).replace("torch.", ""),
-                                 max_input_len=n - 1, max_seq_len=n)
+                                 max_input_len=n - 1, max_seq_len=n,
+                                 stop_token_ids=default_stop_ids(tokenizer))
 
     @classmethod
     def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
@@ -54,7 +56,7 @@ class FastBackend(Backend):
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
         cancel = self._begin()
-        yield from self.decoder.generate(prompt_ids, params, cancel)
+        yield from self.decoder.generate(prompt_ids, params, cancel, stop_ids=self.stop_ids(params))
 
     def close(self) -> None:
         import torch

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from qwen_trt.backends.base import Backend, BackendInfo
-from qwen_trt.errors import (BackendUnavailableError, ModelSourceError,
-                             PromptTooLongError)
+from qwen_trt.chat.template import default_stop_ids
+from qwen_trt.errors import BackendUnavailableError, ModelSourceError
 from qwen_trt.model.source import ModelSource, resolve_model
 from qwen_trt.params import SamplingParams
 
@@ -83,7 +83,9 @@ class TorchBackend(Backend):
         self._info = BackendInfo(
             name=self.name, model=source.name, device=dev_name,
             dtype=str(model.dtype).replace("torch.", ""),
-            max_input_len=max_seq_len - 1, max_seq_len=max_seq_len)
+            max_input_len=max_seq_len - 1, max_seq_len=max_seq_len,
+            # no tokenizer: the benchmarks' bare model, which never stops early anyway
+            stop_token_ids=default_stop_ids(tokenizer) if tokenizer is not None else ())
 
     @classmethod
     def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
@@ -112,13 +114,7 @@ class TorchBackend(Backend):
         from qwen_trt.backends.sampling import make_generator, sample
 
         cancel = self._begin()
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty")
-        if len(prompt_ids) + params.max_new_tokens > self._info.max_seq_len:
-            raise PromptTooLongError(
-                f"Prompt ({len(prompt_ids)} tokens) + max new tokens ({params.max_new_tokens}) "
-                f"exceeds this backend's limit of {self._info.max_seq_len} tokens.")
-        stop = set(params.stop_token_ids)
+        stop = self.stop_ids(params)
         gen = make_generator(params, self.device)
         with torch.inference_mode():
             ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
@@ -130,7 +126,7 @@ class TorchBackend(Backend):
                 tok = sample(logits, params, gen)          # [1] on device
                 tok_id = int(tok.item())                    # the one host sync per token
                 yield tok_id
-                if (tok_id in stop and not params.ignore_eos) or cancel.is_set():
+                if tok_id in stop or cancel.is_set():
                     return
                 if step + 1 == params.max_new_tokens:
                     return

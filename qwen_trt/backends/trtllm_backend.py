@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen_trt.backends.base import Backend, BackendInfo
-from qwen_trt.errors import BackendUnavailableError, PromptTooLongError, QwenTrtError
+from qwen_trt.chat.template import default_stop_ids
+from qwen_trt.errors import BackendUnavailableError, QwenTrtError
 from qwen_trt.params import SamplingParams
 
 ENGINES_DIR_ENV = "QWEN_TRT_ENGINES_DIR"
@@ -78,7 +79,8 @@ class RequestIds:
     stop_words: tuple[int, ...]   # single-token stop words other than end_id
 
 
-def request_ids_for(params: SamplingParams, im_end: int, pad_id: int) -> RequestIds:
+def request_ids_for(params: SamplingParams, im_end: int, pad_id: int,
+                    default_stops: tuple[int, ...] = ()) -> RequestIds:
     """``<|im_end|>`` is the end id, and every stop id (``<|endoftext|>``...) a stop word.
 
     ``ModelRunnerCpp`` takes one end id per request and pads outputs with it, so it is never
@@ -89,7 +91,7 @@ def request_ids_for(params: SamplingParams, im_end: int, pad_id: int) -> Request
     """
     if params.ignore_eos:
         return RequestIds(end_id=NO_END_ID, pad_id=pad_id, stop_words=())
-    stops = tuple(params.stop_token_ids)
+    stops = tuple(dict.fromkeys(default_stops + tuple(params.stop_token_ids)))
     end_id = im_end if im_end in stops or not stops else stops[0]
     return RequestIds(end_id=end_id, pad_id=pad_id,
                       stop_words=(end_id,) + tuple(t for t in stops if t != end_id))
@@ -261,7 +263,8 @@ class TrtllmBackend(Backend):
         self._info = BackendInfo(name=self.name, model=str(engine_dir), device=gpu_name,
                                  dtype=manifest.get("build_flags", {}).get("dtype", "float16"),
                                  max_input_len=int(lim["max_input_len"]),
-                                 max_seq_len=int(lim["max_seq_len"]))
+                                 max_seq_len=int(lim["max_seq_len"]),
+                                 stop_token_ids=default_stop_ids(tokenizer))
         self._active_id: int | None = None
 
     @classmethod
@@ -329,16 +332,9 @@ class TrtllmBackend(Backend):
         import torch
 
         cancel = self._begin()
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty")
         n = len(prompt_ids)
-        if n > self._info.max_input_len or n + params.max_new_tokens > self._info.max_seq_len:
-            raise PromptTooLongError(
-                f"Prompt ({n} tokens) + max new tokens ({params.max_new_tokens}) exceeds this "
-                f"engine's limits (input {self._info.max_input_len}, total "
-                f"{self._info.max_seq_len} tokens).")
-        ids = request_ids_for(params, self._im_end, self._pad_id)
-        stop_ids = set(params.stop_token_ids) if not params.ignore_eos else set()
+        ids = request_ids_for(params, self._im_end, self._pad_id, self._info.stop_token_ids)
+        stop_ids = self.stop_ids(params)
         # ModelRunnerCpp._fill_output pads every streamed item to ``self.max_seq_len`` in Python
         # lists (65536 ints per token on the h200 profile, ~1-4 ms of CPU per step); that
         # attribute only bounds _check_inputs and that padding (the executor has its own limits,

@@ -8,32 +8,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 
 from qwen_trt.backends.base import Backend
-from qwen_trt.chat.template import ENDOFTEXT, IM_END
 from qwen_trt.chat.detokenizer import IncrementalDetokenizer
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
-
-
-def default_stop_ids(tokenizer) -> tuple[int, ...]:
-    """``<|im_end|>`` and ``<|endoftext|>`` (whichever the tokenizer has), plus its eos."""
-    ids: list[int] = []
-    for tok in (IM_END, ENDOFTEXT):
-        tid = tokenizer.convert_tokens_to_ids(tok)
-        known = isinstance(tid, int) and tokenizer.convert_ids_to_tokens(tid) == tok
-        if known and tid not in ids:
-            ids.append(tid)
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    return tuple(ids)
-
-
-def resolve_stop_ids(params: SamplingParams, tokenizer) -> SamplingParams:
-    """Fill in the default stop ids when the caller gave none."""
-    if params.stop_token_ids:
-        return params
-    return replace(params, stop_token_ids=default_stop_ids(tokenizer))
 
 
 class ReplyStream:
@@ -46,7 +24,7 @@ class ReplyStream:
     def __init__(self, backend: Backend, prompt_ids: Sequence[int], params: SamplingParams,
                  dropped_turns: int = 0, cancel: threading.Event | None = None) -> None:
         self._backend = backend
-        self.params = resolve_stop_ids(params, backend.tokenizer)
+        self.params = params
         self._prompt_ids = list(prompt_ids)
         self._detok = IncrementalDetokenizer(backend.tokenizer)
         self._dropped = dropped_turns
@@ -84,12 +62,13 @@ class ReplyStream:
 
     def _run(self) -> Iterator[str]:
         m = self._metrics
-        stop_ids = set(self.params.stop_token_ids)
+        stop_ids = self._backend.stop_ids(self.params)   # empty with ignore_eos
         t0 = time.perf_counter()
         t_first = t_last = None
         if self._cancel.is_set():          # cancelled before the engine was even asked
             m.total_ms = 0.0
             return
+        self._backend.check_request(self._prompt_ids, self.params)
         tokens = self._backend.stream(self._prompt_ids, self.params)
         last = None
         try:
@@ -100,14 +79,14 @@ class ReplyStream:
                     m.ttft_ms = (t_last - t0) * 1e3
                 m.tokens += 1
                 last = tok
-                if tok in stop_ids and not self.params.ignore_eos:
+                if tok in stop_ids:
                     break
                 delta = self._detok.add(tok)
                 if delta:
                     yield delta
                 if self._cancel.is_set():
                     break
-            stopped = last is not None and last in stop_ids and not self.params.ignore_eos
+            stopped = last is not None and last in stop_ids
             if stopped or not self._cancel.is_set():
                 tail = self._detok.flush()
                 if tail:

@@ -28,3 +28,18 @@ QWEN3_INSTRUCT_CHAT_TEMPLATE = (
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
+
+
+def default_stop_ids(tokenizer) -> tuple[int, ...]:
+    """``<|im_end|>`` and ``<|endoftext|>`` (whichever the tokenizer has), plus its eos.
+
+    Resolved once when a backend loads (``BackendInfo.stop_token_ids``)."""
+    ids: list[int] = []
+    for tok in (IM_END, ENDOFTEXT):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        known = isinstance(tid, int) and tokenizer.convert_ids_to_tokens(tid) == tok
+        if known and tid not in ids:
+            ids.append(tid)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(ids)

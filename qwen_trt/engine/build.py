@@ -315,7 +315,7 @@ def _tokenizer_info(source: ModelSource) -> dict:
     from transformers import AutoTokenizer
 
     from qwen_trt.chat.template import ENDOFTEXT, IM_END
-    from qwen_trt.chat.generation import default_stop_ids
+    from qwen_trt.chat.template import default_stop_ids
 
     tok = AutoTokenizer.from_pretrained(source.path)
     im_end = tok.convert_tokens_to_ids(IM_END)

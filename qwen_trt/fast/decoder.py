@@ -19,12 +19,11 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from qwen_trt.errors import PromptTooLongError
 from qwen_trt.fast.attention import check_triton, triton_usable
 from qwen_trt.fast.model import Qwen3Fast, prefill_layer
 from qwen_trt.fast.sampler import Kind, SamplerState, pick, sampler_kind
@@ -318,19 +317,16 @@ class FastDecoder:
             self._decode_step(kv_len, kind)
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                 cancel: threading.Event | None = None) -> Iterator[int]:
-        """Yield new token ids; same contract as :meth:`Backend.stream` (stop ids honoured
-        unless ``params.ignore_eos``; at most ``max_new_tokens``; stops when ``cancel`` is set
-        or the generator is closed)."""
+                 cancel: threading.Event | None = None,
+                 stop_ids: Collection[int] = ()) -> Iterator[int]:
+        """Yield new token ids; same contract as :meth:`Backend.stream` (the caller checked the
+        request with ``Backend.check_request``; stops at ``stop_ids`` and
+        ``params.stop_token_ids`` unless ``params.ignore_eos``; at most ``max_new_tokens``;
+        stops when ``cancel`` is set or the generator is closed)."""
         t = len(prompt_ids)
         n = params.max_new_tokens
-        if t == 0:
-            raise ValueError("prompt_ids is empty")
-        if t + n > self.max_seq_len:
-            raise PromptTooLongError(
-                f"Prompt ({t} tokens) + max new tokens ({n}) exceeds the fast path's limit of "
-                f"{self.max_seq_len} tokens.")
-        stop = frozenset(params.stop_token_ids) if not params.ignore_eos else frozenset()
+        stop = (frozenset(stop_ids) | frozenset(params.stop_token_ids)
+                if not params.ignore_eos else frozenset())
         kind = sampler_kind(params)
         pending = deque([self._start(prompt_ids, params, kind)])
         launched, emitted = 1, 0
