@@ -238,14 +238,18 @@ def test_guard_not_enough_disk(fake_trtllm, monkeypatch, dirs, model_copy, capsy
 
 
 def test_guard_missing_head_dim(fake_trtllm, monkeypatch, dirs, model_copy, capsys):
+    """One head_dim policy (model/shape.py): omitted = hidden/heads, which for a Qwen3-4B-sized
+    config is the 80-not-128 trap the build refuses before converting anything."""
     set_gpu(monkeypatch, "a10")
     cfg = json.loads((model_copy / "config.json").read_text())
     del cfg["head_dim"]
+    cfg.update(num_hidden_layers=36, hidden_size=2560, num_attention_heads=32)
     (model_copy / "config.json").write_text(json.dumps(cfg))
     rc, err = _cli(capsys, "--gpu", "a10", "--model", str(model_copy),
                    "--profiles-dir", str(dirs["profiles"]), "--out-dir", str(dirs["out"]),
                    "--engines-dir", str(dirs["engines"]))
-    assert rc == 2 and "has no head_dim" in err and "not hidden/heads = 64/4" in err
+    assert rc == 2 and "head_dim 80 (head_dim missing: hidden/heads)" in err
+    assert "the real model has head_dim 128" in err
     assert calls(fake_trtllm, "from_hugging_face") == []
 
 
@@ -255,6 +259,7 @@ def test_qwen3_4b_head_dim_trap_is_caught():
 
     cfg = {"num_hidden_layers": 36, "hidden_size": 2560, "num_attention_heads": 32,
            "num_key_value_heads": 8, "vocab_size": 151936, "head_dim": 128,
+           "intermediate_size": 9728,
            "max_position_embeddings": 262144, "tie_word_embeddings": True}
     assert check_model_shapes(cfg).head_dim == 128
     with pytest.raises(ModelSourceError, match="the real model has head_dim 128"):

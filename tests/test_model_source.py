@@ -67,3 +67,26 @@ def test_hub_ids_versus_paths():
     assert not looks_like_path("Qwen/Qwen3-4B-Instruct-2507")
     for p in ("./x", "/abs/x", "~/x", "tiny", "a/b/c", "models/"):
         assert looks_like_path(p), p
+
+
+def test_one_shape_reader_and_head_dim_policy():
+    """ModelShape is the one reader: the fast path, ONNX and the build agree on head_dim."""
+    from qwen_trt.engine.build import check_model_shapes
+    from qwen_trt.errors import ConfigError
+    from qwen_trt.fast.config import FastConfig
+    from qwen_trt.model.shape import ModelShape
+    from qwen_trt.onnx.export import DecoderShape
+
+    cfg = {"model_type": "qwen3", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+           "num_hidden_layers": 1, "num_attention_heads": 2}
+    assert ModelShape.from_config(cfg).head_dim == 4 and ModelShape.from_config(cfg).kv_heads == 2
+    explicit = {**cfg, "head_dim": 16}
+    for c, want in ((cfg, 4), (explicit, 16)):
+        assert (FastConfig.from_hf(c).head_dim, DecoderShape.from_config(c).head_dim,
+                check_model_shapes(c).head_dim) == (want, want, want)
+    for bad, words in (({**cfg, "hidden_size": "8"}, "'hidden_size' must be a positive whole"),
+                       ({k: v for k, v in cfg.items() if k != "vocab_size"}, "lacks 'vocab_size'"),
+                       ({**cfg, "head_dim": 2.5}, "'head_dim' must be")):
+        with pytest.raises(ConfigError, match=words) as e:
+            ModelShape.from_config(bad, "/m/config.json")
+        assert str(e.value).startswith("/m/config.json") and "\n" not in str(e.value)

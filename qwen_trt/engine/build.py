@@ -49,6 +49,7 @@ from qwen_trt.engine.manifest import (TOKENIZER_DIR, TOKENIZER_FILES, Stamp, che
                                       write_manifest)
 from qwen_trt.errors import ModelSourceError, QwenTrtError
 from qwen_trt.engine.gpu import check_profile_matches, require_gpu
+from qwen_trt.model.shape import ModelShape
 from qwen_trt.model.source import ModelSource, resolve_model
 
 ENGINE_FILES = ("config.json", "rank0.engine")
@@ -62,48 +63,19 @@ class BuildError(QwenTrtError):
 
 # ---------------------------------------------------------------- model checks (pure)
 
-@dataclass(frozen=True)
-class ModelShape:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    max_positions: int
-    tied_embeddings: bool
-
-
 def check_model_shapes(config: dict, where: str = "config.json") -> ModelShape:
-    """The Qwen3 shape facts the TensorRT-LLM converter relies on.
+    """The Qwen3 shape facts the TensorRT-LLM converter relies on (:class:`ModelShape`, whose
+    docstring gives the one head_dim policy).
 
     Qwen3-4B has head_dim 128 while hidden/heads = 2560/32 = 80; converters that derive the
-    head size from hidden/heads build wrong-shaped QKV weights (NVIDIA/TensorRT-LLM#5912), so
-    head_dim must be written in config.json.
+    head size from hidden/heads build wrong-shaped QKV weights (NVIDIA/TensorRT-LLM#5912), so a
+    Qwen3-4B-sized config must say head_dim 128.
     """
-    try:
-        shape = ModelShape(
-            layers=int(config["num_hidden_layers"]), hidden=int(config["hidden_size"]),
-            heads=int(config["num_attention_heads"]),
-            kv_heads=int(config.get("num_key_value_heads", config["num_attention_heads"])),
-            head_dim=int(config["head_dim"]) if "head_dim" in config else 0,
-            vocab=int(config["vocab_size"]),
-            max_positions=int(config.get("max_position_embeddings", 0)),
-            tied_embeddings=bool(config.get("tie_word_embeddings", False)))
-    except (KeyError, TypeError, ValueError) as e:
-        raise ModelSourceError(f"{where}: missing or bad shape key {e}.") from e
-    if shape.head_dim <= 0:
-        raise ModelSourceError(
-            f"{where} has no head_dim: Qwen3 sets it explicitly (128 for Qwen3-4B, not "
-            f"hidden/heads = {shape.hidden}/{shape.heads}); add \"head_dim\" to config.json.")
-    if shape.heads % shape.kv_heads:
-        raise ModelSourceError(f"{where}: num_attention_heads {shape.heads} is not a multiple of "
-                               f"num_key_value_heads {shape.kv_heads}.")
-    if min(shape.layers, shape.hidden, shape.heads, shape.vocab) <= 0:
-        raise ModelSourceError(f"{where}: layer/hidden/head/vocab sizes must be positive.")
+    shape = ModelShape.from_config(config, where)
     if shape.hidden == 2560 and shape.layers == 36 and shape.head_dim != 128:  # Qwen3-4B
+        how = "" if config.get("head_dim") else " (head_dim missing: hidden/heads)"
         raise ModelSourceError(f"{where}: a Qwen3-4B config (36 layers, hidden 2560) with head_dim "
-                               f"{shape.head_dim}; the real model has head_dim 128.")
+                               f"{shape.head_dim}{how}; the real model has head_dim 128.")
     return shape
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qwen_trt.errors import ModelSourceError
+from qwen_trt.model.shape import ModelShape
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,9 @@ class FastConfig:
         return 2 * self.layers * self.kv_size * elem_size
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> "FastConfig":
-        """Build from a parsed ``config.json`` (transformers 4.57 or 5.x layout)."""
+    def from_hf(cls, cfg: dict, where: str = "config.json") -> "FastConfig":
+        """Build from a parsed ``config.json`` (transformers 4.57 or 5.x layout); the shape
+        (and its head_dim policy) comes from :class:`ModelShape`."""
         rope = cfg.get("rope_parameters") or {}
         scaling = cfg.get("rope_scaling") or {}
         rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
@@ -58,19 +60,14 @@ class FastConfig:
         if cfg.get("use_sliding_window"):
             raise ModelSourceError("the fast path does not support sliding-window attention: "
                                    "use --fast off.")
-        heads = cfg["num_attention_heads"]
+        s = ModelShape.from_config(cfg, where)
         return cls(
-            vocab_size=cfg["vocab_size"],
-            hidden=cfg["hidden_size"],
-            intermediate=cfg["intermediate_size"],
-            layers=cfg["num_hidden_layers"],
-            heads=heads,
-            kv_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            vocab_size=s.vocab, hidden=s.hidden, intermediate=s.intermediate, layers=s.layers,
+            heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
             rope_theta=float(theta),
             rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+            tie_embeddings=s.tied_embeddings,
+            max_position_embeddings=s.max_positions or 32768,
         )
 
     def to_hf(self) -> dict:

@@ -62,16 +62,16 @@ def _download(model_id: str) -> Path:
 
 
 def check_qwen3_config(config: dict, where: str) -> None:
+    """A Qwen3 config with a complete, well-typed shape (:class:`ModelShape`)."""
+    from qwen_trt.model.shape import ModelShape
+
     model_type = config.get("model_type")
     if model_type not in QWEN3_MODEL_TYPES:
         archs = ",".join(config.get("architectures") or []) or "unknown architecture"
         raise ModelSourceError(
             f"{where} is a '{model_type}' checkpoint ({archs}), not Qwen3: qwen-trt serves "
             f"Qwen3 models such as {DEFAULT_MODEL_ID}. Pass a Qwen3 folder with --model.")
-    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
-                "vocab_size"):
-        if key not in config:
-            raise ModelSourceError(f"{where}/config.json lacks '{key}': the checkpoint is incomplete.")
+    ModelShape.from_config(config, f"{where}/config.json")
 
 
 def resolve_model(spec: str | None = None) -> ModelSource:

@@ -98,12 +98,13 @@ class DecoderShape:
     vocab_size: int
 
     @classmethod
-    def from_config(cls, config: dict) -> "DecoderShape":
-        heads = config["num_attention_heads"]
-        head_dim = config.get("head_dim") or config["hidden_size"] // heads
-        return cls(num_layers=config["num_hidden_layers"],
-                   num_kv_heads=config["num_key_value_heads"],
-                   head_dim=head_dim, vocab_size=config["vocab_size"])
+    def from_config(cls, config: dict, where: str = "config.json") -> "DecoderShape":
+        """The signature's part of :class:`ModelShape` (one head_dim policy everywhere)."""
+        from qwen_trt.model.shape import ModelShape
+
+        s = ModelShape.from_config(config, where)
+        return cls(num_layers=s.layers, num_kv_heads=s.kv_heads, head_dim=s.head_dim,
+                   vocab_size=s.vocab)
 
 
 def make_decoder_module(model):
