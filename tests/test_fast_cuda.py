@@ -108,7 +108,7 @@ def test_triton_gemv_matches_unfused_ops(shape, fuse, dtype, kernel):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rope_cache_kernel_matches_unfused_ops(dtype):
-    from qwen_trt.fast.model import rope_tables
+    from qwen_trt.fast.reference import rope_tables
     from qwen_trt.fast.rope_cache import qk_rope_cache, qk_rope_cache_ref
 
     g = torch.Generator(device="cuda").manual_seed(2)

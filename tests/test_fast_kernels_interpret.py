@@ -78,7 +78,7 @@ def test_rope_cache_and_attention_kernels_match_unfused_ops(tmp_path):
         import json, torch
         from qwen_trt.fast.attention import check_triton
         from qwen_trt.fast.config import TINY
-        from qwen_trt.fast.model import rope_tables
+        from qwen_trt.fast.reference import rope_tables
         from qwen_trt.fast.rope_cache import qk_rope_cache, qk_rope_cache_ref
         torch.manual_seed(0)
         cfg, slots = TINY, 300

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+from qwen_trt.fast.reference import rms_norm
 
 try:  # Triton comes with CUDA builds of torch; CPU-only installs lack it
     import triton
@@ -240,8 +241,6 @@ def gemv_ref(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None
              eps: float = 0.0, residual: torch.Tensor | None = None,
              gate_up: bool = False) -> torch.Tensor:
     """The same function with unfused PyTorch ops (the reference in tests and self-checks)."""
-    from qwen_trt.fast.model import rms_norm   # the model's own norm (model imports this module)
-
     x = x.reshape(1, -1)
     if ln is not None:
         x = rms_norm(x, ln, eps)

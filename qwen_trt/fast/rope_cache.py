@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+from qwen_trt.fast.reference import split_norm_rope
 
 try:
     import triton
@@ -94,9 +95,7 @@ def qk_rope_cache_ref(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Ten
                       cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
                       k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
                       heads: int) -> torch.Tensor:
-    """The same with PyTorch ops (the model's :func:`~qwen_trt.fast.model.split_norm_rope`)."""
-    from qwen_trt.fast.model import split_norm_rope   # model imports this module
-
+    """The same with PyTorch ops (:func:`~qwen_trt.fast.reference.split_norm_rope`)."""
     kv_heads, _, d = k_cache.shape
     q, k, v = split_norm_rope(qkv.reshape(1, -1), pos, cos, sin, q_norm, k_norm, heads,
                               kv_heads, d, eps)
