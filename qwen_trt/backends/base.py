@@ -93,5 +93,19 @@ class Backend(ABC):
         self._cancel.clear()
         return self._cancel
 
+    _device_attrs: tuple[str, ...] = ()   # what holds device memory (dropped by close)
+
     def close(self) -> None:
-        """Free device memory. The default does nothing."""
+        """Free device memory: drop what ``_device_attrs`` names, then return the CUDA cache."""
+        for name in self._device_attrs:
+            setattr(self, name, None)
+        release_cuda_cache()
+
+
+def release_cuda_cache() -> None:
+    """Give cached CUDA blocks back (no-op without torch or CUDA; never imports torch)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from qwen_trt.backends.base import Backend, BackendInfo
-from qwen_trt.backends.torch_backend import (context_limit, load_tokenizer, pick_device,
-                                             pick_dtype)
+from qwen_trt.backends.torch_backend import prepare_torch_load
 from qwen_trt.chat.template import default_stop_ids
-from qwen_trt.model.source import ModelSource, resolve_model
+from qwen_trt.model.source import ModelSource
 from qwen_trt.params import SamplingParams
 
 def use_fast(mode: str, device: str) -> bool:
@@ -24,6 +23,7 @@ class FastBackend(Backend):
     """Compiled, graph-replayed Qwen3 on CUDA (eager on CPU); name ``torch-fast``."""
 
     name = "torch-fast"
+    _device_attrs = ("decoder",)
 
     def __init__(self, source: ModelSource, decoder, tokenizer) -> None:
         super().__init__()
@@ -45,22 +45,12 @@ class FastBackend(Backend):
              max_seq_len: int | None = None, warmup: bool = True) -> "FastBackend":
         from qwen_trt.fast import FastConfig, load_fast_decoder
 
-        source = resolve_model(model)
-        device = pick_device(device)
-        torch_dtype = pick_dtype(dtype, device)
-        cfg = FastConfig.from_hf(source.config)
-        tokenizer = load_tokenizer(source)
-        decoder = load_fast_decoder(cfg, weights=source.path, dtype=torch_dtype, device=device,
-                                  max_seq_len=context_limit(source, max_seq_len), warmup=warmup)
-        return cls(source, decoder, tokenizer)
+        p = prepare_torch_load(model, device, dtype, max_seq_len)
+        cfg = FastConfig.from_hf(p.source.config, f"'{p.source.name}'/config.json")
+        decoder = load_fast_decoder(cfg, weights=p.source.path, dtype=p.dtype, device=p.device,
+                                    max_seq_len=p.max_seq_len, warmup=warmup)
+        return cls(p.source, decoder, p.tokenizer)
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
         cancel = self._begin()
         yield from self.decoder.generate(prompt_ids, params, cancel, stop_ids=self.stop_ids(params))
-
-    def close(self) -> None:
-        import torch
-
-        self.decoder = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()

@@ -7,11 +7,12 @@ runs on the device (:mod:`qwen_trt.backends.sampling`); only the chosen token id
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.chat.template import default_stop_ids
 from qwen_trt.errors import BackendUnavailableError, ModelSourceError
-from qwen_trt.model.source import ModelSource, resolve_model
+from qwen_trt.model.source import ModelSource, load_tokenizer, resolve_model
 from qwen_trt.params import SamplingParams
 
 DEFAULT_MAX_SEQ_LEN = 32768
@@ -38,21 +39,31 @@ def pick_dtype(dtype: str, device: str):
     return getattr(torch, dtype)
 
 
-def load_tokenizer(source: ModelSource):
-    """The checkpoint's own tokenizer (and chat template); a broken folder is one clear line."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(source.path)
-    except (OSError, ValueError) as e:
-        raise ModelSourceError(f"Could not load the tokenizer of '{source.name}': {e}"
-                               .splitlines()[0]) from e
-
-
 def context_limit(source: ModelSource, requested: int | None) -> int:
     """Prompt + reply limit: what was asked for (default 32768), never above the model's."""
     model_max = source.config.get("max_position_embeddings", DEFAULT_MAX_SEQ_LEN)
     return min(model_max, requested or DEFAULT_MAX_SEQ_LEN)
+
+
+@dataclass(frozen=True)
+class TorchLoad:
+    """What both torch backends resolve before loading weights (:func:`prepare_torch_load`)."""
+
+    source: ModelSource
+    device: str           # "cpu", "cuda", "cuda:1"
+    dtype: object         # torch.dtype
+    tokenizer: object
+    max_seq_len: int      # the context limit: asked for, never above the model's
+
+
+def prepare_torch_load(model: str | None, device: str, dtype: str,
+                       max_seq_len: int | None) -> TorchLoad:
+    """The shared load preamble of the torch and torch-fast backends."""
+    source = resolve_model(model)
+    dev = pick_device(device)
+    return TorchLoad(source=source, device=dev, dtype=pick_dtype(dtype, dev),
+                     tokenizer=load_tokenizer(source.path, source.name),
+                     max_seq_len=context_limit(source, max_seq_len))
 
 
 def _cache_kwarg(model) -> str:
@@ -66,6 +77,7 @@ class TorchBackend(Backend):
     """transformers ``AutoModelForCausalLM`` with a KV cache and on-device sampling."""
 
     name = "torch"
+    _device_attrs = ("model",)
 
     def __init__(self, source: ModelSource, model, tokenizer, device: str,
                  max_seq_len: int) -> None:
@@ -92,17 +104,13 @@ class TorchBackend(Backend):
              max_seq_len: int | None = None, warmup: bool = True) -> "TorchBackend":
         from transformers import AutoModelForCausalLM
 
-        source = resolve_model(model)
-        device = pick_device(device)
-        torch_dtype = pick_dtype(dtype, device)
-        tokenizer = load_tokenizer(source)
+        p = prepare_torch_load(model, device, dtype, max_seq_len)
         try:
-            hf_model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype)
+            hf_model = AutoModelForCausalLM.from_pretrained(p.source.path, dtype=p.dtype)
         except (OSError, ValueError) as e:
-            raise ModelSourceError(f"Could not load '{source.name}': {e}".splitlines()[0]) from e
-        hf_model.to(device).eval()
-        backend = cls(source, hf_model, tokenizer, device,
-                      max_seq_len=context_limit(source, max_seq_len))
+            raise ModelSourceError(f"Could not load '{p.source.name}': {e}".splitlines()[0]) from e
+        hf_model.to(p.device).eval()
+        backend = cls(p.source, hf_model, p.tokenizer, p.device, max_seq_len=p.max_seq_len)
         if warmup:
             backend.warmup()
         return backend
@@ -133,10 +141,3 @@ class TorchBackend(Backend):
                 out = self.model(input_ids=tok.view(1, 1), use_cache=True, **cache)
                 logits = out.logits[:, -1, :]
                 del out
-
-    def close(self) -> None:
-        import torch
-
-        self.model = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()

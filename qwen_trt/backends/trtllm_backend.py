@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen_trt.backends.base import Backend, BackendInfo
-from qwen_trt.chat.template import default_stop_ids
+from qwen_trt.chat.template import default_stop_ids, end_and_pad_ids
 from qwen_trt.errors import BackendUnavailableError, QwenTrtError
 from qwen_trt.params import SamplingParams
 
@@ -252,13 +252,9 @@ class TrtllmBackend(Backend):
         self.manifest = manifest
         self.engine_dir = engine_dir
         tok = manifest.get("tokenizer") or {}
-        from qwen_trt.chat.template import ENDOFTEXT, IM_END
-
-        im_end = tokenizer.convert_tokens_to_ids(IM_END)
-        self._im_end = int(tok.get("end_id", im_end if isinstance(im_end, int) else
-                                    tokenizer.eos_token_id))
-        pad = tok.get("pad_id", tokenizer.pad_token_id)
-        self._pad_id = int(pad if pad is not None else tokenizer.convert_tokens_to_ids(ENDOFTEXT))
+        end_id, pad_id = end_and_pad_ids(tokenizer)   # what the build recorded, if it did
+        self._im_end = int(tok.get("end_id", end_id))
+        self._pad_id = int(tok.get("pad_id", pad_id))
         lim = manifest["limits"]
         self._info = BackendInfo(name=self.name, model=str(engine_dir), device=gpu_name,
                                  dtype=manifest.get("build_flags", {}).get("dtype", "float16"),
@@ -428,16 +424,14 @@ class TrtllmBackend(Backend):
 
 def _load_tokenizer(engine_dir: Path, model: str | None):
     """The tokenizer copied into the engine folder at build time, else from ``model``."""
-    from transformers import AutoTokenizer
-
     from qwen_trt.engine.manifest import TOKENIZER_DIR
+    from qwen_trt.model.source import load_tokenizer, resolve_model
 
     tok_dir = engine_dir / TOKENIZER_DIR
     if (tok_dir / "tokenizer.json").is_file() or (tok_dir / "vocab.json").is_file():
-        return AutoTokenizer.from_pretrained(tok_dir)
+        return load_tokenizer(tok_dir)
     if model:
-        from qwen_trt.model.source import resolve_model
-
-        return AutoTokenizer.from_pretrained(resolve_model(model).path)
+        source = resolve_model(model)
+        return load_tokenizer(source.path, source.name)
     raise EngineNotFoundError(f"{engine_dir} has no {TOKENIZER_DIR}/ folder: pass --model with the "
                               f"checkpoint it was built from, or rebuild the engine.")

@@ -36,8 +36,6 @@ from __future__ import annotations
 import gc
 import json
 import shutil
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +48,8 @@ from qwen_trt.engine.manifest import (TOKENIZER_DIR, TOKENIZER_FILES, Stamp, che
 from qwen_trt.errors import ModelSourceError, QwenTrtError
 from qwen_trt.engine.gpu import check_profile_matches, require_gpu
 from qwen_trt.model.shape import ModelShape
-from qwen_trt.model.source import ModelSource, resolve_model
+from qwen_trt.model.source import ModelSource, load_tokenizer, resolve_model
+from qwen_trt.progress import StageLog
 
 ENGINE_FILES = ("config.json", "rank0.engine")
 CHECKPOINT_FILES = ("config.json", "rank0.safetensors")
@@ -229,36 +228,6 @@ def verify_engine_config(engine_dir: Path, profile: BuildProfile, shape: ModelSh
                          f"for: {'; '.join(problems)}.")
 
 
-# ---------------------------------------------------------------- progress lines
-
-class StageLog:
-    """``[2/4] export  ...  done in 12.3 s`` lines on stderr (or any writer)."""
-
-    def __init__(self, total: int, write: Callable[[str], None] | None = None) -> None:
-        self.total = total
-        self.n = 0
-        self._write = write or (lambda s: print(s, file=sys.stderr, flush=True))
-        self.timings: dict[str, float] = {}
-
-    def line(self, text: str) -> None:
-        self._write(text)
-
-    def run(self, name: str, what: str, fn: Callable[[], object], *, skip: bool = False):
-        self.n += 1
-        head = f"[{self.n}/{self.total}] {name:<8} {what}"
-        if skip:
-            self._write(f"{head}: skipped (inputs unchanged; --force rebuilds)")
-            self.timings[name] = 0.0
-            return None
-        self._write(f"{head} ...")
-        t = time.perf_counter()
-        result = fn()
-        dt = time.perf_counter() - t
-        self.timings[name] = round(dt, 3)
-        self._write(f"[{self.n}/{self.total}] {name:<8} done in {dt:.1f} s")
-        return result
-
-
 # ---------------------------------------------------------------- pipeline
 
 @dataclass
@@ -284,16 +253,10 @@ def _weights_bytes(source: ModelSource) -> int:
 
 
 def _tokenizer_info(source: ModelSource) -> dict:
-    from transformers import AutoTokenizer
+    from qwen_trt.chat.template import default_stop_ids, end_and_pad_ids
 
-    from qwen_trt.chat.template import ENDOFTEXT, IM_END
-    from qwen_trt.chat.template import default_stop_ids
-
-    tok = AutoTokenizer.from_pretrained(source.path)
-    im_end = tok.convert_tokens_to_ids(IM_END)
-    eot = tok.convert_tokens_to_ids(ENDOFTEXT)
-    end_id = im_end if isinstance(im_end, int) and im_end != tok.unk_token_id else tok.eos_token_id
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else eot
+    tok = load_tokenizer(source.path, source.name)
+    end_id, pad_id = end_and_pad_ids(tok)
     return {"end_id": end_id, "pad_id": pad_id, "stop_ids": list(default_stop_ids(tok)),
             "files": []}
 

@@ -94,11 +94,11 @@ def library_versions() -> dict[str, str | None]:
     """Versions recorded in (and checked against) the engine manifest."""
     out: dict[str, str | None] = {}
     for mod in ("tensorrt_llm", "tensorrt", "torch"):
-        out[mod] = _module_version(mod)
+        out[mod] = module_version(mod)
     return out
 
 
-def _module_version(mod: str) -> str | None:
+def module_version(mod: str) -> str | None:
     import sys
 
     m = sys.modules.get(mod)

@@ -100,3 +100,15 @@ def resolve_model(spec: str | None = None) -> ModelSource:
     if not (local / "tokenizer.json").is_file() and not (local / "vocab.json").is_file():
         raise ModelSourceError(f"'{spec}' has no tokenizer files (tokenizer.json).")
     return ModelSource(path=local, name=spec, config=config)
+
+
+def load_tokenizer(path: str | os.PathLike, name: str | None = None):
+    """The checkpoint's own tokenizer (and chat template) from a folder; a broken one is one
+    clear :class:`ModelSourceError` line naming ``name`` (default: the folder)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ModelSourceError(f"Could not load the tokenizer of '{name or path}': "
+                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e

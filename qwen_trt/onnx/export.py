@@ -15,7 +15,6 @@ them silently for the example shapes (it prints TracerWarnings on exactly those 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import io
 import json
@@ -27,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from qwen_trt.engine.env import module_version
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.model.source import ModelSource
 
@@ -177,27 +177,13 @@ def dynamic_shapes(num_layers: int) -> dict:
 # --------------------------------------------------------------------------- provenance
 
 
-def source_fingerprint(path: Path, chunk: int = 1 << 22) -> tuple[str, list[dict]]:
-    """sha256 over config.json and every weight file (*.safetensors, else *.bin), sorted by
-    name, each as its name then its bytes."""
-    weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
-    files = [path / "config.json"] + weights
-    digest = hashlib.sha256()
-    listed = []
-    for f in files:
-        digest.update(f.name.encode() + b"\0")
-        with f.open("rb") as fh:
-            while block := fh.read(chunk):
-                digest.update(block)
-        listed.append({"name": f.name, "bytes": f.stat().st_size})
-    return digest.hexdigest(), listed
+def source_fingerprint(path: Path) -> tuple[str, list[dict]]:
+    """The checkpoint's sha256 as the engine manifest records it (config and weights, see
+    ``engine.manifest.checkpoint_files``), and the files it covers."""
+    from qwen_trt.engine.manifest import checkpoint_files, content_hash
 
-
-def _version(module: str) -> str | None:
-    try:
-        return importlib.import_module(module).__version__
-    except ImportError:
-        return None
+    files = checkpoint_files(path)
+    return content_hash(files, path), [{"name": f.name, "bytes": f.stat().st_size} for f in files]
 
 
 # --------------------------------------------------------------------------- results
@@ -429,7 +415,7 @@ def build_manifest(source: ModelSource, export: ExportResult, check: CheckResult
                       **asdict(shape), "weight_bytes": export.weight_bytes},
         inputs=[asdict(s) for s in check.inputs],
         outputs=[asdict(s) for s in check.outputs],
-        versions={m: _version(m) for m in ("torch", "transformers", "onnx", "onnxscript",
+        versions={m: module_version(m) for m in ("torch", "transformers", "onnx", "onnxscript",
                                            "onnxruntime")},
         created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         notes=["prefill: pass past_* with 0 on the past axis; decode: feed present_* back",
