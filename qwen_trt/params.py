@@ -29,6 +29,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # benchmarks only: generate exactly max_new_tokens
+    presence_penalty: float = 0.0     # -2..2: subtracted once from each token already generated
+    repetition_penalty: float = 1.0   # (0, 2]: HF semantics over the tokens generated so far
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -39,10 +41,19 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not -2 <= self.presence_penalty <= 2:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty changes any logit (neutral values keep the plain samplers)."""
+        return self.presence_penalty != 0 or self.repetition_penalty != 1
 
 
 @dataclass

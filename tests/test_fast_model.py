@@ -9,7 +9,7 @@ import torch
 
 from qwen_trt.errors import ModelSourceError, PromptTooLongError
 from qwen_trt.fast import FastConfig, FastDecoder, build_model
-from qwen_trt.fast.sampler import SamplerState, pick, sampler_kind
+from qwen_trt.backends.sampling import SamplerState, pick, sampler_kind
 from qwen_trt.fast.weights import load_safetensors
 from qwen_trt.params import SamplingParams
 
@@ -147,8 +147,8 @@ def test_pick_respects_top_k_and_top_p(top_k, top_p):
     vocab = 300
     logits = torch.randn(1, vocab) * 3
     params = SamplingParams(max_new_tokens=200, temperature=0.8, top_k=top_k, top_p=top_p, seed=1)
-    st = SamplerState(200, "cpu")
-    st.set(params, vocab)
+    st = SamplerState(200, vocab, "cpu")
+    st.set(params)
     kind = sampler_kind(params)
     probs = torch.softmax(logits[0] / 0.8, -1)
     order = torch.argsort(probs, descending=True)
@@ -181,6 +181,23 @@ def test_fast_backend_through_load_backend(tiny_model_dir, tiny_backend):
     next(gen)
     backend.cancel()
     assert len(list(gen)) <= 1
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.9, top_k=20, seed=7, ignore_eos=True),
+    SamplingParams(max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0, seed=3, ignore_eos=True),
+    SamplingParams(max_new_tokens=16, temperature=0, repetition_penalty=1.8, presence_penalty=1.5,
+                   ignore_eos=True),
+    SamplingParams(max_new_tokens=16, temperature=0.8, top_k=50, seed=5, presence_penalty=-1.0,
+                   repetition_penalty=0.7, ignore_eos=True),
+])
+def test_same_seed_same_tokens_with_fast_on_and_off(tiny_model_dir, tiny_backend, params):
+    """One sampler for both torch paths: the fast decoder and HF transformers agree on CPU."""
+    from qwen_trt.backends.fast_backend import FastBackend
+
+    fast = FastBackend.load(str(tiny_model_dir), device="cpu", max_seq_len=128, warmup=False)
+    ids = fast.tokenizer.encode("Hello, how are you", add_special_tokens=False)
+    assert list(fast.stream(ids, params)) == list(tiny_backend.stream(ids, params))
 
 
 def test_config_reads_transformers_4_layout():

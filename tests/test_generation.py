@@ -5,7 +5,7 @@ import torch
 from fakes import ScriptedBackend
 from qwen_trt.chat.generation import ReplyStream
 from qwen_trt.params import SamplingParams
-from qwen_trt.backends.sampling import filter_logits, sample
+from qwen_trt.backends.sampling import SamplerState, pick, sampler_kind
 
 
 TEXT = "你好！Emoji 🚀🎉 and 龘. **Markdown** <script>alert(1)</script>"
@@ -53,21 +53,58 @@ def test_sampling_params_validation():
     assert not SamplingParams().greedy
 
 
+def _draws(logits, params, n=200):
+    st = SamplerState(n, logits.shape[-1], "cpu")
+    st.set(params)
+    kind = sampler_kind(params)
+    out = set()
+    for i in range(n):
+        st.step.fill_(i)
+        out.add(int(pick(logits, kind, st)))
+    return out
+
+
 def test_top_k_and_top_p_filters():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
-    k2 = filter_logits(logits, SamplingParams(temperature=1.0, top_k=2, top_p=1.0))
-    assert torch.isfinite(k2).tolist() == [[True, True, False, False, False]]
+    assert _draws(logits, SamplingParams(temperature=1.0, top_k=2, top_p=1.0, seed=0,
+                                         max_new_tokens=200)) == {0, 1}
     p = logits.softmax(-1)[0]                  # 0.636, 0.234, 0.086, ...
-    nucleus = filter_logits(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.8))
-    assert torch.isfinite(nucleus).tolist() == [[True, True, False, False, False]]
     assert p[0] < 0.8 < p[0] + p[1]
-    tiny_p = filter_logits(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.1))
-    assert torch.isfinite(tiny_p).sum() == 1   # the top token always survives
-    g = torch.Generator().manual_seed(0)
-    draws = {int(sample(logits, SamplingParams(temperature=1.0, top_k=2, top_p=1.0), g))
-             for _ in range(200)}
-    assert draws == {0, 1}
-    assert int(sample(logits, SamplingParams(temperature=0), None)) == 0
+    assert _draws(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.8, seed=0,
+                                         max_new_tokens=200)) == {0, 1}
+    # the top token always survives
+    assert _draws(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.1, seed=0,
+                                         max_new_tokens=200)) == {0}
+    assert _draws(logits, SamplingParams(temperature=0, max_new_tokens=200)) == {0}
+
+
+def test_penalties_apply_per_row_to_generated_tokens_only():
+    logits = torch.tensor([[4.0, 3.0, 2.0, -1.0], [4.0, 3.0, 2.0, -1.0]])
+    st = SamplerState(8, 4, "cpu", rows=2)
+    st.set(SamplingParams(temperature=0, presence_penalty=1.5), row=0)
+    st.set(SamplingParams(temperature=0), row=1)              # neutral penalties
+    kind = "greedy+penalties"
+    assert pick(logits, kind, st).tolist() == [0, 0]          # nothing generated yet
+    st.advance(torch.tensor([0, 0]))
+    assert pick(logits, kind, st).tolist() == [1, 0]          # 4 - 1.5 < 3 on row 0 only
+    st.set(SamplingParams(temperature=0, repetition_penalty=2.0), row=0)
+    st.advance(torch.tensor([0, 0]))
+    assert pick(logits, kind, st).tolist() == [1, 0]          # 4 / 2 < 3
+    pen = st.penalize(logits)
+    assert pen[0].tolist() == [2.0, 3.0, 2.0, -1.0] and torch.equal(pen[1], logits[1])
+    st.advance(torch.tensor([3, 3]))
+    assert st.penalize(logits)[0, 3] == -2.0                  # negative logits are multiplied
+    assert sampler_kind(SamplingParams(temperature=0)) == "greedy"
+    assert sampler_kind(SamplingParams(top_k=20, repetition_penalty=1.1)) == "topk+penalties"
+
+
+def test_penalty_ranges():
+    for bad in (dict(presence_penalty=2.5), dict(presence_penalty=-2.1),
+                dict(repetition_penalty=0), dict(repetition_penalty=2.01)):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+    assert not SamplingParams(presence_penalty=0.0, repetition_penalty=1.0).penalized
+    assert SamplingParams(presence_penalty=-2, repetition_penalty=2).penalized
 
 
 def test_cancel_before_the_first_token_is_never_lost(tiny_tokenizer):

@@ -169,3 +169,20 @@ def test_cuda_greedy_matches_hf_generate(tiny_model_dir, prompt):
     hf = b.model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=24,
                           do_sample=False, eos_token_id=None, pad_token_id=0)
     assert ours == hf[0, len(prompt):].tolist()
+
+
+def test_neutral_penalties_keep_greedy_and_penalties_change_it(tiny_backend, prompt):
+    plain = list(tiny_backend.stream(prompt, GREEDY))
+    from qwen_trt.backends import sampling
+
+    real = sampling.sampler_kind
+    sampling.sampler_kind = lambda p: real(p) + sampling.PENALTIES   # neutral values, applied
+    try:
+        assert list(tiny_backend.stream(prompt, GREEDY)) == plain
+    finally:
+        sampling.sampler_kind = real
+    strong = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True,
+                            repetition_penalty=2.0, presence_penalty=2.0)
+    penalized = list(tiny_backend.stream(prompt, strong))
+    assert penalized != plain
+    assert len(set(penalized)) >= len(set(plain))   # fewer repeats

@@ -2,7 +2,8 @@
 
 Decoding is a plain loop in the caller's thread (prefill, then one forward per token with the
 KV cache), so closing the generator or :meth:`cancel` stops work before the next token. Sampling
-runs on the device (:mod:`qwen_trt.backends.sampling`); only the chosen token id crosses to the host.
+runs on the device with the fast path's sampler (:mod:`qwen_trt.backends.sampling`), so a seed
+gives the same tokens on both; only the chosen token id crosses to the host.
 """
 from __future__ import annotations
 
@@ -119,19 +120,22 @@ class TorchBackend(Backend):
         import torch
         from transformers import DynamicCache
 
-        from qwen_trt.backends.sampling import make_generator, sample
+        from qwen_trt.backends.sampling import SamplerState, pick, sampler_kind
 
         cancel = self._begin()
         stop = self.stop_ids(params)
-        gen = make_generator(params, self.device)
+        kind = sampler_kind(params)
         with torch.inference_mode():
             ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
             cache = {self._cache_kw: DynamicCache(config=self.model.config)}
             out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **cache)
             logits = out.logits[:, -1, :]
             del out
+            sampler = SamplerState(params.max_new_tokens, logits.shape[-1], self.device)
+            sampler.set(params)
             for step in range(params.max_new_tokens):
-                tok = sample(logits, params, gen)          # [1] on device
+                tok = pick(logits, kind, sampler)           # [1] on device
+                sampler.advance(tok)
                 tok_id = int(tok.item())                    # the one host sync per token
                 yield tok_id
                 if tok_id in stop or cancel.is_set():

@@ -106,6 +106,10 @@ def sampling_kwargs(params: SamplingParams) -> dict:
               "top_p": float(params.top_p)}
     if params.seed is not None:
         kw["random_seed"] = int(params.seed)
+    if params.presence_penalty:
+        kw["presence_penalty"] = float(params.presence_penalty)
+    if params.repetition_penalty != 1:
+        kw["repetition_penalty"] = float(params.repetition_penalty)
     return kw
 
 

@@ -26,7 +26,7 @@ import torch
 
 from qwen_trt.fast.attention import check_triton, triton_usable
 from qwen_trt.fast.model import Qwen3Fast, prefill_layer
-from qwen_trt.fast.sampler import Kind, SamplerState, pick, sampler_kind
+from qwen_trt.backends.sampling import Kind, SamplerState, pick, sampler_kind
 from qwen_trt.params import SamplingParams
 
 PREFILL_GRAPH_MAX = 4096   # prompts longer than this run compiled but not graph-captured
@@ -186,7 +186,7 @@ class FastDecoder:
         self.last = torch.zeros(1, dtype=torch.long, device=dev)
         self.positions = torch.arange(n, device=dev)
         self.logits = torch.zeros(1, model.cfg.vocab_size, dtype=model.dtype, device=dev)
-        self.sampler = SamplerState(n, dev)
+        self.sampler = SamplerState(n, model.cfg.vocab_size, dev)
         self._host = _HostTokens(dev)
         self.stats.compile, self.stats.graphs, self.stats.attention, self.stats.kernels = (
             self.compile, self.graphs, attention, kernels)
@@ -222,7 +222,7 @@ class FastDecoder:
         logits = self._decode_fn(self.tok, self.pos, kv_pos)
         self.tok.copy_(pick(logits, kind, self.sampler))
         self.pos.add_(1)
-        self.sampler.step.add_(1)
+        self.sampler.advance(self.tok)
 
     # ---- compile + capture ---------------------------------------------------------------
     def _capture(self, fn: Callable[[], None], reset: Callable[[], None]) -> torch.cuda.CUDAGraph:
@@ -245,14 +245,15 @@ class FastDecoder:
         if graph is None:
             # A capture may happen mid-request (a sampler kind not warmed up): its warm-up runs
             # write only the spare cache slot past max_seq_len, which no request uses.
-            saved = [b.clone() for b in (self.pos, self.tok, self.sampler.step)]
+            state = (self.pos, self.tok, self.sampler.step, self.sampler.seen)
+            saved = [b.clone() for b in state]
 
             def reset() -> None:
                 self.pos.fill_(self.max_seq_len)
                 self.sampler.step.zero_()
 
             graph = self._capture(lambda: self._decode_step(kv_len, kind), reset)
-            for b, v in zip((self.pos, self.tok, self.sampler.step), saved):
+            for b, v in zip(state, saved):
                 b.copy_(v)
             self._decode_graphs[key] = graph
             self.stats.decode_graphs = len(self._decode_graphs)
@@ -344,11 +345,11 @@ class FastDecoder:
     def _start(self, prompt_ids: Sequence[int], params: SamplingParams,
                kind: Kind) -> Callable[[], int]:
         """Prefill and choose the first token; returns a getter for its id."""
-        self.sampler.set(params, self.model.cfg.vocab_size)
+        self.sampler.set(params)
         self._run_prefill(prompt_ids)
         self.tok.copy_(pick(self.logits, kind, self.sampler))
         self.pos.fill_(len(prompt_ids))
-        self.sampler.step.fill_(1)
+        self.sampler.advance(self.tok)
         return self._host.push(self.tok)
 
     @torch.inference_mode()

@@ -70,11 +70,3 @@ class ModelShape:
             raise ModelSourceError(f"{where}: num_attention_heads {shape.heads} is not a multiple "
                                    f"of num_key_value_heads {shape.kv_heads}.")
         return shape
-
-    @property
-    def q_size(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.kv_heads * self.head_dim
