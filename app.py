@@ -83,30 +83,31 @@ def stream_reply(service: serving.InferenceService, state: ChatState, text: str,
             for ev in coalesce(events):
                 if handle.cancelled:          # cleared, or a newer run took over
                     return
-                if isinstance(ev, serving.Waiting):
-                    label = waiting_label(ev.position, ev.waited_s)
-                    if label != shown_label:  # redraw when it changes (at most once a second)
-                        if label:
-                            status.info(label, icon=":material/hourglass_top:")
-                        else:
-                            status.empty()
-                        shown_label = label
-                elif isinstance(ev, serving.Started):
-                    status.empty()
-                    tail.markdown(view.add("").tail)      # the cursor, until the first token
-                elif isinstance(ev, serving.Delta):
-                    update = view.add(ev.text)
-                    for block in update.new_blocks:
-                        blocks.markdown(block)
-                    tail.markdown(update.tail)
-                elif isinstance(ev, serving.Failed):
-                    state.discard(pending)
-                    raise ev.error
-                elif isinstance(ev, serving.Finished):
-                    reply = state.commit_pending(pending)
-                    if reply is not None:
-                        body.markdown(sanitize_markdown(reply.text) or "*(no text)*")
-                        st.caption(reply_footer(reply, handle.waited_s))
+                match ev:
+                    case serving.Waiting(position=position, waited_s=waited_s):
+                        label = waiting_label(position, waited_s)
+                        if label != shown_label:  # redraw when it changes (at most once a second)
+                            if label:
+                                status.info(label, icon=":material/hourglass_top:")
+                            else:
+                                status.empty()
+                            shown_label = label
+                    case serving.Started():
+                        status.empty()
+                        tail.markdown(view.add("").tail)      # the cursor, until the first token
+                    case serving.Delta(text=text):
+                        update = view.add(text)
+                        for block in update.new_blocks:
+                            blocks.markdown(block)
+                        tail.markdown(update.tail)
+                    case serving.Failed(error=error):
+                        state.discard(pending)
+                        raise error
+                    case serving.Finished():
+                        reply = state.commit_pending(pending)
+                        if reply is not None:
+                            body.markdown(sanitize_markdown(reply.text) or "*(no text)*")
+                            st.caption(reply_footer(reply, handle.waited_s))
 
 
 def main() -> None:
