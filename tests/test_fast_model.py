@@ -184,7 +184,8 @@ def test_fast_backend_through_load_backend(tiny_model_dir, tiny_backend):
 
 
 @pytest.mark.parametrize("params", [
-    SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.9, top_k=20, seed=7, ignore_eos=True),
+    SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.9, top_k=20, seed=7,
+                   ignore_eos=True),
     SamplingParams(max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0, seed=3, ignore_eos=True),
     SamplingParams(max_new_tokens=16, temperature=0, repetition_penalty=1.8, presence_penalty=1.5,
                    ignore_eos=True),

@@ -58,7 +58,8 @@ class ModelShape:
         hidden, heads = whole("hidden_size"), whole("num_attention_heads")
         tied = config.get("tie_word_embeddings", False)
         if not isinstance(tied, bool):
-            raise ConfigError(f"{where}: 'tie_word_embeddings' must be true or false, got {tied!r}.")
+            raise ConfigError(f"{where}: 'tie_word_embeddings' must be true or false, "
+                              f"got {tied!r}.")
         shape = cls(layers=whole("num_hidden_layers"), hidden=hidden,
                     intermediate=whole("intermediate_size"), heads=heads,
                     kv_heads=whole("num_key_value_heads", heads),
