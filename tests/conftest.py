@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
     }
     for item in items:
         for mark, (skip, why) in skips.items():
-            if skip and mark in item.keywords:
+            if skip and item.get_closest_marker(mark) is not None:
                 item.add_marker(pytest.mark.skip(reason=why))
 
 
