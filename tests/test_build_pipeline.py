@@ -266,3 +266,133 @@ def test_qwen3_4b_head_dim_trap_is_caught():
         check_model_shapes({**cfg, "head_dim": 80})
     with pytest.raises(ModelSourceError, match="not a multiple"):
         check_model_shapes({**cfg, "num_key_value_heads": 7})
+
+
+# ---------------------------------------------------------------- issue #12 regressions
+
+@pytest.fixture
+def early_converter(fake_trtllm, monkeypatch):
+    """The 1.0.0rc3 converter: head_dim = hidden // heads unless kv_channels is given."""
+    import tensorrt_llm.models.qwen.config as qc
+
+    monkeypatch.setattr(qc, "FLAVOUR", "1.0rc3")
+    return qc
+
+
+def test_early_converter_gets_the_head_size_from_kv_channels(early_converter, monkeypatch, dirs,
+                                                             model_copy):
+    set_gpu(monkeypatch, "a10")
+    _run(dirs, model_copy)
+    staged = json.loads((dirs["out"] / "a10" / "hf-staging" / "config.json").read_text())
+    assert staged["kv_channels"] == staged["head_dim"] == 32        # tiny: hidden/heads = 16
+    ckpt = json.loads((dirs["out"] / "a10" / "checkpoint" / "config.json").read_text())
+    assert ckpt["head_size"] == 32
+    eng = json.loads((dirs["engines"] / "a10" / "config.json").read_text())
+    assert eng["pretrained_config"]["head_size"] == 32
+
+
+def test_without_kv_channels_the_early_converter_is_stopped_before_loading_weights(
+        early_converter, monkeypatch, dirs, model_copy):
+    import qwen_trt.engine.build as eb
+
+    set_gpu(monkeypatch, "a10")
+    real = eb.converter_config
+
+    def without_kv_channels(config, shape):
+        cfg = real(config, shape)
+        cfg.pop("kv_channels")
+        return cfg
+
+    monkeypatch.setattr(eb, "converter_config", without_kv_channels)
+    with pytest.raises(BuildError, match=r"read .* as head_size 16 \(checkpoint: 32\)"):
+        _run(dirs, model_copy)
+    assert calls(fake_trtllm_module(), "from_hugging_face") == []   # no weights were loaded
+    # and what the user would have hit without the config check: upstream's shape assertion
+    monkeypatch.setattr(eb, "check_converter_config", lambda cfg, shape, where: None)
+    with pytest.raises(BuildError, match=r"The value updated is not the same shape as the "
+                                         r"original. Updated: \(256, 64\), original: \(128, 64\)"):
+        _run(dirs, model_copy, force=True)
+
+
+def fake_trtllm_module():
+    import tensorrt_llm
+
+    return tensorrt_llm
+
+
+def test_timing_cache_goes_to_the_work_folder_not_the_cwd(fake_trtllm, monkeypatch, dirs,
+                                                          model_copy, tmp_path):
+    set_gpu(monkeypatch, "a10")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    _run(dirs, model_copy)
+    assert list(cwd.iterdir()) == []                          # BuildConfig default: ./model.cache
+    cache = dirs["out"] / "a10" / "model.cache"
+    assert cache.is_file()
+    (first,) = calls(fake_trtllm, "build")
+    assert first["build_config"].output_timing_cache == str(cache)
+    assert first["build_config"].input_timing_cache is None   # nothing to read on the first build
+    _run(dirs, model_copy, force=True)
+    assert calls(fake_trtllm, "build")[1]["build_config"].input_timing_cache == str(cache)
+
+
+def test_manifest_says_the_tied_embedding_is_stored_twice(fake_trtllm, monkeypatch, dirs,
+                                                          model_copy):
+    set_gpu(monkeypatch, "a10")
+    m = _run(dirs, model_copy)[0].manifest
+    cfg = json.loads((model_copy / "config.json").read_text())
+    w = m["weights"]
+    assert cfg["tie_word_embeddings"] and w["tied_embeddings"] and w["lm_head_stored_separately"]
+    vocab_x_hidden = cfg["vocab_size"] * cfg["hidden_size"]
+    params = w["checkpoint_params"]
+    assert w["estimated_bytes"] == (params + vocab_x_hidden) * 2
+    # the fake plan carries the converted weights, as a real engine does: the estimate holds
+    engine = (dirs["engines"] / "a10" / "rank0.engine").stat().st_size
+    assert w["engine_file_bytes"] == engine
+    assert abs(engine - w["estimated_bytes"]) < 0.15 * w["estimated_bytes"]
+
+
+def test_bfloat16_override_builds_its_own_engine_folder(fake_trtllm, monkeypatch, dirs,
+                                                       model_copy):
+    set_gpu(monkeypatch, "a10")
+    fp16, _ = _run(dirs, model_copy)
+    bf16 = run_build(BuildRequest(gpu="a10", model=str(model_copy), out_dir=dirs["out"],
+                                  engines_dir=dirs["engines"], profiles_dir=dirs["profiles"],
+                                  dtype="bfloat16"), write=lambda s: None)
+    assert fp16.engine_dir.name == "a10" and bf16.engine_dir.name == "a10-bf16"
+    assert (fp16.manifest["dtype"], bf16.manifest["dtype"]) == ("float16", "bfloat16")
+    assert bf16.manifest["build_flags"]["plugin_config"]["gemm_plugin"] == "bfloat16"
+    assert read_manifest(dirs["engines"] / "a10")["dtype"] == "float16"    # untouched
+    hf = calls(fake_trtllm, "from_hugging_face")
+    assert [c["dtype"] for c in hf] == ["float16", "bfloat16"]
+    cfg = json.loads((dirs["engines"] / "a10-bf16" / "config.json").read_text())
+    assert cfg["pretrained_config"]["dtype"] == "bfloat16"
+    assert cfg["build_config"]["plugin_config"]["gpt_attention_plugin"] == "bfloat16"
+
+
+def test_bfloat16_needs_ampere(fake_trtllm, monkeypatch, dirs, model_copy, capsys):
+    from qwen_trt.engine import gpu as gpu_mod
+
+    t4 = gpu_mod.GpuInfo("Tesla T4", (7, 5), 14.6)
+    monkeypatch.setattr(gpu_mod, "detect_gpu", lambda index=0: t4)
+    p = dirs["profiles"] / "t4.toml"
+    p.write_text((dirs["profiles"] / "a10.toml").read_text()
+                 .replace("'\\bA10\\b'", "'T4'").replace('"8.6"', '"7.5"')
+                 .replace("memory_gib = 22", "memory_gib = 14"))
+    rc = main(["build", "--gpu", "t4", "--dtype", "bfloat16", "--model", str(model_copy),
+               "--profiles-dir", str(dirs["profiles"]), "--out-dir", str(dirs["out"]),
+               "--engines-dir", str(dirs["engines"])])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--dtype bfloat16 needs an Ampere or newer GPU (sm80+)" in err
+    assert "sm75" in err and err.count("\n") == 0
+    assert calls(fake_trtllm, "from_hugging_face") == []
+
+
+def test_container_image_is_recorded(fake_trtllm, monkeypatch, dirs, model_copy):
+    set_gpu(monkeypatch, "a10")
+    monkeypatch.setenv("QWEN_TRT_IMAGE", "nvcr.io/nvidia/tensorrt-llm/release:1.2.1")
+    m = _run(dirs, model_copy)[0].manifest
+    assert m["container"] == {"image": "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"}
+    monkeypatch.delenv("QWEN_TRT_IMAGE")
+    assert _run(dirs, model_copy, force=True)[0].manifest["container"] is None

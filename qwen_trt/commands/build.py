@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("build", help="build the FP16 TensorRT-LLM engine for a GPU profile")
+    p = sub.add_parser("build", help="build the TensorRT-LLM engine (FP16, or BF16 with --dtype) for a GPU profile")
     p.add_argument("--gpu", default=None,
                    help="profile name in build/profiles/ (a10, a10g, l4, a100, h100, h200, "
                         "rtx4090) or a path to a .toml profile")
@@ -18,6 +18,9 @@ def register(sub) -> None:
     p.add_argument("--engines-dir", default=os.environ.get("QWEN_TRT_ENGINES_DIR", "engines"),
                    help="engine folders go to <this>/<gpu>/ (default $QWEN_TRT_ENGINES_DIR or engines)")
     p.add_argument("--profiles-dir", default=None, help="folder of <gpu>.toml profiles")
+    p.add_argument("--dtype", choices=("float16", "bfloat16"), default=None,
+                   help="engine dtype (default: the profile's, float16); bfloat16 needs an "
+                        "Ampere or newer GPU and goes to engines/<gpu>-bf16/")
     p.add_argument("--force", action="store_true", help="rerun every stage")
     p.add_argument("--list", action="store_true", help="list the profiles and exit")
     p.set_defaults(func=run)
@@ -46,6 +49,6 @@ def run(args) -> int:
         raise QwenTrtError("Say which GPU profile to build: --gpu a10 (see `qwen-trt build --list`).")
     result = run_build(BuildRequest(gpu=args.gpu, model=args.model, out_dir=Path(args.out_dir),
                                     engines_dir=Path(args.engines_dir), profiles_dir=profiles_dir,
-                                    force=args.force))
+                                    force=args.force, dtype=args.dtype))
     print(result.engine_dir)
     return 0

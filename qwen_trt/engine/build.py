@@ -97,23 +97,58 @@ def needs_legacy_config(config: dict) -> bool:
     return "rope_theta" not in config and hf_rope_theta(config) is not None
 
 
-def stage_legacy_checkpoint(source: ModelSource, dest: Path) -> Path:
-    """A folder of symlinks to ``source`` whose config.json also has the 4.x keys."""
+def converter_config(config: dict, shape: ModelShape) -> dict:
+    """The HF config as TensorRT-LLM's Qwen converter must read it, on every 1.x version.
+
+    * ``kv_channels`` = ``head_dim``. The converter's head size is ``getattr(hf_config,
+      "kv_channels", head_dim)`` on every version; what differs is ``head_dim``: later mains read
+      ``getattr(hf_config, "head_dim", hidden // heads)`` (tensorrt_llm/models/qwen/config.py:
+      112-115 @0428c188, :118-121 @373970a8), the first Qwen3 engine support (PR #5650, 1.0.0rc3)
+      computed ``hidden // heads`` -- 80 for Qwen3-4B instead of 128, failing with "Updated:
+      (6144, 2560), original: (3840, 2560)" (issue #5912; the fix PR #5913 was closed, and which
+      tags carry the later form is not confirmed). ``kv_channels`` is honoured by both.
+    * ``rope_theta`` / ``torch_dtype`` when the checkpoint has the transformers-5 layout
+      (:func:`needs_legacy_config`).
+    """
+    cfg = dict(config)
+    cfg["kv_channels"] = shape.head_dim
+    if needs_legacy_config(config):
+        cfg["rope_theta"] = hf_rope_theta(cfg)
+    if "torch_dtype" not in cfg and "dtype" in cfg:
+        cfg["torch_dtype"] = cfg["dtype"]
+    return cfg
+
+
+def stage_checkpoint(source: ModelSource, dest: Path, shape: ModelShape) -> Path:
+    """A folder of symlinks to ``source`` whose config.json is :func:`converter_config`."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for f in source.path.iterdir():
         if f.name != "config.json":
             (dest / f.name).symlink_to(f.resolve())
-    cfg = dict(source.config)
-    cfg["rope_theta"] = hf_rope_theta(cfg)
-    if "torch_dtype" not in cfg and "dtype" in cfg:
-        cfg["torch_dtype"] = cfg["dtype"]
-    (dest / "config.json").write_text(json.dumps(cfg, indent=2))
+    (dest / "config.json").write_text(json.dumps(converter_config(source.config, shape), indent=2))
     return dest
 
 
-def verify_checkpoint_config(ckpt_dir: Path, shape: ModelShape, hf_config: dict) -> None:
+def check_converter_config(cfg, shape: ModelShape, where: str) -> None:
+    """The head size and head counts TensorRT-LLM derived, checked *before* it loads weights
+    (``QWenForCausalLM.config_class.from_hugging_face`` reads only config.json)."""
+    problems = []
+    for attr, want in (("head_size", shape.head_dim), ("num_attention_heads", shape.heads),
+                       ("num_key_value_heads", shape.kv_heads), ("hidden_size", shape.hidden)):
+        have = getattr(cfg, attr, None)
+        if have is not None and int(have) != want:
+            problems.append(f"{attr} {have} (checkpoint: {want})")
+    if problems:
+        raise BuildError(
+            f"TensorRT-LLM's converter read {where} as {'; '.join(problems)}: this tensorrt_llm "
+            f"derives the head size differently (Qwen3 needs head_dim from config.json, "
+            f"NVIDIA/TensorRT-LLM#5912); install tensorrt_llm 1.2.x (see docs/tensorrt-llm.md).")
+
+
+def verify_checkpoint_config(ckpt_dir: Path, shape: ModelShape, hf_config: dict,
+                             dtype: str = "float16") -> None:
     """The exported TensorRT-LLM checkpoint must carry the HF shapes and RoPE base."""
     path = ckpt_dir / "config.json"
     try:
@@ -129,8 +164,8 @@ def verify_checkpoint_config(ckpt_dir: Path, shape: ModelShape, hf_config: dict)
     theta = hf_rope_theta(hf_config)
     if theta is not None and "rotary_base" in cfg and abs(float(cfg["rotary_base"]) - theta) > 1e-3 * theta:
         problems.append(f"rotary_base {cfg['rotary_base']} (checkpoint rope_theta: {theta:g})")
-    if cfg.get("dtype") not in (None, "float16"):
-        problems.append(f"dtype {cfg['dtype']} (asked float16)")
+    if cfg.get("dtype") not in (None, dtype):
+        problems.append(f"dtype {cfg['dtype']} (asked {dtype})")
     if problems:
         raise BuildError(
             f"TensorRT-LLM's converter wrote {path} with {'; '.join(problems)}: it read the HF "
@@ -140,12 +175,48 @@ def verify_checkpoint_config(ckpt_dir: Path, shape: ModelShape, hf_config: dict)
 
 # ---------------------------------------------------------------- profile -> TensorRT-LLM (pure)
 
-def plugin_settings(profile: BuildProfile) -> dict:
-    """PluginConfig attributes to set (names as in tensorrt_llm/plugin/plugin.py)."""
+BUILD_DTYPES = ("float16", "bfloat16")
+BF16_MIN_CC = (8, 0)            # bfloat16 tensor cores: Ampere (sm80) and newer
+TIMING_CACHE = "model.cache"
+
+
+def resolve_dtype(requested: str | None, profile: BuildProfile, gpu) -> str:
+    """The engine dtype: the profile's (float16, as the model card asks) unless overridden.
+
+    bfloat16 is offered for GPUs with bf16 tensor cores (compute capability 8.0+); Qwen3 was
+    trained in bf16, and an fp16 engine can overflow (docs/tensorrt-llm.md, "FP16 or BF16").
+    """
+    dtype = requested or profile.build.dtype
+    if dtype not in BUILD_DTYPES:
+        raise BuildError(f"--dtype {dtype}: expected one of {', '.join(BUILD_DTYPES)}.")
+    if dtype == "bfloat16" and tuple(gpu.compute_capability) < BF16_MIN_CC:
+        raise BuildError(f"--dtype bfloat16 needs an Ampere or newer GPU (sm80+); this GPU is "
+                         f"{gpu.short_name} ({gpu.sm}): build float16 instead.")
+    return dtype
+
+
+def engine_folder_name(profile: BuildProfile, dtype: str) -> str:
+    """``<profile>`` for the default float16 engine, ``<profile>-bf16`` for bfloat16, so both
+    engines of one GPU can live side by side under engines/."""
+    return profile.name if dtype == "float16" else f"{profile.name}-bf16"
+
+
+def plugin_settings(profile: BuildProfile, dtype: str | None = None) -> dict:
+    """PluginConfig attributes to set (names as in tensorrt_llm/plugin/plugin.py).
+
+    The profile's plugin dtypes ("float16" or "auto") follow the engine dtype, so a bfloat16
+    override builds bf16 plugins too (the upstream Qwen recipe passes ``--gpt_attention_plugin
+    bfloat16`` for BF16: examples/models/core/qwen/README.md @000a01de).
+    """
     b = profile.build
+    dtype = dtype or b.dtype
+
+    def plugin(value: str) -> str:
+        return value if value == "auto" or dtype == b.dtype else dtype
+
     return {
-        "gpt_attention_plugin": b.gpt_attention_plugin,
-        "gemm_plugin": b.gemm_plugin,
+        "gpt_attention_plugin": plugin(b.gpt_attention_plugin),
+        "gemm_plugin": plugin(b.gemm_plugin),
         "remove_input_padding": b.remove_input_padding,
         "context_fmha": b.context_fmha,
         "use_paged_context_fmha": b.use_paged_context_fmha,
@@ -169,10 +240,11 @@ def build_config_kwargs(profile: BuildProfile) -> dict:
     }
 
 
-def build_flags(profile: BuildProfile) -> dict:
+def build_flags(profile: BuildProfile, dtype: str | None = None) -> dict:
     """Everything that decides the engine, as recorded in the manifest and the build stamp."""
-    return {"dtype": profile.build.dtype, "build_config": build_config_kwargs(profile),
-            "plugin_config": plugin_settings(profile)}
+    dtype = dtype or profile.build.dtype
+    return {"dtype": dtype, "build_config": build_config_kwargs(profile),
+            "plugin_config": plugin_settings(profile, dtype)}
 
 
 def _builder_api():
@@ -185,21 +257,34 @@ def _builder_api():
     return BuildConfig, build
 
 
-def make_build_config(profile: BuildProfile):
-    """A real ``tensorrt_llm.BuildConfig`` for ``profile`` (needs tensorrt_llm)."""
+def make_build_config(profile: BuildProfile, dtype: str | None = None,
+                      timing_cache: Path | None = None):
+    """A real ``tensorrt_llm.BuildConfig`` for ``profile`` (needs tensorrt_llm).
+
+    ``BuildConfig.output_timing_cache`` defaults to ``'model.cache'`` and ``build()`` writes it
+    to that path after building (tensorrt_llm/builder.py @008b2b8d: the BuildConfig field and
+    ``if build_config.output_timing_cache is not None and ... rank == 0:
+    builder.save_timing_cache(...)`` at the end of ``build``), i.e. into whatever the current
+    directory is. So the cache goes to ``timing_cache`` in the build work folder, and a cache
+    left there by an earlier build is read back (``input_timing_cache``) to speed up rebuilds.
+    """
     BuildConfig, _ = _builder_api()
     from tensorrt_llm.bindings import KVCacheType
     from tensorrt_llm.plugin import PluginConfig
 
     plugin = PluginConfig()
-    for name, value in plugin_settings(profile).items():
+    for name, value in plugin_settings(profile, dtype).items():
         setattr(plugin, name, value)
     kwargs = build_config_kwargs(profile)
     kwargs["kv_cache_type"] = {"paged": KVCacheType.PAGED}[kwargs["kv_cache_type"]]
+    if timing_cache is not None:
+        kwargs["output_timing_cache"] = str(timing_cache)
+        kwargs["input_timing_cache"] = str(timing_cache) if timing_cache.is_file() else None
     return BuildConfig(plugin_config=plugin, **kwargs)
 
 
-def verify_engine_config(engine_dir: Path, profile: BuildProfile, shape: ModelShape) -> None:
+def verify_engine_config(engine_dir: Path, profile: BuildProfile, shape: ModelShape,
+                         dtype: str | None = None) -> None:
     """Check the ``config.json`` TensorRT-LLM wrote against what we asked for."""
     path = engine_dir / "config.json"
     try:
@@ -219,6 +304,10 @@ def verify_engine_config(engine_dir: Path, profile: BuildProfile, shape: ModelSh
             problems.append(f"plugin_config.{key} = {pc[key]!r}")
     if not pc.get("gpt_attention_plugin"):
         problems.append("plugin_config.gpt_attention_plugin is off")
+    dtype = dtype or profile.build.dtype
+    built = (cfg.get("pretrained_config") or {}).get("dtype")
+    if built is not None and built != dtype:
+        problems.append(f"pretrained_config.dtype = {built!r}, asked {dtype!r}")
     head = (cfg.get("pretrained_config") or {}).get("head_size")
     if head is not None and int(head) != shape.head_dim:
         problems.append(f"pretrained_config.head_size = {head}, the checkpoint's head_dim is "
@@ -238,6 +327,7 @@ class BuildRequest:
     engines_dir: Path = Path("engines")
     profiles_dir: Path | None = None
     force: bool = False
+    dtype: str | None = None                   # None: the profile's (float16); or "bfloat16"
 
 
 @dataclass
@@ -250,6 +340,39 @@ class BuildResult:
 
 def _weights_bytes(source: ModelSource) -> int:
     return sum(f.stat().st_size for f in checkpoint_files(source.path))
+
+
+def param_count(source: ModelSource) -> int:
+    """Parameters stored in the checkpoint's safetensors files (from their headers only)."""
+    from safetensors import safe_open
+
+    n = 0
+    for f in sorted(source.path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():
+                count = 1
+                for d in st.get_slice(key).get_shape():
+                    count *= int(d)
+                n += count
+    return n
+
+
+def engine_weights(shape: ModelShape, params: int, dtype: str) -> dict:
+    """What the engine stores for the weights, for the manifest and the profiles' sizing.
+
+    Qwen3-4B ties ``lm_head`` to ``embed_tokens`` and its checkpoint has no ``lm_head.weight``.
+    TensorRT-LLM's Qwen converter gives the model a ``lm_head`` parameter of its own and fills it
+    from ``model.embed_tokens`` (the qwen3 branch of QWenForCausalLM.from_hugging_face maps no
+    lm_head key; ``ModelWeightsLoader.update_key_mapping`` points a missing ``lm_head`` at
+    ``transformer.vocab_embedding``'s HF key, tensorrt_llm/models/model_weights_loader.py
+    @7eb710fa), so the engine holds the embedding twice: +vocab x hidden x 2 bytes (0.78 GB for
+    Qwen3-4B). Not measured here; ``engine_file_bytes`` in the manifest is the real size.
+    """
+    width = 2   # float16 and bfloat16
+    extra = shape.vocab * shape.hidden if shape.tied_embeddings else 0
+    return {"dtype": dtype, "checkpoint_params": params, "tied_embeddings": shape.tied_embeddings,
+            "lm_head_stored_separately": shape.tied_embeddings,
+            "estimated_bytes": (params + extra) * width}
 
 
 def _tokenizer_info(source: ModelSource) -> dict:
@@ -272,8 +395,14 @@ def _copy_tokenizer(source: ModelSource, dest: Path) -> list[str]:
     return copied
 
 
-def export_checkpoint(source: ModelSource, ckpt_dir: Path, shape: ModelShape) -> None:
-    """HF folder -> TensorRT-LLM checkpoint (config.json + rank0.safetensors), verified."""
+def export_checkpoint(source: ModelSource, ckpt_dir: Path, shape: ModelShape,
+                      dtype: str = "float16") -> None:
+    """HF folder -> TensorRT-LLM checkpoint (config.json + rank0.safetensors), verified.
+
+    The converter reads a staged copy of the checkpoint (:func:`stage_checkpoint`: the same
+    weights, config.json with ``kv_channels``), and its head size is checked from the config
+    alone before any weight is loaded (:func:`check_converter_config`).
+    """
     from tensorrt_llm.mapping import Mapping
     from tensorrt_llm.models import MODEL_MAP
 
@@ -286,11 +415,14 @@ def export_checkpoint(source: ModelSource, ckpt_dir: Path, shape: ModelShape) ->
         shutil.rmtree(ckpt_dir)
     ckpt_dir.mkdir(parents=True)   # save_checkpoint writes into it but does not create it
     mapping = Mapping(world_size=1, rank=0, tp_size=1, pp_size=1)
-    hf_dir = source.path
-    if needs_legacy_config(source.config):
-        hf_dir = stage_legacy_checkpoint(source, ckpt_dir.parent / "hf-staging")
+    hf_dir = stage_checkpoint(source, ckpt_dir.parent / "hf-staging", shape)
+    model = None
     try:
-        model = model_cls.from_hugging_face(str(hf_dir), dtype="float16", mapping=mapping)
+        config_cls = getattr(model_cls, "config_class", None)   # QWenConfig (qwen/model.py)
+        if config_cls is not None:
+            cfg = config_cls.from_hugging_face(str(hf_dir), dtype=dtype, mapping=mapping)
+            check_converter_config(cfg, shape, f"{source.name}'s config.json")
+        model = model_cls.from_hugging_face(str(hf_dir), dtype=dtype, mapping=mapping)
         model.save_checkpoint(str(ckpt_dir), save_config=True)
     except QwenTrtError:
         raise
@@ -301,10 +433,11 @@ def export_checkpoint(source: ModelSource, ckpt_dir: Path, shape: ModelShape) ->
     finally:
         model = None
         gc.collect()
-    verify_checkpoint_config(ckpt_dir, shape, source.config)
+    verify_checkpoint_config(ckpt_dir, shape, source.config, dtype)
 
 
-def build_engine(ckpt_dir: Path, profile: BuildProfile, engine_dir: Path) -> None:
+def build_engine(ckpt_dir: Path, profile: BuildProfile, engine_dir: Path,
+                 dtype: str | None = None, timing_cache: Path | None = None) -> None:
     """TensorRT-LLM checkpoint -> engine folder (config.json + rank0.engine)."""
     from tensorrt_llm.models import MODEL_MAP
 
@@ -312,9 +445,10 @@ def build_engine(ckpt_dir: Path, profile: BuildProfile, engine_dir: Path) -> Non
     arch = json.loads((ckpt_dir / "config.json").read_text()).get("architecture",
                                                                   "Qwen3ForCausalLM")
     model_cls = MODEL_MAP[arch]
+    model = engine = None
     try:
         model = model_cls.from_checkpoint(str(ckpt_dir))
-        engine = trt_build(model, make_build_config(profile))
+        engine = trt_build(model, make_build_config(profile, dtype, timing_cache))
         engine.save(str(engine_dir))
     except QwenTrtError:
         raise
@@ -327,6 +461,17 @@ def build_engine(ckpt_dir: Path, profile: BuildProfile, engine_dir: Path) -> Non
         gc.collect()
 
 
+IMAGE_ENV = "QWEN_TRT_IMAGE"    # set by docker/Dockerfile to the image it is built FROM
+
+
+def container_image() -> str | None:
+    """The container image this build runs in (docker/Dockerfile sets ``QWEN_TRT_IMAGE``):
+    the image fixes the TensorRT version an engine can load on, so the manifest records it."""
+    import os
+
+    return os.environ.get(IMAGE_ENV) or None
+
+
 def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> BuildResult:
     """Run the guarded pipeline; raises a :class:`QwenTrtError` subclass on any user problem."""
     profile = load_profile(req.gpu, req.profiles_dir)
@@ -337,8 +482,9 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
     except QwenTrtError:   # a broken sibling profile must not block this build
         others = [profile]
     check_profile_matches(gpu, profile, others)
+    dtype = resolve_dtype(req.dtype, profile, gpu)
     log = StageLog(4, write)
-    log.line(f"qwen-trt build: profile {profile.name} on {gpu.describe()}, "
+    log.line(f"qwen-trt build: profile {profile.name} ({dtype}) on {gpu.describe()}, "
              f"tensorrt_llm {trtllm.__version__}")
 
     source: ModelSource = log.run("resolve", f"model {req.model or '(default)'}",
@@ -346,15 +492,18 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
     shape = check_model_shapes(source.config, f"'{source.name}'/config.json")
     versions = library_versions()
 
-    out = Path(req.out_dir) / profile.name
+    name = engine_folder_name(profile, dtype)
+    out = Path(req.out_dir) / name
     ckpt_dir = out / "checkpoint"
-    engine_dir = Path(req.engines_dir) / profile.name
+    timing_cache = out / TIMING_CACHE    # not the cwd (BuildConfig's default 'model.cache')
+    engine_dir = Path(req.engines_dir) / name
     export_stamp = Stamp("export", {
         "checkpoint": fingerprint(source.path, checkpoint_files(source.path)),
-        "dtype": profile.build.dtype, "tensorrt_llm": versions["tensorrt_llm"]})
+        "dtype": dtype, "tensorrt_llm": versions["tensorrt_llm"],
+        "converter_config": converter_config(source.config, shape)})
     tok_files = [source.path / n for n in TOKENIZER_FILES if (source.path / n).is_file()]
     build_stamp = Stamp("build", {
-        "export": export_stamp.digest, "flags": build_flags(profile),
+        "export": export_stamp.digest, "flags": build_flags(profile, dtype),
         "versions": {k: versions[k] for k in ("tensorrt_llm", "tensorrt")},
         "gpu": {"name": gpu.name, "cc": gpu.cc},
         "tokenizer": fingerprint(source.path, tok_files)})
@@ -369,7 +518,7 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
         require_disk(Path(req.engines_dir), int(weights * 1.2) + GB, "the engine")
 
     def do_export() -> None:
-        export_checkpoint(source, ckpt_dir, shape)
+        export_checkpoint(source, ckpt_dir, shape, dtype)
         export_stamp.write(ckpt_dir)
 
     log.run("export", f"-> {ckpt_dir}", do_export, skip=skip_export)
@@ -378,7 +527,7 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
     def do_build() -> None:
         if tmp.exists():
             shutil.rmtree(tmp)
-        build_engine(ckpt_dir, profile, tmp)
+        build_engine(ckpt_dir, profile, tmp, dtype, timing_cache)
 
     log.run("build", f"-> {engine_dir}", do_build, skip=skip_build)
     if skip_build:
@@ -395,18 +544,21 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
                            skipped=["export", "build", "verify"])
 
     def do_verify() -> dict:
-        verify_engine_config(tmp, profile, shape)
+        verify_engine_config(tmp, profile, shape, dtype)
         tok = _tokenizer_info(source)
         tok["files"] = _copy_tokenizer(source, tmp / TOKENIZER_DIR)
         model_info = {
             "source": source.name, "path": str(source.path), "revision": hub_revision(source.path),
             "checkpoint_sha256": content_hash(checkpoint_files(source.path), source.path),
             "shape": shape.__dict__}
+        weights_info = engine_weights(shape, param_count(source), dtype)
+        weights_info["engine_file_bytes"] = (tmp / "rank0.engine").stat().st_size
         timings = dict(log.timings)
         timings["total"] = round(sum(timings.values()), 3)   # up to the manifest itself
         manifest = make_manifest(gpu=gpu, profile=profile, versions=versions, model=model_info,
-                                 build_flags=build_flags(profile), timings_s=timings,
-                                 stamp_digest=build_stamp.digest, tokenizer=tok)
+                                 build_flags=build_flags(profile, dtype), timings_s=timings,
+                                 stamp_digest=build_stamp.digest, tokenizer=tok,
+                                 weights=weights_info, container=container_image())
         write_manifest(tmp, manifest)
         build_stamp.write(tmp)
         if engine_dir.exists():

@@ -111,8 +111,14 @@ def hub_revision(path: Path) -> str | None:
 
 
 def make_manifest(*, gpu, profile, versions: dict, model: dict, build_flags: dict,
-                  timings_s: dict, stamp_digest: str, tokenizer: dict) -> dict:
-    """The manifest dict written next to ``rank0.engine``."""
+                  timings_s: dict, stamp_digest: str, tokenizer: dict,
+                  weights: dict | None = None, container: str | None = None) -> dict:
+    """The manifest dict written next to ``rank0.engine``.
+
+    ``dtype`` is the engine's (float16 by default, bfloat16 when built with ``--dtype``);
+    ``weights`` what the engine stores (tied embeddings are stored twice, see
+    :func:`qwen_trt.engine.build.engine_weights`); ``container`` the image it was built in.
+    """
     return {
         "format": MANIFEST_FORMAT,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -122,6 +128,9 @@ def make_manifest(*, gpu, profile, versions: dict, model: dict, build_flags: dic
         "profile": profile.to_dict(),
         "model": model,
         "build_flags": build_flags,
+        "dtype": build_flags.get("dtype", profile.build.dtype),
+        "weights": weights or {},
+        "container": {"image": container} if container else None,
         "limits": {k: getattr(profile.build, k) for k in
                    ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
                     "max_beam_width")},

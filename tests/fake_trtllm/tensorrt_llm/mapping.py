@@ -8,6 +8,7 @@ class Mapping:
         if world_size != tp_size * pp_size * cp_size:
             raise ValueError(f"world_size {world_size} != tp {tp_size} x pp {pp_size} x cp {cp_size}")
         self.world_size, self.rank, self.tp_size, self.pp_size = world_size, rank, tp_size, pp_size
+        self.cp_size = cp_size
 
     def to_dict(self):
         return {"world_size": self.world_size, "tp_size": self.tp_size, "pp_size": self.pp_size}
