@@ -1,56 +1,36 @@
-"""The trtllm backend by contract: fake tensorrt_llm 1.2.1 runner, pretend GPU, tiny model."""
+"""The trtllm backend by contract: fake tensorrt_llm 1.2.1 executor, pretend GPU, tiny model.
+
+The fake executor holds several requests at once and hands out responses of all of them,
+interleaved, without filtering by request id unless asked (like the real one); see
+tests/fake_trtllm/tensorrt_llm/bindings/executor.py.
+"""
 from __future__ import annotations
 
 import importlib.util
 import json
 import shutil
 import sys
+import threading
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_trtllm.support import FAKE_DIR, calls, fake_trtllm, set_gpu  # noqa: E402,F401
 
-from qwen_trt.backends.trtllm_backend import (NO_END_ID, OutputDeltas, TrtllmBackend,  # noqa: E402
-                                              TrtllmRuntimeError, auto_engine_dir,
-                                              final_stop_token, request_ids_for, runner_kwargs,
-                                              sampling_kwargs)
+from qwen_trt.backends.trtllm_backend import (NO_END_ID, RequestStream, Routed,  # noqa: E402
+                                              TrtllmBackend, TrtllmRuntimeError,
+                                              auto_engine_dir, final_stop_token,
+                                              request_ids_for, runner_kwargs,
+                                              sampling_config_kwargs)
+from qwen_trt.chat.generation import ReplyStream  # noqa: E402
 from qwen_trt.chat.template import ENDOFTEXT, IM_END  # noqa: E402
 from qwen_trt.errors import EngineMismatchError, PromptTooLongError  # noqa: E402
-from qwen_trt.chat.generation import ReplyStream  # noqa: E402
 from qwen_trt.params import SamplingParams  # noqa: E402
-
-MAX_SEQ = 64
 
 
 # ---------------------------------------------------------------- pure conversion
-
-def _output(prompt, generated, end_id=7, max_seq=MAX_SEQ):
-    """One streamed item shaped like ModelRunnerCpp._fill_output (return_dict, lengths)."""
-    row = list(prompt) + list(generated)
-    ids = torch.tensor([[row + [end_id] * (max_seq - len(row))]], dtype=torch.int32)
-    return {"output_ids": ids, "sequence_lengths": torch.tensor([[len(row)]], dtype=torch.int32)}
-
-
-def test_deltas_from_cumulative_prompt_prefixed_padded_outputs():
-    prompt = [5, 6, 9, 9, 2]
-    gen = [40, 41, 42, 43, 44, 45, 7]
-    d = OutputDeltas(len(prompt), max_new_tokens=20)
-    got = [d.update(_output(prompt, gen[:k])) for k in (1, 1, 4, 6, 7)]
-    # one token, no new token, three at once, two at once, then the end id itself
-    assert got == [[40], [], [41, 42, 43], [44, 45], [7]]
-    assert d.emitted == 7
-
-
-def test_deltas_ignore_the_padding_and_respect_max_new_tokens():
-    prompt = [1, 2]
-    d = OutputDeltas(2, max_new_tokens=3)
-    out = _output(prompt, [9, 9, 9, 9, 9], end_id=9)   # padding equals real tokens
-    assert d.update(out) == [9, 9, 9]
-    assert d.update(out) == []
-
 
 def test_final_stop_token():
     stops = (3, 4)
@@ -62,19 +42,39 @@ def test_final_stop_token():
     assert final_stop_token([10], 8, (), end_id=NO_END_ID) is None   # ignore_eos
 
 
-def test_request_ids_and_sampling_kwargs():
+def test_request_ids_and_sampling_config():
     p = SamplingParams(stop_token_ids=(100, 101, 102))
     r = request_ids_for(p, im_end=101, pad_id=100)
     assert (r.end_id, r.pad_id, r.stop_words) == (101, 100, (101, 100, 102))
     r = request_ids_for(SamplingParams(ignore_eos=True, stop_token_ids=(101,)), 101, 100)
     assert r.end_id == NO_END_ID and r.stop_words == ()
-    assert sampling_kwargs(SamplingParams(temperature=0)) == {
-        "temperature": 1.0, "top_k": 1, "top_p": 0.0}
-    assert sampling_kwargs(SamplingParams(temperature=0.7, top_p=0.8, top_k=20, seed=3)) == {
-        "temperature": 0.7, "top_k": 20, "top_p": 0.8, "random_seed": 3}
+    assert sampling_config_kwargs(SamplingParams(temperature=0)) == {
+        "beam_width": 1, "temperature": 1.0, "top_k": 1}
+    assert sampling_config_kwargs(SamplingParams(temperature=0.7, top_p=0.8, top_k=20, seed=3)) == {
+        "beam_width": 1, "temperature": 0.7, "top_k": 20, "top_p": 0.8, "seed": 3}
 
 
-# ---------------------------------------------------------------- backend on the fake runner
+def _rs(max_new=5, stops=(3, 4), end_id=3):
+    params = SamplingParams(max_new_tokens=max_new, stop_token_ids=stops)
+    return RequestStream(params, request_ids_for(params, end_id, 0), stops)
+
+
+def test_request_stream_chunks_stop_length_and_errors():
+    rs = _rs()
+    assert rs.feed(Routed((10,))) == [10] and rs.feed(Routed(())) == []
+    assert rs.feed(Routed((11, 4, 12))) == [11, 4] and rs.finish == "stop"   # stop mid-chunk
+    assert rs.feed(Routed((13,), final=True)) == []                            # after the end
+    rs = _rs(max_new=3)
+    assert rs.feed(Routed((10, 11, 12, 13))) == [10, 11, 12] and rs.finish == "length"
+    rs = _rs()
+    assert rs.feed(Routed((10,), final=True)) == [10, 3] and rs.finish == "stop"  # end id hidden
+    rs = _rs()
+    assert rs.feed(Routed(final=True, error="CUDA error: an illegal memory access\nat ...")) == []
+    assert rs.finish == "error"
+    assert rs.error == "TensorRT-LLM request failed: CUDA error: an illegal memory access"
+
+
+# ---------------------------------------------------------------- backend on the fake executor
 
 @pytest.fixture(scope="module")
 def built_engine(tiny_model_dir, tmp_path_factory):
@@ -104,13 +104,19 @@ def engine_dir(built_engine, tmp_path):
 @pytest.fixture
 def backend(fake_trtllm, monkeypatch, engine_dir):
     set_gpu(monkeypatch, "a10")
-    return TrtllmBackend.load(engine=str(engine_dir), warmup=False)
+    b = TrtllmBackend.load(engine=str(engine_dir), warmup=False)
+    yield b
+    b.close()
 
 
 def _executor_cls():
-    from tensorrt_llm.runtime import FakeExecutor
+    from tensorrt_llm.bindings.executor import Executor
 
-    return FakeExecutor
+    return Executor
+
+
+def _executor(backend):
+    return backend.runner.executor
 
 
 def _special(backend):
@@ -121,7 +127,8 @@ def _prompt(backend):
     return backend.tokenizer.encode("Hello, how are you today?", add_special_tokens=False)
 
 
-def test_load_passes_manifest_limits_to_model_runner(backend, fake_trtllm, engine_dir):
+def test_load_passes_manifest_limits_and_declares_the_concurrency(backend, fake_trtllm,
+                                                                  engine_dir):
     (args,) = calls(fake_trtllm, "ModelRunnerCpp.from_dir")
     m = json.loads((engine_dir / "manifest.json").read_text())
     assert args["engine_dir"] == str(engine_dir)
@@ -130,8 +137,11 @@ def test_load_passes_manifest_limits_to_model_runner(backend, fake_trtllm, engin
     assert args["max_output_len"] is None       # runtime max_seq_len = the engine's
     assert args["kv_cache_free_gpu_memory_fraction"] == m["runtime"]["kv_cache_free_gpu_memory_fraction"]
     assert args["kv_cache_enable_block_reuse"] is True and args["enable_chunked_context"] is True
-    assert backend.info.name == "trtllm" and backend.info.max_seq_len == m["limits"]["max_seq_len"]
-    assert backend.info.device == "NVIDIA A10" and backend.info.dtype == "float16"
+    info = backend.info
+    assert info.name == "trtllm" and info.max_seq_len == m["limits"]["max_seq_len"]
+    assert info.device == "NVIDIA A10" and info.dtype == "float16" == m["dtype"]
+    assert info.max_concurrency == m["limits"]["max_batch_size"] == 4
+    assert backend.make_runner().max_concurrency == 4
     # tokenizer comes from the engine folder's copy
     from transformers import AutoTokenizer
 
@@ -149,40 +159,30 @@ def test_stream_yields_each_new_token_once(backend, monkeypatch, chunks):
     assert toks == script[:6]
 
 
-def test_outputs_are_padded_only_to_this_request(backend, monkeypatch):
-    monkeypatch.setattr(_executor_cls(), "script", list(range(30, 60)))
-    prompt = _prompt(backend)
-    full = backend.runner.max_seq_len
-    list(backend.stream(prompt, SamplingParams(max_new_tokens=5, temperature=0)))
-    assert set(backend.runner.widths) == {len(prompt) + 5}
-    assert backend.runner.max_seq_len == full == backend.info.max_seq_len
-    gen = backend.stream(prompt, SamplingParams(max_new_tokens=9, temperature=0))
-    next(gen)
-    gen.close()
-    assert backend.runner.max_seq_len == full
-
-
-def test_generate_gets_end_pad_stop_words_and_sampling(backend, fake_trtllm):
+def test_the_request_the_executor_gets(backend, fake_trtllm):
     im_end, eot = _special(backend)
     prompt = _prompt(backend)
     params = SamplingParams(max_new_tokens=4, temperature=0.6, top_p=0.9, top_k=30, seed=7,
                             stop_token_ids=(im_end, eot))
     list(backend.stream(prompt, params))
-    (g,) = calls(fake_trtllm, "generate")
-    (ids,) = g["batch_input_ids"]
-    assert ids.dtype == torch.int32 and ids.tolist() == prompt and ids.dim() == 1
-    assert (g["end_id"], g["pad_id"]) == (im_end, eot)
-    assert g["stop_words_list"] == [[[im_end], [eot]]]
-    assert g["streaming"] and g["return_dict"] and g["output_sequence_lengths"]
-    assert g["max_new_tokens"] == 4
-    s = g["sampling"]
-    assert (s.temperature, s.top_k, s.top_p, s.seed) == (0.6, 30, 0.9, 7)
+    (enq,) = calls(fake_trtllm, "enqueue_requests")
+    (r,) = enq["requests"]
+    assert r.input_token_ids == prompt and r.streaming and r.max_tokens == 4
+    assert (r.end_id, r.pad_id) == (im_end, eot)
+    assert r.stop_words == [[im_end], [eot]]
+    s = r.sampling_config
+    assert (s.beam_width, s.temperature, s.top_k, s.top_p, s.seed) == (1, 0.6, 30, 0.9, 7)
+    list(backend.stream(prompt, SamplingParams(max_new_tokens=2, temperature=0)))
+    g = calls(fake_trtllm, "enqueue_requests")[1]["requests"][0].sampling_config
+    assert (g.top_k, g.top_p, g.temperature) == (1, None, 1.0)          # greedy
+    assert calls(fake_trtllm, "generate") == []    # never ModelRunnerCpp.generate's id-less loop
 
 
-def test_greedy_is_top_k_1(backend, fake_trtllm):
-    list(backend.stream(_prompt(backend), SamplingParams(max_new_tokens=2, temperature=0)))
-    s = calls(fake_trtllm, "generate")[0]["sampling"]
-    assert (s.top_k, s.top_p, s.temperature) == (1, None, 1.0)
+def test_the_dispatcher_never_waits_without_a_timeout(backend):
+    list(backend.stream(_prompt(backend), SamplingParams(max_new_tokens=3, temperature=0)))
+    timeouts = _executor(backend).timeouts
+    assert timeouts and all(isinstance(t, timedelta) and t.total_seconds() <= 0.1
+                            for t in timeouts)
 
 
 @pytest.mark.parametrize("include_end_id", [True, False])
@@ -199,7 +199,7 @@ def test_stop_on_im_end_reports_stop(backend, monkeypatch, include_end_id):
     assert text == backend.tokenizer.decode([30, 31])
 
 
-def test_endoftext_stop_word_ends_the_reply(backend, monkeypatch, fake_trtllm):
+def test_endoftext_stop_word_ends_the_reply(backend, monkeypatch):
     _, eot = _special(backend)
     monkeypatch.setattr(_executor_cls(), "script", [30, eot, 40, 41])
     toks = list(backend.stream(_prompt(backend), SamplingParams(
@@ -214,34 +214,29 @@ def test_length_finish(backend, monkeypatch):
     assert rs.reply.metrics.finish_reason == "length" and rs.reply.metrics.tokens == 3
 
 
-def test_closing_the_generator_cancels_and_leaves_the_runner_clean(backend, monkeypatch,
-                                                                   fake_trtllm):
+def test_closing_the_generator_cancels_and_leaves_the_executor_clean(backend, monkeypatch,
+                                                                     fake_trtllm):
     monkeypatch.setattr(_executor_cls(), "script", list(range(30, 60)))
     gen = backend.stream(_prompt(backend), SamplingParams(max_new_tokens=20, temperature=0))
     assert [next(gen), next(gen)] == [30, 31]
     gen.close()
     (enq,) = calls(fake_trtllm, "enqueue_requests")
     assert calls(fake_trtllm, "cancel_request") == [{"id": enq["ids"][0]}]
-    # a response of the old request left in the executor would break the next call
     assert list(backend.stream(_prompt(backend), SamplingParams(max_new_tokens=4,
                                                                 temperature=0))) == [30, 31, 32, 33]
 
 
-def test_late_final_response_of_a_cancelled_request_is_ignored(backend, monkeypatch, fake_trtllm):
+def test_late_final_response_of_a_cancelled_request_is_dropped(backend, monkeypatch):
     """The executor acknowledges the cancel only after the next request started."""
-    from datetime import timedelta
-
     monkeypatch.setattr(_executor_cls(), "script", list(range(30, 60)))
     monkeypatch.setattr(_executor_cls(), "late_cancel_ack", True)
-    monkeypatch.setattr(backend, "drain_timeout_s", 0.2)
     gen = backend.stream(_prompt(backend), SamplingParams(max_new_tokens=20, temperature=0))
     next(gen)
-    gen.close()                       # drain gives up after 0.2 s without the final response
-    executor = backend.runner.executor._executor
-    assert timedelta(milliseconds=50) in executor.timeouts   # the drain never blocks for ever
+    gen.close()
     toks = list(backend.stream(_prompt(backend), SamplingParams(max_new_tokens=3, temperature=0)))
     assert toks == [30, 31, 32]
-    assert executor.requests[1].final_sent    # the old final response came, and was dropped
+    ex = _executor(backend)
+    assert ex.requests[1].final_sent and ex.requests[1].cancelled
 
 
 def test_cancel_from_another_caller_stops_the_request(backend, monkeypatch, fake_trtllm):
@@ -254,7 +249,7 @@ def test_cancel_from_another_caller_stops_the_request(backend, monkeypatch, fake
             rs.cancel()
     assert rs.reply.metrics.finish_reason == "cancelled"
     assert rs.reply.metrics.tokens < 20
-    assert len(calls(fake_trtllm, "cancel_request")) >= 1
+    assert len(calls(fake_trtllm, "cancel_request")) == 1
 
 
 def test_stop_token_then_close_does_not_cancel(backend, monkeypatch, fake_trtllm):
@@ -266,16 +261,183 @@ def test_stop_token_then_close_does_not_cancel(backend, monkeypatch, fake_trtllm
     assert calls(fake_trtllm, "cancel_request") == []
 
 
-def test_executor_error_is_one_line(backend, monkeypatch):
+def test_executor_error_says_its_message(backend, monkeypatch):
     monkeypatch.setattr(_executor_cls(), "error_after", 1)
-    with pytest.raises(TrtllmRuntimeError, match="TensorRT-LLM request failed: Encountered an error"):
+    with pytest.raises(TrtllmRuntimeError) as e:
         list(backend.stream(_prompt(backend), SamplingParams(max_new_tokens=10, temperature=0)))
+    msg = str(e.value)
+    assert msg == ("TensorRT-LLM request failed: Encountered an error in forwardAsync function: "
+                   "CUDA out of memory")
+    assert "Cannot get the result" not in msg
 
 
 def test_prompt_longer_than_the_engine_allows(backend):
     too_long = [30] * (backend.info.max_input_len + 1)
     with pytest.raises(PromptTooLongError, match="exceeds this backend's limits"):
         backend.check_request(too_long, SamplingParams(max_new_tokens=1))
+
+
+def test_penalties_reach_the_sampling_config(backend, fake_trtllm):
+    list(backend.stream(_prompt(backend), SamplingParams(
+        max_new_tokens=2, temperature=0.7, presence_penalty=0.5, repetition_penalty=1.1)))
+    s = calls(fake_trtllm, "enqueue_requests")[0]["requests"][0].sampling_config
+    assert (s.presence_penalty, s.repetition_penalty) == (0.5, 1.1)
+
+
+# ---------------------------------------------------------------- many requests: the Runner
+
+def _distinct_scripts(monkeypatch, n_tokens=6):
+    """Each request generates tokens derived from its prompt's last token, so a response routed
+    to the wrong request shows."""
+    monkeypatch.setattr(_executor_cls(), "script_for",
+                        staticmethod(lambda p: [100 + 10 * (p[-1] % 10) + i
+                                                for i in range(n_tokens)]))
+
+
+def _drive(runner, limit=2000):
+    got: dict[int, list[int]] = {}
+    finish: dict[int, tuple] = {}
+    order = []
+    for _ in range(limit):
+        if not runner.has_work():
+            break
+        for ev in runner.step():
+            assert ev.request_id not in finish, "event after the final one"
+            got.setdefault(ev.request_id, []).extend(ev.token_ids)
+            order.append(ev.request_id)
+            if ev.finish:
+                finish[ev.request_id] = (ev.finish, ev.error)
+    else:
+        raise AssertionError("runner never finished")
+    return got, finish, order
+
+
+def _expected(prompt, n=6):
+    return [100 + 10 * (prompt[-1] % 10) + i for i in range(n)]
+
+
+def test_runner_serves_interleaved_requests_and_routes_by_id(backend, monkeypatch):
+    _distinct_scripts(monkeypatch)
+    monkeypatch.setattr(_executor_cls(), "per_call", 1)    # one response per await: interleaved
+    runner = backend.make_runner()
+    prompts = {i: [50 + i, 60 + i, i] for i in range(1, 5)}
+    for i, p in prompts.items():
+        runner.add(i, p, SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True))
+    assert runner.stats().running == 4
+    got, finish, _ = _drive(runner)
+    assert got == {i: _expected(p) for i, p in prompts.items()}
+    assert finish == {i: ("length", None) for i in prompts}
+    ex = _executor(backend)
+    assert ex.max_in_flight == 4                           # all four in one batch
+    log = [rid for rid, toks, final, err in ex.log if toks]
+    first_final = min(i for i, (rid, toks, final, err) in enumerate(ex.log) if final)
+    assert len(set(log[:first_final])) == 4                # interleaved before anyone finished
+    assert not runner.has_work() and runner.stats().running == 0
+
+
+def test_more_requests_than_the_batch_wait_in_the_executor(backend, monkeypatch):
+    _distinct_scripts(monkeypatch, n_tokens=3)
+    runner = backend.make_runner()
+    prompts = {i: [70, i] for i in range(1, 7)}            # 6 > max_batch_size 4
+    for i, p in prompts.items():
+        runner.add(i, p, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True))
+    got, finish, _ = _drive(runner)
+    assert got == {i: _expected(p, 3) for i, p in prompts.items()}
+    assert _executor(backend).max_in_flight == 4
+
+
+def test_abort_one_request_keeps_the_others(backend, monkeypatch, fake_trtllm):
+    _distinct_scripts(monkeypatch, n_tokens=12)
+    ex = _executor(backend)
+    ex.budget = 0                                          # the engine runs only when allowed
+    runner = backend.make_runner()
+    params = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
+    for i in (1, 2, 3):
+        runner.add(i, [i], params)
+    exec_ids = {c["requests"][0].input_token_ids[0]: c["ids"][0]
+                for c in calls(fake_trtllm, "enqueue_requests")}
+    ex.allow(3)                                            # three tokens each
+    seen: dict[int, list[int]] = {}
+    for _ in range(500):
+        for ev in runner.step():
+            assert ev.finish is None
+            seen.setdefault(ev.request_id, []).extend(ev.token_ids)
+        if all(len(seen.get(i, [])) == 3 for i in (1, 2, 3)):
+            break
+    runner.abort(2)
+    assert calls(fake_trtllm, "cancel_request") == [{"id": exec_ids[2]}]
+    ex.allow(100)
+    got, finish, _ = _drive(runner)
+    assert finish[2] == ("cancelled", None) and got[2] == []       # nothing after the abort
+    for i in (1, 3):
+        assert seen[i] + got[i] == _expected([i], 12) and finish[i] == ("length", None)
+    assert ex.requests[exec_ids[2]].cancelled
+
+
+def test_an_error_fails_only_its_request_with_its_message(backend, monkeypatch):
+    _distinct_scripts(monkeypatch)
+    monkeypatch.setattr(_executor_cls(), "fail_for", staticmethod(
+        lambda r: "Request input exceeds the KV cache" if r.input_token_ids == [2] else None))
+    runner = backend.make_runner()
+    for i in (1, 2, 3):
+        runner.add(i, [i], SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True))
+    got, finish, _ = _drive(runner)
+    assert finish[2] == ("error", "TensorRT-LLM request failed: Request input exceeds the KV cache")
+    assert got == {1: _expected([1]), 2: [], 3: _expected([3])}
+
+
+def test_bad_request_is_an_error_event(backend):
+    runner = backend.make_runner()
+    runner.add(9, [30] * (backend.info.max_input_len + 1), SamplingParams(max_new_tokens=2))
+    (ev,) = runner.step()
+    assert ev.request_id == 9 and ev.finish == "error" and "exceeds this backend's limits" in ev.error
+    assert not runner.has_work()
+
+
+def test_stream_and_runner_share_the_dispatcher(backend, monkeypatch):
+    _distinct_scripts(monkeypatch, n_tokens=5)
+    monkeypatch.setattr(_executor_cls(), "per_call", 1)
+    runner = backend.make_runner()
+    params = SamplingParams(max_new_tokens=5, temperature=0, ignore_eos=True)
+    runner.add(1, [1], params)
+    runner.add(2, [2], params)
+    out = {}
+    t = threading.Thread(target=lambda: out.update(s=list(backend.stream([7], params))))
+    t.start()
+    got, finish, _ = _drive(runner)
+    t.join(10)
+    assert got == {1: _expected([1], 5), 2: _expected([2], 5)}
+    assert out["s"] == _expected([7], 5)
+
+
+# ---------------------------------------------------------------- the fake follows upstream's traps
+
+def test_upstream_generate_hides_the_error_and_steals_responses(fake_trtllm, engine_dir):
+    """Why the backend does not use ModelRunnerCpp.generate (model_runner_cpp.py @03832911)."""
+    import torch
+    from tensorrt_llm.bindings.executor import Executor
+    from tensorrt_llm.runtime import ModelRunnerCpp
+
+    runner = ModelRunnerCpp.from_dir(str(engine_dir))
+    ids = [torch.tensor([5, 6], dtype=torch.int32)]
+    kw = dict(max_new_tokens=4, end_id=0, pad_id=0, streaming=True, return_dict=True,
+              output_sequence_lengths=True)
+    first = runner.generate(ids, **kw)
+    out = next(first)
+    assert out["output_ids"].device.type == "cuda"               # _fill_output: device=cuda
+    with pytest.raises(TypeError, match="can't convert cuda"):
+        out["output_ids"].numpy()
+    second = runner.generate(ids, **kw)       # a concurrent call: responses are not filtered
+    with pytest.raises(ValueError, match="is not in list"):       # request_ids.index
+        for _ in range(10):
+            next(second)
+    Executor.error_after = 0
+    try:
+        third = ModelRunnerCpp.from_dir(str(engine_dir)).generate(ids, **kw)
+        with pytest.raises(RuntimeError, match="Cannot get the result for a response with an error"):
+            next(third)
+    finally:
+        del Executor.error_after
 
 
 # ---------------------------------------------------------------- load guards and auto

@@ -114,3 +114,22 @@ def test_reply_stream_metrics(trt_backend):
     list(rs)
     m = rs.reply.metrics
     assert m.finish_reason in ("stop", "length") and 1 <= m.tokens <= 16 and m.ttft_ms > 0
+
+
+def test_concurrent_requests_match_serial(trt_backend):
+    """In-flight batching: 2 greedy requests at once give what each gives alone."""
+    tok = trt_backend.tokenizer
+    params = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
+    prompts = [tok.encode(p, add_special_tokens=False) for p in PROMPTS[:2]]
+    alone = [list(trt_backend.stream(p, params)) for p in prompts]
+    runner = trt_backend.make_runner()
+    for i, p in enumerate(prompts):
+        runner.add(i, p, params)
+    got = {0: [], 1: []}
+    for _ in range(10_000):
+        if not runner.has_work():
+            break
+        for ev in runner.step():
+            got[ev.request_id].extend(ev.token_ids)
+            assert ev.finish in (None, "length"), ev
+    assert [got[0], got[1]] == alone

@@ -33,6 +33,7 @@ class BackendInfo:
     max_input_len: int        # longest prompt accepted, in tokens
     max_seq_len: int          # prompt + new tokens
     stop_token_ids: tuple[int, ...]   # resolved once at load (chat.template.default_stop_ids)
+    max_concurrency: int = 1  # requests the backend serves at once (trtllm: in-flight batching)
 
     def describe(self) -> str:
         return f"{self.name} · {self.model} · {self.device} · {self.dtype} · ctx {self.max_seq_len}"

@@ -1,40 +1,58 @@
-"""The ``trtllm`` backend: a per-GPU FP16 TensorRT-LLM engine run by ``ModelRunnerCpp``.
+"""The ``trtllm`` backend: a per-GPU TensorRT-LLM engine served by the C++ executor with in-flight
+batching -- several requests at once, each streamed and cancelled on its own.
 
-Upstream calls, as read in NVIDIA/TensorRT-LLM (stored snapshots; commit recorded because the
-search index does not map commits to tags):
+Upstream calls, as read in NVIDIA/TensorRT-LLM (stored snapshots; the commit is recorded because
+the search index does not map commits to tags):
 
 * ``ModelRunnerCpp.from_dir(engine_dir, *, rank=0, max_batch_size=None, max_input_len=None,
   max_output_len=None, max_beam_width=None, kv_cache_free_gpu_memory_fraction=None,
   kv_cache_enable_block_reuse=False, enable_chunked_context=False, ...)``:
-  tensorrt_llm/runtime/model_runner_cpp.py @03832911. Runtime limits must not exceed the
-  engine's; leaving ``max_output_len`` None makes the runtime max_seq_len the engine's.
-* ``ModelRunnerCpp.generate(batch_input_ids: List[Tensor], *, streaming, max_new_tokens, end_id,
-  pad_id, stop_words_list, return_dict, output_sequence_lengths, **sampling kwargs)``, same
-  file: it enqueues the requests with ``self.executor.enqueue_requests`` at call time and, when
-  streaming, returns a generator (``_stream``) that loops on ``executor.await_responses()`` until
-  every request is final. Each item is ``{'output_ids': int32 [batch, beams, max_seq_len],
-  'sequence_lengths': int32 [batch, beams]}``: prompt-prefixed, cumulative, padded with end_id,
-  lengths include the prompt. Sampling kwargs ``top_k``, ``top_p`` (0.0 -> None),
-  ``temperature``, ``random_seed`` (renamed to ``seed``) become ``trtllm.SamplingConfig``.
-  ``stop_words_list`` is per request: ``[[ [tok, ...], ... ]]``.
-* Cancelling: the generate() generator exposes no request id and closing it does not stop the
-  executor; a response of the old request arriving during the next call would make
-  ``_fill_output`` fail (``request_ids.index``). So :class:`_RequestIdRecorder` wraps
-  ``runner.executor`` to learn the ids ``enqueue_requests`` returns, cancellation calls
-  ``executor.cancel_request(id)`` (pybind ``Executor.cancel_request(id)``,
-  cpp/tensorrt_llm/pybind/executor/executor.cpp @03961722), and the generator is then drained
-  until the executor's final response for that id, so the runner is clean for the next request.
+  tensorrt_llm/runtime/model_runner_cpp.py @03832911. It builds the ``ExecutorConfig`` (KV cache,
+  chunked context, ...) from the engine and keeps the executor as ``runner.executor``; that is
+  all this backend uses the runner for.
+* Not ``ModelRunnerCpp.generate``: its streaming loop (``_stream``, same file) calls
+  ``self.executor.await_responses()`` with no request id and no timeout, so two concurrent
+  calls steal each other's responses (``request_ids.index`` then fails), and it reads
+  ``response.result.is_final`` before ``_fill_output`` checks ``response.has_error()``, so an
+  error response surfaces as the executor's generic "Cannot get the result for a response with
+  an error" (cpp/tensorrt_llm/executor/responseImpl.h ``getResult``) instead of its message.
+* Instead, as serving.md section 4 recommends: requests are enqueued from one thread
+  (``executor.enqueue_request(Request(...))``), ONE dispatcher thread loops on
+  ``executor.await_responses(timeout)`` and routes every response by ``request_id``, checking
+  ``has_error()`` first and raising ``error_msg``; cancelling is ``executor.cancel_request(id)``
+  (cpp/tensorrt_llm/pybind/executor/executor.cpp:108-122 @03961722; the binding releases the
+  GIL while it waits). ``Request`` / ``SamplingConfig`` / ``OutputConfig`` keyword names are the
+  ones ``ModelRunnerCpp.generate`` passes to ``tensorrt_llm.bindings.executor`` (same file):
+  ``input_token_ids, max_tokens, streaming, sampling_config, output_config, end_id, pad_id,
+  stop_words``; ``SamplingConfig(beam_width, top_k, top_p, temperature, seed)``. With streaming,
+  each result's ``output_token_ids[0]`` holds only the new tokens.
+
+Two ways in, one dispatcher:
+
+* :class:`TrtllmRunner` (``backend.make_runner()``): the worker-side :class:`~qwen_trt.serving.
+  runner.Runner` contract (``add`` / ``abort`` / ``step`` / ``has_work`` / ``stats``), up to
+  ``max_concurrency`` = the engine's ``max_batch_size`` requests in flight;
+* :meth:`TrtllmBackend.stream`: the single-request :class:`~qwen_trt.backends.base.Backend`
+  contract (and the warm-up), on the same dispatcher.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.chat.template import default_stop_ids, end_and_pad_ids
 from qwen_trt.errors import BackendUnavailableError, QwenTrtError
 from qwen_trt.params import SamplingParams
+from qwen_trt.serving.runner import RunnerStats, TokenEvent
+
+log = logging.getLogger(__name__)
 
 ENGINES_DIR_ENV = "QWEN_TRT_ENGINES_DIR"
 NO_END_ID = -1   # with ignore_eos: an id the model never produces, so only max_new_tokens ends it
@@ -83,8 +101,8 @@ def request_ids_for(params: SamplingParams, im_end: int, pad_id: int,
                     default_stops: tuple[int, ...] = ()) -> RequestIds:
     """``<|im_end|>`` is the end id, and every stop id (``<|endoftext|>``...) a stop word.
 
-    ``ModelRunnerCpp`` takes one end id per request and pads outputs with it, so it is never
-    None. The end id is listed as a stop word as well: NVIDIA/TensorRT-LLM#5670 (July 2025)
+    The executor takes one end id per request (``Request(end_id=...)``) and pads with it, so
+    it is never None. The end id is listed as a stop word as well: NVIDIA/TensorRT-LLM#5670 (July 2025)
     reports an engine that ignored end_id while stop words worked, and a stop word ends the
     request with the token in the output. With ``ignore_eos`` nothing stops the request but
     ``max_new_tokens`` (end id -1, the "no end id" value trtllm-bench uses for --eos_id).
@@ -97,54 +115,22 @@ def request_ids_for(params: SamplingParams, im_end: int, pad_id: int,
                       stop_words=(end_id,) + tuple(t for t in stops if t != end_id))
 
 
-def sampling_kwargs(params: SamplingParams) -> dict:
-    """Sampling keyword arguments for ``ModelRunnerCpp.generate``; temperature 0 = greedy."""
+def sampling_config_kwargs(params: SamplingParams) -> dict:
+    """``tensorrt_llm.bindings.executor.SamplingConfig`` keyword arguments; temperature 0 = greedy
+    (top_k 1). Names as ModelRunnerCpp.generate passes them (``random_seed`` -> ``seed``; a top_p
+    of 0.0 -> None, i.e. left out)."""
     if params.greedy:
-        kw = {"temperature": 1.0, "top_k": 1, "top_p": 0.0}
+        kw = {"beam_width": 1, "temperature": 1.0, "top_k": 1}
     else:
-        kw = {"temperature": float(params.temperature), "top_k": int(params.top_k),
-              "top_p": float(params.top_p)}
+        kw = {"beam_width": 1, "temperature": float(params.temperature),
+              "top_k": int(params.top_k), "top_p": float(params.top_p)}
     if params.seed is not None:
-        kw["random_seed"] = int(params.seed)
+        kw["seed"] = int(params.seed)
     if params.presence_penalty:
         kw["presence_penalty"] = float(params.presence_penalty)
     if params.repetition_penalty != 1:
         kw["repetition_penalty"] = float(params.repetition_penalty)
     return kw
-
-
-def _to_list(x) -> list:
-    return x.tolist() if hasattr(x, "tolist") else list(x)
-
-
-def _scalar(x) -> int:
-    return int(x.item()) if hasattr(x, "item") else int(x)
-
-
-class OutputDeltas:
-    """Turns ModelRunnerCpp's cumulative streaming outputs into new token ids.
-
-    Each streamed item holds, for batch 0 / beam 0, ``output_ids[0][0]`` = prompt + every token
-    generated so far + end_id padding up to max_seq_len, and ``sequence_lengths[0][0]`` = prompt
-    length + generated count. One item may bring several new tokens (responses pile up while the
-    caller is busy); an item may also bring none.
-    """
-
-    def __init__(self, prompt_len: int, max_new_tokens: int) -> None:
-        self.prompt_len = prompt_len
-        self.max_new_tokens = max_new_tokens
-        self.emitted = 0
-
-    def update(self, output: dict) -> list[int]:
-        seq_len = _scalar(output["sequence_lengths"][0][0])
-        total = min(seq_len - self.prompt_len, self.max_new_tokens)
-        if total <= self.emitted:
-            return []
-        start, stop = self.prompt_len + self.emitted, self.prompt_len + total
-        row = output["output_ids"][0][0]
-        new = [int(t) for t in _to_list(row[start:stop])]   # only the new slice leaves the GPU
-        self.emitted = total
-        return new
 
 
 def final_stop_token(tokens: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int],
@@ -163,35 +149,147 @@ def final_stop_token(tokens: Sequence[int], max_new_tokens: int, stop_ids: Seque
     return end_id
 
 
-class _RequestIdRecorder:
-    """Stands in for ``runner.executor``: forwards everything, remembers enqueued ids.
+@dataclass(frozen=True)
+class Routed:
+    """What the dispatcher hands to a request: its new tokens, or its error, and whether the
+    executor is done with it."""
 
-    It also drops responses of requests other than the current one (a cancelled request whose
-    final response arrives late would otherwise make the runner's ``request_ids.index`` fail
-    in the next call), and can put a timeout on ``await_responses`` while draining.
+    tokens: tuple[int, ...] = ()
+    final: bool = False
+    error: str | None = None
+
+
+class RequestStream:
+    """One request's token ids as the Backend/Runner contracts want them.
+
+    Clips to ``max_new_tokens``, ends at the first stop id (yielded), and when the executor
+    finishes early without showing the end id, reports it (:func:`final_stop_token`).
     """
 
-    def __init__(self, executor) -> None:
+    def __init__(self, params: SamplingParams, ids: RequestIds, stop_ids) -> None:
+        self.max_new = params.max_new_tokens
+        self.stop_ids = set(stop_ids)            # Backend.stop_ids: none with ignore_eos
+        self.end_id = ids.end_id
+        self.emitted: list[int] = []
+        self.finish: str | None = None
+        self.error: str | None = None
+
+    def feed(self, item: Routed) -> list[int]:
+        """New token ids from ``item``; sets :attr:`finish` (and :attr:`error`) when done."""
+        if self.finish is not None:
+            return []
+        if item.error is not None:
+            self.finish = "error"
+            first = (item.error.splitlines() or ["unknown error"])[0]
+            self.error = f"TensorRT-LLM request failed: {first}"
+            return []
+        new = []
+        for tok in item.tokens:
+            if len(self.emitted) >= self.max_new:
+                break
+            self.emitted.append(tok)
+            new.append(tok)
+            if tok in self.stop_ids:
+                self.finish = "stop"
+                return new
+        if len(self.emitted) >= self.max_new:
+            self.finish = "length"
+        elif item.final:
+            tail = final_stop_token(self.emitted, self.max_new, tuple(self.stop_ids), self.end_id)
+            if tail is not None:
+                self.emitted.append(tail)
+                new.append(tail)
+            self.finish = "stop"
+        return new
+
+
+# ---------------------------------------------------------------- the dispatcher
+
+class ResponseDispatcher:
+    """Owns ``executor.await_responses``: one thread awaits with a timeout and routes each
+    response by its request id to the sink registered at enqueue time.
+
+    ``enqueue`` holds the routing lock while it calls ``enqueue_request`` and registers the
+    sink, so a response that arrives before ``enqueue_request`` has returned is routed once the
+    sink exists. Responses of requests no longer registered (finished, aborted) are dropped.
+    """
+
+    def __init__(self, executor, poll_ms: int = 20) -> None:
         self._executor = executor
-        self.last_ids: list[int] = []
-        self.timeout_ms: int | None = None
+        self._timeout = timedelta(milliseconds=poll_ms)
+        self._lock = threading.Lock()
+        self._sinks: dict[int, Callable[[Routed], None]] = {}
+        self._stop = threading.Event()
+        self.failure: str | None = None
+        self._thread = threading.Thread(target=self._loop, name="trtllm-dispatcher", daemon=True)
+        self._thread.start()
 
-    def enqueue_requests(self, requests):
-        ids = self._executor.enqueue_requests(requests)
-        self.last_ids = list(ids)
-        return ids
+    def enqueue(self, request, sink: Callable[[Routed], None]) -> int:
+        with self._lock:
+            if self.failure is not None:
+                raise TrtllmRuntimeError(f"TensorRT-LLM executor failed: {self.failure}")
+            rid = int(self._executor.enqueue_request(request))
+            self._sinks[rid] = sink
+            return rid
 
-    def await_responses(self, *args, **kwargs):
-        if self.timeout_ms is not None and not args and "timeout" not in kwargs:
-            from datetime import timedelta
+    def cancel(self, rid: int) -> None:
+        """Stop the request in the executor and drop its later responses."""
+        self.forget(rid)
+        try:
+            self._executor.cancel_request(rid)
+        except Exception:  # noqa: BLE001 - finished in the meantime
+            pass
 
-            kwargs["timeout"] = timedelta(milliseconds=self.timeout_ms)
-        responses = self._executor.await_responses(*args, **kwargs)
-        live = set(self.last_ids)
-        return [r for r in responses if r.request_id in live]
+    def forget(self, rid: int) -> None:
+        with self._lock:
+            self._sinks.pop(rid, None)
 
-    def __getattr__(self, name):
-        return getattr(self._executor, name)
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._sinks)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                responses = self._executor.await_responses(self._timeout)
+            except Exception as e:  # noqa: BLE001 - executor shut down or broken
+                if self._stop.is_set():
+                    return
+                self._fail_all((str(e).splitlines() or [type(e).__name__])[0])
+                return
+            for response in responses:
+                self._route(response)
+
+    def _route(self, response) -> None:
+        rid = response.request_id
+        if response.has_error():              # before .result: it throws on an error response
+            item = Routed(final=True, error=str(response.error_msg) or "unknown error")
+        else:
+            result = response.result
+            beams = result.output_token_ids
+            item = Routed(tuple(int(t) for t in (beams[0] if beams else ())),
+                          bool(result.is_final))
+        with self._lock:
+            sink = self._sinks.get(rid)
+            if item.final:
+                self._sinks.pop(rid, None)
+        if sink is not None:
+            sink(item)
+        elif item.error is not None:
+            log.warning("TensorRT-LLM error for request %s (no longer routed): %s", rid,
+                        item.error)
+
+    def _fail_all(self, why: str) -> None:
+        with self._lock:
+            self.failure = why
+            sinks, self._sinks = self._sinks, {}
+        for sink in sinks.values():
+            sink(Routed(final=True, error=f"executor failed: {why}"))
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
 
 
 # ---------------------------------------------------------------- engine discovery
@@ -239,18 +337,98 @@ def auto_engine_dir() -> Path | None:
         return None
 
 
+# ---------------------------------------------------------------- the worker-side runner
+
+class TrtllmRunner:
+    """The :class:`~qwen_trt.serving.runner.Runner` contract over the executor's in-flight
+    batching. Thread-confined like the contract says (one worker thread calls every method);
+    the dispatcher thread only fills the ready queue.
+
+    ``step()`` waits up to ``wait_s`` for the first ready response, then drains every ready one
+    and returns one :class:`TokenEvent` per request that has news.
+    """
+
+    def __init__(self, backend: "TrtllmBackend", wait_s: float = 0.02) -> None:
+        self._backend = backend
+        self.max_concurrency = backend.info.max_concurrency
+        self.wait_s = wait_s
+        self._ready: queue.Queue[tuple[int, Routed]] = queue.Queue()
+        self._active: dict[int, tuple[int, RequestStream]] = {}   # our id -> (executor id, state)
+        self._done: list[TokenEvent] = []                           # events not tied to a response
+        self._prompt_tokens = 0
+
+    def add(self, request_id: int, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        if request_id in self._active:
+            raise ValueError(f"request {request_id} is already running")
+        try:
+            self._backend.check_request(prompt_ids, params)   # the runner's admission check
+            state, request = self._backend._prepare(prompt_ids, params)
+            rid = self._backend._dispatcher.enqueue(
+                request, lambda item, r=request_id: self._ready.put((r, item)))
+        except QwenTrtError as e:
+            self._done.append(TokenEvent(request_id, finish="error", error=str(e)))
+            return
+        self._active[request_id] = (rid, state)
+        self._prompt_tokens += len(prompt_ids)
+
+    def abort(self, request_id: int) -> None:
+        entry = self._active.pop(request_id, None)
+        if entry is None:
+            return
+        self._backend._dispatcher.cancel(entry[0])
+        self._done.append(TokenEvent(request_id, finish="cancelled"))
+
+    def has_work(self) -> bool:
+        return bool(self._active or self._done or not self._ready.empty())
+
+    def step(self) -> list[TokenEvent]:
+        items: list[tuple[int, Routed]] = []
+        if not self._done and self._active:
+            try:
+                items.append(self._ready.get(timeout=self.wait_s))
+            except queue.Empty:
+                pass
+        while True:
+            try:
+                items.append(self._ready.get_nowait())
+            except queue.Empty:
+                break
+        events, self._done = self._done, []
+        news: dict[int, list[int]] = {}
+        for request_id, item in items:
+            entry = self._active.get(request_id)
+            if entry is None:
+                continue      # aborted: its late responses are dropped
+            state = entry[1]
+            news.setdefault(request_id, []).extend(state.feed(item))
+        for request_id, tokens in news.items():
+            rid, state = self._active[request_id]
+            if state.finish is not None:
+                del self._active[request_id]
+                self._backend._dispatcher.forget(rid)
+            if tokens or state.finish is not None:
+                events.append(TokenEvent(request_id, tuple(tokens), finish=state.finish,
+                                         error=state.error))
+        return events
+
+    def stats(self) -> RunnerStats:
+        return RunnerStats(running=len(self._active), waiting=0,
+                           prompt_tokens=self._prompt_tokens,
+                           extra={"backend": "trtllm",
+                                  "executor_in_flight": self._backend._dispatcher.in_flight})
+
+
 # ---------------------------------------------------------------- backend
 
 class TrtllmBackend(Backend):
-    """Streams tokens from a TensorRT-LLM engine through ``ModelRunnerCpp``."""
+    """A TensorRT-LLM engine behind one :class:`ResponseDispatcher`."""
 
     name = "trtllm"
-    drain_timeout_s = 5.0   # how long a cancelled request may take to send its final response
+    stall_timeout_s = 300.0   # a request that hears nothing from the executor this long fails
 
-    def __init__(self, runner, tokenizer, manifest: dict, engine_dir: Path, gpu_name: str) -> None:
+    def __init__(self, runner, tokenizer, manifest: dict, engine_dir: Path, gpu_name: str,
+                 poll_ms: int = 20) -> None:
         super().__init__()
-        self._recorder = _RequestIdRecorder(runner.executor)
-        runner.executor = self._recorder
         self.runner = runner
         self._tokenizer = tokenizer
         self.manifest = manifest
@@ -260,11 +438,13 @@ class TrtllmBackend(Backend):
         self._im_end = int(tok.get("end_id", end_id))
         self._pad_id = int(tok.get("pad_id", pad_id))
         lim = manifest["limits"]
+        dtype = manifest.get("dtype") or manifest.get("build_flags", {}).get("dtype", "float16")
         self._info = BackendInfo(name=self.name, model=str(engine_dir), device=gpu_name,
-                                 dtype=manifest.get("build_flags", {}).get("dtype", "float16"),
-                                 max_input_len=int(lim["max_input_len"]),
+                                 dtype=dtype, max_input_len=int(lim["max_input_len"]),
                                  max_seq_len=int(lim["max_seq_len"]),
-                                 stop_token_ids=default_stop_ids(tokenizer))
+                                 stop_token_ids=default_stop_ids(tokenizer),
+                                 max_concurrency=int(lim["max_batch_size"]))
+        self._dispatcher = ResponseDispatcher(runner.executor, poll_ms)
         self._active_id: int | None = None
 
     @classmethod
@@ -318,112 +498,76 @@ class TrtllmBackend(Backend):
             backend.warmup()
         return backend
 
+    def make_runner(self, wait_s: float = 0.02) -> TrtllmRunner:
+        """The worker-side runner over this engine (in-flight batching)."""
+        return TrtllmRunner(self, wait_s)
+
+    def _prepare(self, prompt_ids: Sequence[int], params: SamplingParams):
+        """``(RequestStream, tensorrt_llm.bindings.executor.Request)`` for one request."""
+        import tensorrt_llm.bindings.executor as trtllm
+
+        ids = request_ids_for(params, self._im_end, self._pad_id, self._info.stop_token_ids)
+        request = trtllm.Request(
+            input_token_ids=[int(t) for t in prompt_ids], max_tokens=params.max_new_tokens,
+            streaming=True, sampling_config=trtllm.SamplingConfig(**sampling_config_kwargs(params)),
+            output_config=trtllm.OutputConfig(), end_id=ids.end_id, pad_id=ids.pad_id,
+            stop_words=[[t] for t in ids.stop_words] if ids.stop_words else None)
+        return RequestStream(params, ids, self.stop_ids(params)), request
+
     def cancel(self) -> None:
-        """Thread-safe: ask the executor to stop the running request now."""
+        """Thread-safe: stop the request :meth:`stream` is running now."""
         super().cancel()
         rid = self._active_id
         if rid is not None:
-            try:
-                self.runner.executor.cancel_request(rid)
-            except Exception:  # noqa: BLE001 - already finished
-                pass
+            self._dispatcher.cancel(rid)
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
-        import torch
-
         cancel = self._begin()
-        n = len(prompt_ids)
-        ids = request_ids_for(params, self._im_end, self._pad_id, self._info.stop_token_ids)
-        stop_ids = self.stop_ids(params)
-        # ModelRunnerCpp._fill_output pads every streamed item to ``self.max_seq_len`` in Python
-        # lists (65536 ints per token on the h200 profile, ~1-4 ms of CPU per step); that
-        # attribute only bounds _check_inputs and that padding (the executor has its own limits,
-        # set in from_dir), so it is narrowed to this request while it runs.
-        full_len = self.runner.max_seq_len
-        self.runner.max_seq_len = n + params.max_new_tokens
+        state, request = self._prepare(prompt_ids, params)
+        inbox: queue.Queue[Routed] = queue.Queue()
+        rid = self._dispatcher.enqueue(request, inbox.put)
+        self._active_id = rid
+        done = False
         try:
-            outputs = self.runner.generate(
-                [torch.tensor(list(prompt_ids), dtype=torch.int32)],
-                max_new_tokens=params.max_new_tokens, end_id=ids.end_id, pad_id=ids.pad_id,
-                stop_words_list=[[[t] for t in ids.stop_words]] if ids.stop_words else None,
-                streaming=True, return_dict=True, output_sequence_lengths=True,
-                **sampling_kwargs(params))
-        except BaseException as e:
-            self.runner.max_seq_len = full_len
-            if isinstance(e, RuntimeError):
-                raise TrtllmRuntimeError(f"TensorRT-LLM rejected the request: {e}") from e
-            raise
-        recorded = self._recorder.last_ids
-        self._active_id = recorded[0] if recorded else None
-        deltas = OutputDeltas(n, params.max_new_tokens)
-        emitted: list[int] = []
-        finished = stopped = False
-        try:
-            for out in outputs:
-                for tok in deltas.update(out):
+            last = time.monotonic()
+            while not cancel.is_set():
+                try:
+                    item = inbox.get(timeout=0.05)
+                except queue.Empty:
+                    if time.monotonic() - last > self.stall_timeout_s:
+                        raise TrtllmRuntimeError(
+                            f"TensorRT-LLM sent nothing for {self.stall_timeout_s:.0f} s; the "
+                            f"request was cancelled.") from None
+                    continue
+                last = time.monotonic()
+                new = state.feed(item)
+                # stop / length / error: the executor ends the request by itself, so a caller
+                # that closes the stream right after the stop token does not cancel it
+                done = state.finish is not None
+                for tok in new:
                     if cancel.is_set():
                         break
-                    emitted.append(tok)
-                    if tok in stop_ids:
-                        stopped = True
                     yield tok
-                    if stopped:
-                        break
-                if stopped or cancel.is_set():
-                    break
-            else:
-                finished = True
-            if finished and not cancel.is_set():
-                tail = final_stop_token(emitted, params.max_new_tokens, stop_ids, ids.end_id)
-                if tail is not None:
-                    stopped = True
-                    yield tail
-        except RuntimeError as e:
-            finished = True   # the runner raised from an error response: request is over
-            raise TrtllmRuntimeError(
-                f"TensorRT-LLM request failed: {str(e).splitlines()[0] if str(e) else e}") from e
+                if state.finish == "error":
+                    raise TrtllmRuntimeError(state.error)
+                if done:
+                    return
         finally:
-            if not finished:
-                self._finish(outputs, cancel_it=not stopped)
             self._active_id = None
-            self.runner.max_seq_len = full_len
-
-    def _finish(self, outputs, *, cancel_it: bool) -> None:
-        """Cancel (unless it ended by itself) and drain the request so the runner is clean.
-
-        The drain waits for the executor's final response, but at most ``drain_timeout_s``;
-        responses that come later are dropped by :class:`_RequestIdRecorder`.
-        """
-        import time
-
-        rid = self._active_id
-        if cancel_it and rid is not None:
-            try:
-                self.runner.executor.cancel_request(rid)
-            except Exception:  # noqa: BLE001 - finished in the meantime
-                pass
-        deadline = time.monotonic() + self.drain_timeout_s
-        self._recorder.timeout_ms = 50
-        try:
-            for _ in outputs:
-                if time.monotonic() > deadline:
-                    break
-        except Exception:  # noqa: BLE001 - a cancelled request may end with an error response
-            pass
-        finally:
-            self._recorder.timeout_ms = None
-            try:
-                outputs.close()
-            except Exception:  # noqa: BLE001
-                pass
+            if done or cancel.is_set():        # finished, or cancel() already stopped it
+                self._dispatcher.forget(rid)
+            else:                              # closed early: stop it now
+                self._dispatcher.cancel(rid)
 
     def close(self) -> None:
         runner, self.runner = self.runner, None
         if runner is not None:
+            self._dispatcher.close(timeout=0)
             try:
                 runner.executor.shutdown()
             except Exception:  # noqa: BLE001
                 pass
+            self._dispatcher.close()
 
 
 def _load_tokenizer(engine_dir: Path, model: str | None):
