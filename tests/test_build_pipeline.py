@@ -131,7 +131,7 @@ def test_unchanged_inputs_skip_stages_and_force_reruns(fake_trtllm, monkeypatch,
 
     # a profile edit rebuilds the engine but reuses the exported checkpoint
     p = dirs["profiles"] / "a10.toml"
-    p.write_text(p.read_text().replace("max_batch_size = 4", "max_batch_size = 2"))
+    p.write_text(p.read_text().replace("max_batch_size = 8", "max_batch_size = 2"))
     res, _ = _run(dirs, model_copy)
     assert res.skipped == ["export"] and "build" in res.ran
     assert len(calls(fake_trtllm, "from_hugging_face")) == 1
@@ -396,3 +396,20 @@ def test_container_image_is_recorded(fake_trtllm, monkeypatch, dirs, model_copy)
     assert m["container"] == {"image": "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"}
     monkeypatch.delenv("QWEN_TRT_IMAGE")
     assert _run(dirs, model_copy, force=True)[0].manifest["container"] is None
+
+
+def test_verify_catches_tensorrt_llm_clipping_max_num_tokens(fake_trtllm, monkeypatch, dirs,
+                                                             model_copy):
+    """build() clips max_num_tokens to max_batch_size x max_seq_len (check_max_num_tokens);
+    profiles reject such values, and verify would catch one that slipped through."""
+    import dataclasses
+
+    import qwen_trt.engine.build as eb
+
+    set_gpu(monkeypatch, "a10")
+    prof = load_profile("a10", dirs["profiles"])
+    odd = dataclasses.replace(prof, build=dataclasses.replace(
+        prof.build, max_batch_size=1, max_seq_len=1024, max_input_len=512, max_num_tokens=4096))
+    monkeypatch.setattr(eb, "load_profile", lambda name, d=None: odd)
+    with pytest.raises(BuildError, match=r"build_config.max_num_tokens = 1024, asked 4096"):
+        _run(dirs, model_copy)

@@ -19,8 +19,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REQUIRED = {"a10", "a10g", "l4", "a100", "h100", "h200", "rtx4090"}
-# Qwen3-4B-Instruct-2507: FP16 weights and KV bytes per token (36 layers, 8 KV heads, 128 dim)
-WEIGHTS_GIB = 4.02e9 * 2 / 2**30
+# Qwen3-4B-Instruct-2507: FP16 engine weights (4.02 B params plus the tied 151936 x 2560 embedding
+# stored again as lm_head) and KV bytes per token (36 layers, 8 KV heads, 128 dim)
+WEIGHTS_GIB = (4.02e9 + 151936 * 2560) * 2 / 2**30
 KV_BYTES_PER_TOKEN = 36 * 2 * 8 * 128 * 2
 ACTIVATIONS_GIB = 2.0   # generous: workspace for max_num_tokens tokens per step
 
@@ -59,6 +60,21 @@ def test_profile_fits_its_card_memory(name):
     pool = (prof.gpu.memory_gib - WEIGHTS_GIB - ACTIVATIONS_GIB) * \
         prof.runtime.kv_cache_free_gpu_memory_fraction
     assert pool * 2**30 / KV_BYTES_PER_TOKEN >= prof.build.max_batch_size * prof.build.max_seq_len / 4
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_the_advertised_concurrency_fits_the_kv_pool(name):
+    """max_batch_size is what the trtllm backend advertises (requests in flight): the KV pool
+    holds that many chats of 8k tokens at once."""
+    prof = load_profile(name)
+    pool = (prof.gpu.memory_gib - WEIGHTS_GIB - ACTIVATIONS_GIB) * \
+        prof.runtime.kv_cache_free_gpu_memory_fraction
+    assert pool * 2**30 / KV_BYTES_PER_TOKEN >= prof.build.max_batch_size * 8192, name
+    assert prof.build.max_batch_size >= 4
+
+
+def test_h200_advertises_the_benchmark_concurrency():
+    assert load_profile("h200").build.max_batch_size == 32
 
 
 @pytest.mark.parametrize("key,expected", [
@@ -108,6 +124,10 @@ def _write(tmp_path, text, name="x10"):
     (lambda t: t.replace("enable_chunked_context = true", "enable_chunked_context = false"),
      "[build].max_num_tokens = 8192; expected >= max_input_len (15360)"),
     (lambda t: t.replace("[runtime]", "[runtim]"), "unknown table or key 'runtim'"),
+    (lambda t: t.replace("max_seq_len = 16384", "max_seq_len = 512").replace(
+        "max_input_len = 15360", "max_input_len = 256").replace("max_batch_size = 8",
+                                                                 "max_batch_size = 2"),
+     "[build].max_num_tokens = 8192; expected at most max_batch_size x max_seq_len (1024)"),
     (lambda t: t.replace("[gpu]", "[gpu"), "is not valid TOML"),
 ])
 def test_bad_profile_names_file_key_and_expectation(tmp_path, edit, needle):

@@ -140,8 +140,8 @@ def test_load_passes_manifest_limits_and_declares_the_concurrency(backend, fake_
     info = backend.info
     assert info.name == "trtllm" and info.max_seq_len == m["limits"]["max_seq_len"]
     assert info.device == "NVIDIA A10" and info.dtype == "float16" == m["dtype"]
-    assert info.max_concurrency == m["limits"]["max_batch_size"] == 4
-    assert backend.make_runner().max_concurrency == 4
+    assert info.max_concurrency == m["limits"]["max_batch_size"] == 8
+    assert backend.make_runner().max_concurrency == 8
     # tokenizer comes from the engine folder's copy
     from transformers import AutoTokenizer
 
@@ -338,12 +338,12 @@ def test_runner_serves_interleaved_requests_and_routes_by_id(backend, monkeypatc
 def test_more_requests_than_the_batch_wait_in_the_executor(backend, monkeypatch):
     _distinct_scripts(monkeypatch, n_tokens=3)
     runner = backend.make_runner()
-    prompts = {i: [70, i] for i in range(1, 7)}            # 6 > max_batch_size 4
+    prompts = {i: [70, i] for i in range(1, 11)}           # 10 > max_batch_size 8
     for i, p in prompts.items():
         runner.add(i, p, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True))
     got, finish, _ = _drive(runner)
     assert got == {i: _expected(p, 3) for i, p in prompts.items()}
-    assert _executor(backend).max_in_flight == 4
+    assert _executor(backend).max_in_flight == 8
 
 
 def test_abort_one_request_keeps_the_others(backend, monkeypatch, fake_trtllm):

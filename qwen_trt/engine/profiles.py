@@ -163,6 +163,9 @@ def validate(profile: BuildProfile) -> None:
            f"less than max_seq_len ({b.max_seq_len}) so the reply has room")
     _check(b.max_seq_len <= 262144, w, "[build].max_seq_len", b.max_seq_len,
            "at most 262144 (the model's context length)")
+    _check(b.max_num_tokens <= b.max_batch_size * b.max_seq_len, w, "[build].max_num_tokens",
+           b.max_num_tokens, f"at most max_batch_size x max_seq_len "
+           f"({b.max_batch_size * b.max_seq_len}); TensorRT-LLM would clip it")
     if not r.enable_chunked_context:
         _check(b.max_num_tokens >= b.max_input_len, w, "[build].max_num_tokens",
                b.max_num_tokens, f">= max_input_len ({b.max_input_len}) unless "
