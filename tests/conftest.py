@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(config, items):
     skips = {
         "cuda": (not _has_cuda(), "needs an NVIDIA GPU (CUDA build of torch)"),
         "trtllm": (importlib.util.find_spec("tensorrt_llm") is None or not _has_cuda(),
-                   "needs tensorrt_llm 1.0-1.2 and a GPU"),
+                   "needs tensorrt_llm 1.2.x and a GPU"),
         "browser": (shutil.which("chromium") is None and shutil.which("chromium-browser") is None,
                     "needs Debian's chromium (apt-get install chromium)"),
     }

@@ -12,7 +12,7 @@ from qwen_trt.cli import main
 
 no_real_trtllm = pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None,
                                     reason="a real tensorrt_llm is installed here")
-INSTALL_BITS = ('pip install -e ".[trtllm]"', "tensorrt_llm>=1.0,<1.3", "libopenmpi-dev",
+INSTALL_BITS = ('pip install -e ".[trtllm]"', "tensorrt_llm>=1.2,<1.3", "libopenmpi-dev",
                 "NVIDIA's package index")
 
 

@@ -198,7 +198,7 @@ def test_guard_unsupported_trtllm_version(fake_trtllm, monkeypatch, dirs, model_
     rc, err = _cli(capsys, "--gpu", "a10", "--model", str(model_copy),
                    "--profiles-dir", str(dirs["profiles"]))
     assert rc == 2
-    assert "tensorrt_llm 1.3.0rc20 is installed, but qwen-trt needs tensorrt_llm>=1.0,<1.3" in err
+    assert "tensorrt_llm 1.3.0rc20 is installed, but qwen-trt needs tensorrt_llm>=1.2,<1.3" in err
     assert 'pip install -e ".[trtllm]"' in err and err.count("\n") == 0
 
 
@@ -413,3 +413,28 @@ def test_verify_catches_tensorrt_llm_clipping_max_num_tokens(fake_trtllm, monkey
     monkeypatch.setattr(eb, "load_profile", lambda name, d=None: odd)
     with pytest.raises(BuildError, match=r"build_config.max_num_tokens = 1024, asked 4096"):
         _run(dirs, model_copy)
+
+
+@pytest.mark.parametrize("version", ["1.0.0", "1.1.0"])
+def test_guard_trtllm_releases_that_pin_an_older_transformers(fake_trtllm, monkeypatch, dirs,
+                                                              model_copy, capsys, version):
+    set_gpu(monkeypatch, "a10")
+    monkeypatch.setattr(fake_trtllm, "__version__", version)
+    rc, err = _cli(capsys, "--gpu", "a10", "--model", str(model_copy),
+                   "--profiles-dir", str(dirs["profiles"]))
+    assert rc == 2 and f"tensorrt_llm {version} is installed" in err
+    assert "1.0/1.1 pin a transformers older than 4.57" in err
+
+
+def test_the_trtllm_extra_matches_the_supported_range():
+    """pyproject's extra, the runtime check and transformers' range agree (1.2 pins 4.57)."""
+    import re
+
+    from qwen_trt.engine.env import TRTLLM_SPEC, version_supported
+
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    (extra,) = re.findall(r'^trtllm = \["([^"]+)"\]', text, flags=re.M)
+    assert extra == TRTLLM_SPEC == "tensorrt_llm>=1.2,<1.3"
+    assert re.search(r'"transformers>=4\.57,', text)
+    assert [version_supported(v) for v in ("1.0.0", "1.1.0", "1.2.0", "1.2.1", "1.3.0rc20")] == \
+        [False, False, True, True, False]

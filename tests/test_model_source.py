@@ -54,7 +54,7 @@ def test_unreachable_hub_says_how_to_use_a_local_folder(monkeypatch):
         resolve_model("Qwen/Qwen3-4B-Instruct-2507")
     msg = str(e.value)
     assert "Cannot reach the Hugging Face hub" in msg and "--model" in msg
-    assert "huggingface-cli download Qwen/Qwen3-4B-Instruct-2507" in msg and "\n" not in msg
+    assert "hf download Qwen/Qwen3-4B-Instruct-2507" in msg and "\n" not in msg
 
 
 def test_default_comes_from_env(monkeypatch, tiny_model_dir):

@@ -1,6 +1,6 @@
 """Real TensorRT-LLM: build a tiny engine from the tiny model and compare with torch.
 
-Skipped unless tensorrt_llm (1.0-1.2) is installed and a GPU is visible. On a GPU machine:
+Skipped unless tensorrt_llm 1.2.x is installed and a GPU is visible. On a GPU machine:
 
     pip install -e ".[trtllm,dev]"        # needs NVIDIA's package index and libopenmpi-dev
     python -m pytest -q -m trtllm tests/test_trtllm_real.py

@@ -1,4 +1,4 @@
-"""What the engine pipeline needs from this machine: TensorRT-LLM 1.0-1.2 importable, library
+"""What the engine pipeline needs from this machine: TensorRT-LLM 1.2.x importable, library
 versions for the manifest, and free disk space. Each failure is one clear line."""
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from pathlib import Path
 
 from qwen_trt.errors import BackendUnavailableError, QwenTrtError
 
-# 1.0 is the first release whose TensorRT engine path knows Qwen3 (and has the head_dim fix);
-# 1.3 removed the TensorRT engine backend (see docs/tensorrt-llm.md).
-TRTLLM_MIN = (1, 0)
+# 1.0 is the first release whose TensorRT engine path knows Qwen3, but 1.0 and 1.1 pin
+# transformers 4.53.1 / 4.56.0 while qwen-trt needs >= 4.57 (what 1.2 pins); 1.3 removed the
+# TensorRT engine backend (see docs/tensorrt-llm.md). So: 1.2.x.
+TRTLLM_MIN = (1, 2)
 TRTLLM_MAX_EXCL = (1, 3)
-TRTLLM_SPEC = "tensorrt_llm>=1.0,<1.3"
+TRTLLM_SPEC = "tensorrt_llm>=1.2,<1.3"
 
 INSTALL_HINT = (
     f'install it from the qwen-trt folder with `pip install -e ".[trtllm]"` (i.e. {TRTLLM_SPEC}) on Linux x86_64/aarch64 '
@@ -85,7 +86,8 @@ def require_trtllm():
     if version != "unknown" and not version_supported(version):
         raise TrtllmNotInstalledError(
             f"tensorrt_llm {version} is installed, but qwen-trt needs {TRTLLM_SPEC}: 1.3 removed "
-            f"the TensorRT engine backend and 0.x cannot convert Qwen3. "
+            f"the TensorRT engine backend, 1.0/1.1 pin a transformers older than 4.57 and 0.x "
+            f"cannot convert Qwen3. "
             f'Run `pip install -e ".[trtllm]"`.')
     return trtllm
 

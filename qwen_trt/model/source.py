@@ -35,7 +35,7 @@ def looks_like_path(spec: str) -> bool:
 
 def _offline_help(model_id: str) -> str:
     return (f"Cannot reach the Hugging Face hub to fetch '{model_id}'. On a machine with network run "
-            f"`huggingface-cli download {model_id} --local-dir models/{model_id.split('/')[-1]}`, "
+            f"`hf download {model_id} --local-dir models/{model_id.split('/')[-1]}`, "
             f"copy the folder here and pass `--model models/{model_id.split('/')[-1]}` "
             f"(or set QWEN_TRT_MODEL); if '{model_id}' was meant as a local folder, it does not "
             f"exist. For an offline demo: `qwen-trt tiny-model .models/tiny-qwen3`.")
