@@ -205,8 +205,8 @@ def plugin_settings(profile: BuildProfile, dtype: str | None = None) -> dict:
     """PluginConfig attributes to set (names as in tensorrt_llm/plugin/plugin.py).
 
     The profile's plugin dtypes ("float16" or "auto") follow the engine dtype, so a bfloat16
-    override builds bf16 plugins too (the upstream Qwen recipe passes ``--gpt_attention_plugin
-    bfloat16`` for BF16: examples/models/core/qwen/README.md @000a01de).
+    override builds bf16 plugins too (as the BF16 recipe of TensorRT-LLM's Qwen README does:
+    examples/models/core/qwen/README.md).
     """
     b = profile.build
     dtype = dtype or b.dtype
