@@ -168,6 +168,7 @@ def test_the_request_the_executor_gets(backend, fake_trtllm):
     (enq,) = calls(fake_trtllm, "enqueue_requests")
     (r,) = enq["requests"]
     assert r.input_token_ids == prompt and r.streaming and r.max_tokens == 4
+    assert r.output_config.exclude_input_from_output
     assert (r.end_id, r.pad_id) == (im_end, eot)
     assert r.stop_words == [[im_end], [eot]]
     s = r.sampling_config
@@ -341,6 +342,7 @@ def test_more_requests_than_the_batch_wait_in_the_executor(backend, monkeypatch)
     prompts = {i: [70, i] for i in range(1, 11)}           # 10 > max_batch_size 8
     for i, p in prompts.items():
         runner.add(i, p, SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True))
+    assert (runner.stats().running, runner.stats().waiting) == (8, 2)
     got, finish, _ = _drive(runner)
     assert got == {i: _expected(p, 3) for i, p in prompts.items()}
     assert _executor(backend).max_in_flight == 8

@@ -24,8 +24,10 @@ the search index does not map commits to tags):
   GIL while it waits). ``Request`` / ``SamplingConfig`` / ``OutputConfig`` keyword names are the
   ones ``ModelRunnerCpp.generate`` passes to ``tensorrt_llm.bindings.executor`` (same file):
   ``input_token_ids, max_tokens, streaming, sampling_config, output_config, end_id, pad_id,
-  stop_words``; ``SamplingConfig(beam_width, top_k, top_p, temperature, seed)``. With streaming,
-  each result's ``output_token_ids[0]`` holds only the new tokens.
+  stop_words``; ``SamplingConfig(beam_width, top_k, top_p, temperature, seed)``;
+  ``OutputConfig(exclude_input_from_output=True)`` (the pybind keyword of
+  cpp/tensorrt_llm/pybind/executor/request.cpp). With streaming, each result's
+  ``output_token_ids[0]`` holds only the new tokens.
 
 Two ways in, one dispatcher:
 
@@ -102,8 +104,8 @@ def request_ids_for(params: SamplingParams, im_end: int, pad_id: int,
     """``<|im_end|>`` is the end id, and every stop id (``<|endoftext|>``...) a stop word.
 
     The executor takes one end id per request (``Request(end_id=...)``) and pads with it, so
-    it is never None. The end id is listed as a stop word as well: NVIDIA/TensorRT-LLM#5670 (July 2025)
-    reports an engine that ignored end_id while stop words worked, and a stop word ends the
+    it is never None. The end id is listed as a stop word as well: NVIDIA/TensorRT-LLM#5670
+    (July 2025) reports an engine that ignored end_id while stop words worked, and a stop word ends the
     request with the token in the output. With ``ignore_eos`` nothing stops the request but
     ``max_new_tokens`` (end id -1, the "no end id" value trtllm-bench uses for --eos_id).
     """
@@ -412,7 +414,10 @@ class TrtllmRunner:
         return events
 
     def stats(self) -> RunnerStats:
-        return RunnerStats(running=len(self._active), waiting=0,
+        """Requests beyond ``max_concurrency`` wait inside the executor's queue."""
+        n = len(self._active)
+        return RunnerStats(running=min(n, self.max_concurrency),
+                           waiting=max(0, n - self.max_concurrency),
                            prompt_tokens=self._prompt_tokens,
                            extra={"backend": "trtllm",
                                   "executor_in_flight": self._backend._dispatcher.in_flight})
@@ -510,7 +515,8 @@ class TrtllmBackend(Backend):
         request = trtllm.Request(
             input_token_ids=[int(t) for t in prompt_ids], max_tokens=params.max_new_tokens,
             streaming=True, sampling_config=trtllm.SamplingConfig(**sampling_config_kwargs(params)),
-            output_config=trtllm.OutputConfig(), end_id=ids.end_id, pad_id=ids.pad_id,
+            output_config=trtllm.OutputConfig(exclude_input_from_output=True),
+            end_id=ids.end_id, pad_id=ids.pad_id,
             stop_words=[[t] for t in ids.stop_words] if ids.stop_words else None)
         return RequestStream(params, ids, self.stop_ids(params)), request
 

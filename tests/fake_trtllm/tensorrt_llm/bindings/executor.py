@@ -254,8 +254,10 @@ class Executor:
                 s.final_sent = True
                 self._ready.append(Response(rid, error=msg))
                 continue
-            if not s.request.streaming:
+            if not s.request.streaming:   # one final response; the prompt unless excluded
                 new, s.sent = s.produced[s.sent:], len(s.produced)
+                if not s.request.output_config.exclude_input_from_output:
+                    new = list(s.request.input_token_ids) + new
             else:
                 n = self.chunks[(self.iterations - 1) % len(self.chunks)]
                 new = s.produced[s.sent:s.sent + n]
