@@ -396,6 +396,21 @@ def test_bad_request_is_an_error_event(backend):
     assert not runner.has_work()
 
 
+def test_a_request_the_executor_refuses_is_one_line(backend, monkeypatch):
+    def refuse(request):
+        raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: too many stop words\n  at ...")
+
+    monkeypatch.setattr(_executor(backend), "enqueue_request", refuse)
+    runner = backend.make_runner()
+    runner.add(1, [5, 6], SamplingParams(max_new_tokens=2))
+    (ev,) = runner.step()
+    assert ev.finish == "error" and ev.error == (
+        "TensorRT-LLM rejected the request: [TensorRT-LLM][ERROR] Assertion failed: too many "
+        "stop words")
+    with pytest.raises(TrtllmRuntimeError, match="rejected the request"):
+        list(backend.stream([5, 6], SamplingParams(max_new_tokens=2)))
+
+
 def test_stream_and_runner_share_the_dispatcher(backend, monkeypatch):
     _distinct_scripts(monkeypatch, n_tokens=5)
     monkeypatch.setattr(_executor_cls(), "per_call", 1)

@@ -230,7 +230,11 @@ class ResponseDispatcher:
         with self._lock:
             if self.failure is not None:
                 raise TrtllmRuntimeError(f"TensorRT-LLM executor failed: {self.failure}")
-            rid = int(self._executor.enqueue_request(request))
+            try:
+                rid = int(self._executor.enqueue_request(request))
+            except Exception as e:  # noqa: BLE001 - the executor's checks (limits, shutdown)
+                first = (str(e).splitlines() or [type(e).__name__])[0]
+                raise TrtllmRuntimeError(f"TensorRT-LLM rejected the request: {first}") from e
             self._sinks[rid] = sink
             return rid
 
