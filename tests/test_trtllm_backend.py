@@ -411,6 +411,28 @@ def test_a_request_the_executor_refuses_is_one_line(backend, monkeypatch):
         list(backend.stream([5, 6], SamplingParams(max_new_tokens=2)))
 
 
+def test_a_broken_executor_fails_every_request_in_flight(backend, monkeypatch):
+    ex = _executor(backend)
+    ex.budget = 0
+    runner = backend.make_runner()
+    params = SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True)
+    runner.add(1, [1], params)
+    runner.add(2, [2], params)
+
+    def broken(*a, **k):
+        raise RuntimeError("[TensorRT-LLM][ERROR] CUDA runtime error in cudaMemcpyAsync: an "
+                           "illegal memory access was encountered\n  at ...")
+
+    monkeypatch.setattr(ex, "await_responses", broken)
+    got, finish, _ = _drive(runner)
+    why = ("TensorRT-LLM request failed: executor failed: [TensorRT-LLM][ERROR] CUDA runtime "
+           "error in cudaMemcpyAsync: an illegal memory access was encountered")
+    assert finish == {1: ("error", why), 2: ("error", why)}
+    runner.add(3, [3], params)
+    (ev,) = runner.step()
+    assert ev.finish == "error" and ev.error.startswith("TensorRT-LLM executor failed: ")
+
+
 def test_stream_and_runner_share_the_dispatcher(backend, monkeypatch):
     _distinct_scripts(monkeypatch, n_tokens=5)
     monkeypatch.setattr(_executor_cls(), "per_call", 1)
