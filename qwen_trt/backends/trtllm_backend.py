@@ -265,7 +265,12 @@ class ResponseDispatcher:
                 self._fail_all((str(e).splitlines() or [type(e).__name__])[0])
                 return
             for response in responses:
-                self._route(response)
+                try:
+                    self._route(response)
+                except Exception as e:  # noqa: BLE001 - a malformed response ends its request
+                    first = (str(e).splitlines() or [type(e).__name__])[0]
+                    self._deliver(getattr(response, "request_id", None),
+                                  Routed(final=True, error=first))
 
     def _route(self, response) -> None:
         rid = response.request_id
@@ -276,6 +281,9 @@ class ResponseDispatcher:
             beams = result.output_token_ids
             item = Routed(tuple(int(t) for t in (beams[0] if beams else ())),
                           bool(result.is_final))
+        self._deliver(rid, item)
+
+    def _deliver(self, rid, item: Routed) -> None:
         with self._lock:
             sink = self._sinks.get(rid)
             if item.final:
