@@ -90,9 +90,10 @@ def hf_rope_theta(config: dict) -> float | None:
 def needs_legacy_config(config: dict) -> bool:
     """True when config.json has the transformers-5 layout (``rope_parameters``, ``dtype``).
 
-    TensorRT-LLM's QWenConfig.from_hugging_face (tensorrt_llm/models/qwen/config.py @0428c188)
-    reads ``getattr(hf_config, "rope_theta", 100000.0)`` and ``torch_dtype``; with the new
-    layout under the transformers it pins (4.57), the RoPE base silently becomes a default.
+    TensorRT-LLM's QWenConfig.from_hugging_face reads ``getattr(hf_config, "rope_theta",
+    100000.0)`` and ``infer_dtype(dtype, getattr(hf_config, 'torch_dtype', None))``
+    (tensorrt_llm/models/qwen/config.py:135 and :152 @0428c188); with the new layout under the
+    transformers it pins (4.57), the RoPE base silently becomes a default.
     """
     return "rope_theta" not in config and hf_rope_theta(config) is not None
 
@@ -361,7 +362,8 @@ def engine_weights(shape: ModelShape, params: int, dtype: str) -> dict:
     """What the engine stores for the weights, for the manifest and the profiles' sizing.
 
     Qwen3-4B ties ``lm_head`` to ``embed_tokens`` and its checkpoint has no ``lm_head.weight``.
-    TensorRT-LLM's Qwen converter gives the model a ``lm_head`` parameter of its own and fills it
+    The converter reads ``tie_word_embeddings`` into its config (tensorrt_llm/models/qwen/
+    config.py:153 @0428c188) but gives the model a ``lm_head`` parameter of its own and fills it
     from ``model.embed_tokens`` (the qwen3 branch of QWenForCausalLM.from_hugging_face maps no
     lm_head key; ``ModelWeightsLoader.update_key_mapping`` points a missing ``lm_head`` at
     ``transformer.vocab_embedding``'s HF key, tensorrt_llm/models/model_weights_loader.py
