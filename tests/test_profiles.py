@@ -151,3 +151,11 @@ def test_unknown_profile_lists_the_available_ones(tmp_path):
     _write(tmp_path, GOOD, "a10")
     with pytest.raises(ProfileError, match=r"No build profile 'b20' .*have: a10"):
         load_profile("b20", tmp_path)
+
+
+def test_default_profiles_dir_does_not_depend_on_the_cwd(tmp_path, monkeypatch):
+    monkeypatch.delenv("QWEN_TRT_PROFILES_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    d = default_profiles_dir()
+    assert d.is_absolute() and (d / "h200.toml").is_file()
+    assert d == Path(__file__).resolve().parents[1] / "build" / "profiles"

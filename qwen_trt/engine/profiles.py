@@ -91,7 +91,7 @@ def default_profiles_dir() -> Path:
     env = os.environ.get(PROFILES_DIR_ENV)
     if env:
         return Path(env)
-    repo = Path(__file__).resolve().parents[1] / "build" / "profiles"
+    repo = Path(__file__).resolve().parents[2] / "build" / "profiles"
     return repo if repo.is_dir() else Path("build/profiles")
 
 
