@@ -393,7 +393,8 @@ def test_bad_request_is_an_error_event(backend):
     runner = backend.make_runner()
     runner.add(9, [30] * (backend.info.max_input_len + 1), SamplingParams(max_new_tokens=2))
     (ev,) = runner.step()
-    assert ev.request_id == 9 and ev.finish == "error" and "exceeds this backend's limits" in ev.error
+    assert ev.request_id == 9 and ev.finish == "error"
+    assert "exceeds this backend's limits" in ev.error
     assert not runner.has_work()
 
 
@@ -474,7 +475,7 @@ def test_upstream_generate_hides_the_error_and_steals_responses(fake_trtllm, eng
     Executor.error_after = 0
     try:
         third = ModelRunnerCpp.from_dir(str(engine_dir)).generate(ids, **kw)
-        with pytest.raises(RuntimeError, match="Cannot get the result for a response with an error"):
+        with pytest.raises(RuntimeError, match="Cannot get the result for a response with an"):
             next(third)
     finally:
         del Executor.error_after
