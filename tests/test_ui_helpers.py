@@ -24,7 +24,7 @@ from qwen_trt.ui.text import (CURSOR, dropped_note, reply_footer, sanitize_markd
     ("already \\![x](u)", "already \\![x](u)"),           # escaped once: left alone
     ("slash \\\\![x](u)", "slash \\\\\\![x](u)"),          # "\\" is a literal backslash: still an image
     ("no images [link](http://a.b) here!", "no images [link](http://a.b) here!"),
-    ("code `![x](u)` stays", "code `![x](u)` stays"),
+    ("code `![x](u)` stays", "code `!\u2060[x](u)` stays"),      # a joiner: code shows as is
     ("```md\n![x](u)\n```\nafter ![y](v)", "```md\n![x](u)\n```\nafter \\![y](v)"),
     ("~~~~\n```\n![x](u)\n~~~~\n![y](v)", "~~~~\n```\n![x](u)\n~~~~\n\\![y](v)"),
 ])
@@ -32,10 +32,11 @@ def test_sanitize_neutralises_images_outside_code(text, expected):
     assert sanitize_markdown(text) == expected
 
 
-def test_sanitize_keeps_html_as_text_for_streamlit_to_escape():
-    payload = "Hi <script>alert(1)</script> <img src=x onerror=alert(2)> **bold** ![i](http://e/i)"
+def test_sanitize_escapes_html_and_autolinks_outside_code():
+    payload = "Hi <script>alert(1)</script> <img src=x> <http://e/x> **bold** `a<b` ![i](http://e/i)"
     out = sanitize_markdown(payload)
-    assert out == payload.replace("![i]", "\\![i]")   # HTML untouched (Streamlit escapes it)
+    assert out == ("Hi \\<script>alert(1)\\</script> \\<img src=x> \\<http://e/x> **bold** `a<b` "
+                   "\\![i](http://e/i)")
 
 
 def _renders_image(markdown: str) -> bool:
@@ -259,3 +260,71 @@ def test_stream_view_scans_only_the_open_tail_yet_agrees_with_a_full_scan():
             view.add(delta)
             full += delta
             assert view.frozen == stable_prefix_end(full), full
+
+
+# -- the hostile corpus (also rendered in Chromium by tests/test_markdown_browser.py) ------------
+
+from markdown_payloads import ORDINARY, payloads  # noqa: E402
+
+CORPUS = payloads("http://127.0.0.1:9/leak")
+
+
+def _live_images_outside_top_fences(md: str) -> list[int]:
+    """Offsets of every "![" that follows an even run of backslashes and is not inside a fence
+    that starts unindented after a blank line (code in every dialect). Independent of the
+    sanitiser's own parse: a plain line scan."""
+    import re
+
+    lines = re.findall(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+", md)
+    live, offset, fence, prev_blank = [], 0, None, True
+    for line in lines:
+        m = re.match(r"(`{3,}|~{3,})", line)
+        if fence is None and m and prev_blank:
+            fence = m.group(1)
+        elif fence is not None:
+            if line.strip(" \t\r\n").startswith(fence[0]) and \
+                    set(line.strip(" \t\r\n")) == {fence[0]} and \
+                    len(line.strip(" \t\r\n")) >= len(fence) and len(line) - len(line.lstrip(" ")) < 4:
+                fence = None
+        else:
+            live += [offset + m.end() - 2 for m in re.finditer(r"(?<!\\)(?:\\\\)*!\[", line)]
+        prev_blank = not line.strip(" \t\r\n")
+        offset += len(line)
+    return live
+
+
+def _render(md: str) -> str:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"maxNesting": 1000}).enable(["table", "strikethrough"]).render(md)
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_hostile_corpus_leaves_no_image_html_latex_or_directive(name):
+    out = sanitize_markdown(CORPUS[name])
+    assert _live_images_outside_top_fences(out) == [], out
+    html = _render(out)
+    for tag in ("<img", "<div", "<details", "<picture", "<source", "<style", "<pre>\n\n"):
+        assert tag not in html, (tag, out)
+    if name == "autolink":                               # shown as text, not a link
+        assert "href" not in html, out
+    if name.startswith(("latex", "directive")):          # no code in these: every $ and :x[ escaped
+        import re
+        assert not re.search(r"(?<!\\)(?:\\\\)*(\$|:[a-z]+(?:-[a-z]+)*\[)", out), out
+
+
+@pytest.mark.parametrize("name", ["footnote", "quote-20", "list-9"])
+def test_issue_payloads_were_live_before(name):
+    assert _live_images_outside_top_fences(CORPUS[name])     # the checker sees the raw payload
+
+
+@pytest.mark.parametrize("name", sorted(ORDINARY))
+def test_ordinary_markdown_stays_as_written(name):
+    text, expected = ORDINARY[name]
+    assert sanitize_markdown(text) == expected
+
+
+def test_sanitize_is_fast_on_deep_nesting():
+    deep = "> " * 5000 + "![x](u)\n" + "- a\n  " * 2000 + "$x$"
+    out = sanitize_markdown(deep)                          # no RecursionError, nothing live
+    assert _live_images_outside_top_fences(out) == []

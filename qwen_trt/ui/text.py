@@ -1,10 +1,10 @@
 """Text the chat UI shows: model output made safe for Markdown, and the lines under replies.
 
-Model output is untrusted. The app renders it with Streamlit's Markdown, HTML off (tags show as
-text). On top of that :func:`sanitize_markdown` neutralises Markdown images, which a browser
-would fetch by itself (a prompt-injected reply could leak data through an image URL): ``![a](u)``
-becomes the escaped ``\\![a](u)``, a plain link the user has to click. Code spans and fenced code
-are left as they are (escapes are not processed there, so they need none).
+Model output is untrusted. The app renders it with Streamlit's Markdown (GFM), HTML off (tags
+show as text). On top of that :func:`sanitize_markdown` makes sure no Markdown image survives
+(a browser fetches an image by itself: a prompt-injected reply could leak the chat through its
+URL) whatever structure hides it, and that ``<``, ``$`` and Streamlit's ``:red[...]``
+directives show as written.
 """
 from __future__ import annotations
 
@@ -17,9 +17,17 @@ from qwen_trt.params import Reply
 CURSOR = "▌"
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_IMAGE = re.compile(r"(\\*)!\[")
-_DOLLAR = re.compile(r"(\\*)\$")
 _BACKTICKS = re.compile(r"\\*`+")
+# U+2060 WORD JOINER: invisible, and it keeps "!" and "[" apart so no dialect reads an image.
+_JOINER = "\u2060"
+# An image opener that a renderer could still read as one: "![" after an even run of backslashes.
+_LIVE_IMAGE = re.compile(r"(?<!\\)(?:\\\\)*!\[")
+# Lines as Markdown counts them (\n, \r\n or \r; not str.splitlines' \x0c, \u2028, ...).
+_LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+")
+
+
+def _blank(line: str) -> bool:
+    return not line.strip(" \t\r\n")
 
 
 def _fence_marker(line: str) -> str | None:
@@ -33,33 +41,39 @@ def _closes(marker: str, line: str) -> bool:
             and line.strip().strip(marker[0]) == "")
 
 
-def _escaper(pattern: re.Pattern, literal: str):
+def _escaper(pattern: str):
+    regex = re.compile(r"(\\*)(" + pattern + ")")
+
     def escape(text: str) -> str:
         def fix(m: re.Match) -> str:
             slashes = m.group(1)
             # An even number of backslashes escapes only themselves: the char is still live.
-            return slashes + ("\\" if len(slashes) % 2 == 0 else "") + literal
-        return pattern.sub(fix, text)
+            return slashes + ("\\" if len(slashes) % 2 == 0 else "") + m.group(2)
+        return regex.sub(fix, text)
     return escape
 
 
-_escape_images = _escaper(_IMAGE, "![")
-_escape_dollars = _escaper(_DOLLAR, "$")
-# Streamlit's own Markdown directives, ":red[text]", ":blue-background[x]": an escaped colon
-# shows the text as written (checked in Chromium on Streamlit 1.67). Icon shortcodes
-# (":material/home:") are matched on the rendered text, so escaping cannot stop them; they are
-# harmless.
-_DIRECTIVE = re.compile(r"(\\*):(?=[a-z]+(?:-[a-z]+)*\[)")
-_escape_directives = _escaper(_DIRECTIVE, ":")
+# In prose every one of these gets a backslash, which shows the character as written:
+#   "![" an image (an escaped "!" leaves a plain link the user has to click);
+#   "<"  raw HTML, an autolink "<http://...>" (Streamlit shows HTML as text anyway);
+#   "$"  LaTeX;
+#   ":"  before Streamlit's directives, ":red[text]", ":blue-background[x]" (an escaped colon
+#        shows the text as written, checked in Chromium on Streamlit 1.67). Icon shortcodes
+#        (":material/home:") are matched on the rendered text, so escaping cannot stop them;
+#        they are harmless.
+_escape_prose = _escaper(r"!(?=\[)|<|\$|:(?=[a-z]+(?:-[a-z]+)*\[)")
 
 
-def _escape_prose(text: str) -> str:
-    return _escape_directives(_escape_dollars(text))
+def _break_images(text: str) -> str:
+    """Code (as we parsed it) keeps its text, but never a "![" a renderer could take for an
+    image should it parse the block differently: an invisible joiner goes between the two."""
+    return text.replace("![", "!" + _JOINER + "[")
 
 
-def _outside_code_spans(text: str, fn) -> str:
-    """Apply ``fn`` to ``text`` except inside CommonMark code spans (a backtick run closed by
-    the next run of the same length; a backslash-escaped backtick opens nothing)."""
+def _outside_code_spans(text: str, fn, in_code=lambda s: s) -> str:
+    """Apply ``fn`` to ``text`` outside CommonMark code spans and ``in_code`` to the spans (a
+    backtick run closed by the next run of the same length; a backslash-escaped backtick opens
+    nothing)."""
     out, pos, i = [], 0, 0
     runs = list(_BACKTICKS.finditer(text))
     while i < len(runs):
@@ -75,7 +89,7 @@ def _outside_code_spans(text: str, fn) -> str:
             i += 1
             continue
         out.append(fn(text[pos:start]))
-        out.append(text[start:runs[close].end()])
+        out.append(in_code(text[start:runs[close].end()]))
         pos = runs[close].end()
         i = close + 1
     out.append(fn(text[pos:]))
@@ -86,50 +100,73 @@ def _outside_code_spans(text: str, fn) -> str:
 def _markdown():
     from markdown_it import MarkdownIt
 
-    return MarkdownIt("commonmark")   # parse() keeps its state per call: safe to share
+    # GFM's block grammar as far as markdown-it has it; parse() keeps its state per call.
+    return MarkdownIt("commonmark", {"maxNesting": 100}).enable(["table", "strikethrough"])
 
 
-def _parse(text: str):
-    return _markdown().parse(text)
+def _line_kinds(lines: list[str], tokens) -> tuple[list[str], set[int]]:
+    """Each line's kind, "prose" unless the parse finds code, and the lines where inline blocks
+    start or end (code spans never cross those).
+
+    "keep" is a fence at the top level, unindented, after a blank line (or first): no container
+    of any Markdown dialect can hold such a fence, so it is code for every renderer and is left
+    exactly as written. Other code ("code": indented, in lists or quotes) is code only as this
+    parser sees it: its text stays, but images in it are broken. Lines the parser leaves out
+    (reference and footnote definitions, structures deeper than its limit) stay prose.
+    """
+    kinds = ["prose"] * len(lines)
+    edges: set[int] = set()
+    for t in tokens:
+        if not t.map:
+            continue
+        a, b = t.map
+        if t.type == "inline":
+            edges.update((a, b))
+        elif t.type in ("fence", "code_block"):
+            top = (t.type == "fence" and t.level == 0 and lines[a][:1] in ("`", "~")
+                   and (a == 0 or _blank(lines[a - 1])))
+            kinds[a:b] = ["keep" if top else "code"] * (b - a)
+            edges.update((a, b))
+    return kinds, edges
 
 
-def _has_image(tokens) -> bool:
-    return any(t.type == "image" or (t.children and _has_image(t.children)) for t in tokens)
-
-
-def _prose_blocks(tokens) -> list[tuple[int, int, bool, bool]]:
-    """(first line, end line, escape images?, is prose?) of each paragraph/heading block, and of
-    each raw HTML block (Streamlit shows those as text; image syntax in them is escaped all the
-    same, in case a renderer ever parses it)."""
-    return [(t.map[0], t.map[1], _has_image(t.children or []) or t.type == "html_block",
-             t.type == "inline") for t in tokens if t.type in ("inline", "html_block") and t.map]
+def _segments(lines: list[str], kinds: list[str], edges: set[int]):
+    """Runs of lines of one kind; prose also splits at blank lines and block edges."""
+    start = 0
+    for i in range(1, len(lines) + 1):
+        if (i == len(lines) or kinds[i] != kinds[start]
+                or (kinds[i] == "prose" and (i in edges or _blank(lines[i - 1])
+                                              or _blank(lines[i])))):
+            yield kinds[start], "".join(lines[start:i])
+            start = i
 
 
 @functools.lru_cache(maxsize=2048)   # history is re-rendered on every Streamlit rerun
 def sanitize_markdown(text: str) -> str:
-    """``text`` as Markdown that renders exactly as written, minus anything the browser fetches.
+    """``text`` as Markdown that renders as written, minus anything the browser would fetch.
 
-    Parsed as CommonMark (markdown-it-py, the grammar Streamlit's renderer follows); code blocks
-    are left alone. In prose, every image becomes an inert escaped ``\\![a](u)`` (a link the
-    user must click: a prompt-injected image URL could leak data), and ``$`` and Streamlit's
-    ``:color[...]`` directives outside code spans are escaped, so a reply that says
-    "$x$" or ":red[x]" shows exactly that rather than LaTeX or coloured text.
+    Two layers. The parse (markdown-it-py, CommonMark plus GFM tables) only decides where text
+    may stay as written: top-level fenced code is kept byte for byte. Everywhere else the
+    defence is character level and does not depend on how any dialect builds the tree: in prose
+    ``![``, ``<``, ``$`` and ``:red[`` get a backslash (code spans excepted, which show
+    backslashes); in other code and in code spans ``![`` gets an invisible joiner. So the only
+    ``![`` left in the output either follows an odd run of backslashes (escaped in prose,
+    literal in code) or sits in a top-level fence, code in every dialect.
     """
-    if "![" not in text and "$" not in text and ":" not in text:
+    if "![" not in text and "$" not in text and ":" not in text and "<" not in text:
         return text
-    lines = text.splitlines(keepends=True)
-    for start, end, has_image, prose in _prose_blocks(_parse(text)):
-        block = "".join(lines[start:end])
-        if has_image:
-            block = _escape_images(block)
-        if prose:
-            block = _outside_code_spans(block, _escape_prose)
-        lines[start:end] = [block] + [""] * (end - start - 1)
-    out = "".join(lines)
-    if _has_image(_parse(out)):                     # never expected: fail safe, as code
-        fence = "`" * max(3, max((len(r) for r in re.findall(r"`+", out)), default=0) + 1)
-        out = f"{fence}text\n{out}\n{fence}\n"
-    return out
+    lines = _LINE.findall(text)
+    kinds, edges = _line_kinds(lines, _markdown().parse(text))
+    out = []
+    for kind, seg in _segments(lines, kinds, edges):
+        if kind == "prose":
+            seg = _outside_code_spans(seg, _escape_prose, _break_images)
+        elif kind == "code":
+            seg = _break_images(seg)
+        if kind != "keep" and _LIVE_IMAGE.search(seg):    # never expected: fail safe
+            seg = _break_images(seg)
+        out.append(seg)
+    return "".join(out)
 
 
 def stable_prefix_end(text: str) -> int:

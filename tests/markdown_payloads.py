@@ -1,0 +1,97 @@
+"""Markdown a hostile reply could send to make the browser fetch a URL, render HTML, LaTeX or
+colours: the three from issue 11 and variants on each trick. ``payloads(url)`` names each one;
+``url`` is where a leak would go (the browser test points it at a request logger)."""
+from __future__ import annotations
+
+
+def _nested_list(depth: int, leaf: str) -> str:
+    return "".join("  " * i + "- a\n" for i in range(depth)) + "  " * depth + "- " + leaf + "\n"
+
+
+def payloads(url: str) -> dict[str, str]:
+    img = f"![x]({url})"
+    p = {
+        # issue 11, as found
+        "footnote": f"See[^1].\n\n[^1]: {img}",
+        "quote-20": "> " * 20 + img,
+        "list-9": _nested_list(9, img),
+        # depth
+        "quote-200": "> " * 200 + img,
+        "list-60": _nested_list(60, img),
+        "quote-list-40": "> - " * 40 + img,
+        "list-quote-code": "- > - " * 25 + f"`a` {img} `b`",
+        "ordered-deep": "".join("   " * i + "1. a\n" for i in range(30)) + "   " * 30 + "1. " + img,
+        # footnotes and reference definitions
+        "footnote-ref-image": f"a[^n]\n\n[^n]: see ![x][r]\n\n[r]: {url}\n",
+        "footnote-indented": f"a[^n]\n\n[^n]: first\n\n    {img}\n",
+        "footnote-deep": "> " * 25 + f"a[^n]\n\n[^n]: {img}",
+        "reference": f"![x][r]\n\n[r]: {url}\n",
+        "reference-shortcut": f"![r]\n\n[r]: <{url}> \"t\"\n",
+        "reference-collapsed": f"![r][]\n\n[r]: {url}\n",
+        "reference-in-quote": f"> ![x][r]\n>\n> [r]: {url}\n",
+        "reference-label-image": f"[![x]({url})]: {url}\n\n[![x]({url})]\n",
+        # HTML (Streamlit shows it as text; the sanitiser escapes it too)
+        "html-img": f'<img src="{url}">',
+        "html-block": f"<div>\n\n{img}\n\n</div>",
+        "html-details": f"<details>\n<summary>s</summary>\n\n{img}\n\n</details>",
+        "html-pre": f"<pre>\n\n```\n{img}\n```\n\n</pre>",
+        "html-picture": f'<picture><source srcset="{url}"><img src="{url}"></picture>',
+        "html-comment": f"<!--\n\n-->{img}",
+        "html-deep": "> " * 30 + f'<img src="{url}">',
+        "html-style": f"<style>body{{background:url({url})}}</style>",
+        # entities and escapes
+        "entity-bang": f"&#33;[x]({url}) &excl;[x]({url}) &#x21;[x]({url})",
+        "entity-bracket": f"!&#91;x]({url}) !&lbrack;x]({url})",
+        "entity-html": f"&lt;img src={url}&gt;",
+        "even-backslashes": f"\\\\{img} \\\\\\\\{img}",
+        "escaped-backtick": f"\\`x {img} `\n",
+        # autolinks
+        "autolink": f"<{url}>",
+        "autolink-image": f"![x](<{url}>)",
+        "autolink-in-image": f"![<{url}>]({url})",
+        # tables
+        "table": f"| a | b |\n|---|---|\n| {img} | `c` |\n",
+        "table-code-pipe": f"| a |\n|---|\n| `a\\|b` {img} |\n",
+        "table-then-fence": f"| a |\n|---|\n```\n{img}\n```\n",
+        "table-deep": "> " * 25 + f"| a |\n" + "> " * 25 + "|---|\n" + "> " * 25 + f"| {img} |\n",
+        # code that a dialect might not see as code
+        "fence-in-list": f"- a\n\n  ```\n  {img}\n  ```\n",
+        "fence-after-text": f"text\n```\n{img}\n```\n",
+        "fence-deep": "> " * 30 + "```\n" + "> " * 30 + img + "\n" + "> " * 30 + "```\n",
+        "indented-code": f"para\n\n    {img}\n",
+        "span-across-blocks": f"`a\n\n{img}\n\n`\n",
+        "span-backslash": f"`a\\`{img}`",
+        "fence-unclosed-info": f"```x`\n{img}\n",
+        "top-fence-then-image": f"```\ncode\n```\n{img}",
+        # structure
+        "image-in-link": f"[{img}](http://example.invalid/l)",
+        "image-in-emphasis": f"**{img}** _{img}_ ~~{img}~~",
+        "image-two-lines": f"a\n![x\ny]({url})\nb",
+        "image-title": f'![x]({url} "title")',
+        "heading": f"# {img}\n\n{img}\n===\n",
+        "cr-lines": f"a\r\r```\r{img}\r```\r",
+        "line-separator": f"a\u2028\n\n```\n\u2028\n```\n{img}",
+        "form-feed-blank": f"| a |\n|---|\n\x0c\n```\n{img}\n```\n",
+        # LaTeX and Streamlit directives, also deep
+        "latex": f"$x^2$ and $$\\href{{{url}}}{{y}}$$ and $\\includegraphics{{{url}}}$",
+        "latex-deep": "> " * 30 + "$x^2$ costs $5",
+        "latex-list-deep": _nested_list(12, "$x^2$ and $y$"),
+        "directive": ":red[stop] :blue-background[bg] :orange-badge[b]",
+        "directive-deep": "> " * 30 + ":red[stop]",
+        "directive-list-deep": _nested_list(12, ":green[go] :red[" + img + "]"),
+    }
+    return p
+
+
+# Markdown that must stay readable (shown as written, formatting intact).
+ORDINARY = {
+    "bold": ("Some **bold** and _it_ text.", "Some **bold** and _it_ text."),
+    "list": ("- one\n- two\n  - nested\n", "- one\n- two\n  - nested\n"),
+    "code": ("```python\nif a < b and x != y:\n    print(f'${a}')\n```\n",
+             "```python\nif a < b and x != y:\n    print(f'${a}')\n```\n"),
+    "md-example": ("Use this:\n\n```markdown\n![alt](pic.png)\n```\n",
+                   "Use this:\n\n```markdown\n![alt](pic.png)\n```\n"),
+    "link": ("See [the docs](https://example.com) now!", "See [the docs](https://example.com) now!"),
+    "span": ("Run `echo $HOME` or `a<b`.", "Run `echo $HOME` or `a<b`."),
+    "compare": ("if a < b then $5", "if a \\< b then \\$5"),
+}
