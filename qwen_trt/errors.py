@@ -34,3 +34,7 @@ class EngineMismatchError(QwenTrtError):
 
 class ConfigError(QwenTrtError, ValueError):
     """A setting has a value that cannot work (unknown backend, device, ...)."""
+
+
+class InvalidMessageError(QwenTrtError, ValueError):
+    """A chat message cannot be encoded (not text, or a role the chat template does not take)."""

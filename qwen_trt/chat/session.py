@@ -3,16 +3,30 @@
 History is kept whole (nothing the user sees is lost); each prompt uses the newest turns that
 fit. Oldest whole turns (a user message and its reply) are dropped first; the system prompt and
 the newest user message are never dropped; a turn is never split.
+
+Prompts are built by :func:`encode_messages`, the one place every front end (app, CLI, HTTP
+API) turns chat messages into ids: the layout comes from the tokenizer's own chat template,
+message contents are always tokenised as plain text (a message that spells ``<|im_start|>``
+cannot forge a turn), and an earlier reply reuses the ids the engine generated for it, so the
+next prompt starts with exactly the ids already in the engine's KV cache.
 """
 from __future__ import annotations
 
+import re
+import threading
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from qwen_trt.chat.template import IM_START
-from qwen_trt.errors import EmptyMessageError, PromptTooLongError
+from qwen_trt.errors import EmptyMessageError, InvalidMessageError, PromptTooLongError
 
 Role = Literal["system", "user", "assistant"]
+
+# Stands in for message i while the template is rendered (private-use characters: no template
+# or tokenizer gives them a meaning).
+_SLOT = "\ue000{}\ue001"
+_SLOT_RE = re.compile("\ue000(\\d+)\ue001")
 
 
 @dataclass
@@ -20,9 +34,13 @@ class Message:
     role: Role
     content: str
     interrupted: bool = False   # an assistant reply cut short by the user
+    token_ids: list[int] | None = None   # an assistant reply: the ids the engine generated
 
     def as_template_dict(self) -> dict:
-        return {"role": self.role, "content": self.content}
+        d = {"role": self.role, "content": self.content}
+        if self.token_ids:
+            d["token_ids"] = self.token_ids
+        return d
 
 
 @dataclass
@@ -40,53 +58,151 @@ def render_prompt_text(tokenizer, messages: list[dict]) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def render_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Prompt ids through the tokenizer's own chat template, encoded in one go."""
-    return tokenizer.encode(render_prompt_text(tokenizer, messages), add_special_tokens=False)
+class _Codec:
+    """Per tokenizer: its control tokens, and a copy of its backend that encodes them as text.
 
-
-class PieceEncoder:
-    """Encodes chat prompts without re-tokenizing the whole history on every message.
-
-    A tokenizer splits its special tokens out of the text before anything else and encodes the
-    stretches between them independently. So cutting the prompt right before each
-    ``<|im_start|>`` gives pieces whose ids, concatenated, are exactly the ids of the whole
-    (tested); each piece (one rendered message) is encoded once and then reused. Only the text
-    is re-rendered per message, which is cheap next to BPE.
+    transformers' ``split_special_tokens=True`` flips a flag on the shared backend tokenizer for
+    the call, which another thread encoding at the same moment would see (a race that turns
+    text into control tokens). A private copy with the flag set for good has no such window.
     """
 
-    MARKER = IM_START
-
     def __init__(self, tokenizer) -> None:
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self.controls = {str(t): int(i) for i, t in added.items() if getattr(t, "special", True)}
+        self.control_ids = frozenset(self.controls.values())
+        names = sorted(self.controls, key=len, reverse=True)
+        self.split = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            from tokenizers import Tokenizer
+
+            copy = Tokenizer.from_str(backend.to_str())
+            copy.encode_special_tokens = True
+            self._encode = lambda text: copy.encode(text, add_special_tokens=False).ids
+        else:  # a slow (Python) tokenizer: its own option, one call at a time
+            lock = threading.Lock()
+
+            def encode(text: str) -> list[int]:
+                with lock:
+                    return tokenizer(text, add_special_tokens=False,
+                                     split_special_tokens=True)["input_ids"]
+            self._encode = encode
+
+    def text_ids(self, text: str) -> list[int]:
+        return list(self._encode(text)) if text else []
+
+
+_CODECS: "weakref.WeakKeyDictionary[object, _Codec]" = weakref.WeakKeyDictionary()
+_CODECS_LOCK = threading.Lock()
+
+
+def _codec(tokenizer) -> _Codec:
+    with _CODECS_LOCK:
+        codec = _CODECS.get(tokenizer)
+        if codec is None:
+            codec = _CODECS[tokenizer] = _Codec(tokenizer)
+        return codec
+
+
+def _content_text(message, index: int) -> str:
+    """A message's content as text: a string, OpenAI's list of text parts, or None (empty)."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise InvalidMessageError(f"Message {index + 1} must be an object with a 'role'.")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content):
+        return "".join(p["text"] for p in content)
+    raise InvalidMessageError(f"Message {index + 1} ({message['role']}): the content must be "
+                              f"text (a string or a list of text parts).")
+
+
+class MessageEncoder:
+    """Chat messages to prompt ids (see :func:`encode_messages`); with ``cache`` it keeps the
+    ids of each stretch of text between control tokens for the next call (a conversation
+    re-encodes only what is new; :meth:`keep_used_only` bounds the cache)."""
+
+    def __init__(self, tokenizer, cache: bool = False) -> None:
         self._tok = tokenizer
-        marker = [t for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
-                  if str(t) == self.MARKER]
-        # Splitting is exact only if the marker is an added token that does not swallow the
-        # whitespace before it (lstrip), as in Qwen's tokenizer; otherwise encode in one go.
-        self._split = bool(marker) and not getattr(marker[0], "lstrip", False)
-        self._ids: dict[str, list[int]] = {}
+        self._codec = _codec(tokenizer)
+        self._cache: dict[str, list[int]] | None = {} if cache else None
         self._used: dict[str, list[int]] = {}
 
-    def encode(self, text: str) -> list[int]:
-        if not self._split:
-            return self._tok.encode(text, add_special_tokens=False)
-        out: list[int] = []
-        start = 0
-        while start < len(text):
-            nxt = text.find(self.MARKER, start + 1)
-            end = len(text) if nxt < 0 else nxt
-            piece = text[start:end]
-            ids = self._used.get(piece) or self._ids.get(piece)
+    def _text(self, text: str) -> list[int]:
+        if self._cache is None:
+            return self._codec.text_ids(text)
+        ids = self._used.get(text)
+        if ids is None:
+            ids = self._cache.get(text)
             if ids is None:
-                ids = self._tok.encode(piece, add_special_tokens=False)
-            self._used[piece] = ids
-            out.extend(ids)
-            start = end
-        return out
+                ids = self._codec.text_ids(text)
+            self._used[text] = ids
+        return ids
 
     def keep_used_only(self) -> None:
-        """Forget pieces the last prompts did not use (bounds memory to one conversation)."""
-        self._ids, self._used = self._used, {}
+        if self._cache is not None:
+            self._cache, self._used = self._used, {}
+
+    def encode(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+        texts = [_content_text(m, i) for i, m in enumerate(messages)]
+        slots = [{"role": m["role"], "content": _SLOT.format(i)} for i, m in enumerate(messages)]
+        layout = self._tok.apply_chat_template(slots, tokenize=False,
+                                               add_generation_prompt=add_generation_prompt)
+        found = [int(i) for i in _SLOT_RE.findall(layout)]
+        if sorted(found) != list(range(len(messages))):
+            missing = next((i for i in range(len(messages)) if found.count(i) != 1), 0)
+            raise InvalidMessageError(
+                f"Message {missing + 1} ({messages[missing]['role']}) does not fit the model's "
+                f"chat template (an unknown role, or a message out of place).")
+        codec, ids = self._codec, []
+        for part in (codec.split.split(layout) if codec.split else [layout]):
+            if part in codec.controls:            # the template's own markers: control tokens
+                ids.append(codec.controls[part])
+                continue
+            # A stretch between markers: template text and contents, encoded as text in one go
+            # (the tokenizer's own boundaries), except where an earlier reply brings its ids.
+            pending, pos = [], 0
+            for m in _SLOT_RE.finditer(part):
+                i = int(m.group(1))
+                pending.append(part[pos:m.start()])
+                pos = m.end()
+                reused = self._generated_ids(messages[i])
+                if reused is None:
+                    pending.append(texts[i])
+                else:
+                    ids += self._text("".join(pending)) + reused
+                    pending = []
+            pending.append(part[pos:])
+            ids += self._text("".join(pending))
+        return ids
+
+    def _generated_ids(self, message: dict) -> list[int] | None:
+        """An assistant message's generated ids, if it has usable ones (no control token)."""
+        got = message.get("token_ids") if message.get("role") == "assistant" else None
+        if not got or not all(isinstance(t, int) for t in got):
+            return None
+        if any(t in self._codec.control_ids for t in got):
+            return None            # the model emitted a control token mid-reply: use the text
+        return list(got)
+
+
+def encode_messages(tokenizer, messages: Sequence[dict], *,
+                    add_generation_prompt: bool = True) -> list[int]:
+    """Prompt ids for ``messages`` (``{"role", "content"}`` dicts, OpenAI style; content a
+    string or a list of text parts), through the tokenizer's own chat template.
+
+    The template gives the layout: it is rendered with a placeholder for each content, and its
+    own markers (``<|im_start|>``, ``<|im_end|>``) become control tokens. Every content is
+    tokenised as plain text: ``<|im_start|>`` typed by a user, pasted in a document, in the
+    system prompt or in an earlier turn is text, never a control token. An assistant message
+    may carry ``"token_ids"``, the ids the engine generated for it: those are used as they are,
+    so the next prompt extends the previous one (prompt + generated ids) exactly. Otherwise the
+    ids equal encoding the rendered prompt whole, for text without control-token strings.
+    Contents go in as given (a template that rewrote them, e.g. stripping, would not apply).
+    """
+    return MessageEncoder(tokenizer).encode(messages, add_generation_prompt)
 
 
 def prompt_budget(max_input_len: int, max_seq_len: int, max_new_tokens: int) -> int:
@@ -101,13 +217,12 @@ class ChatSession:
     tokenizer: object
     system_prompt: str | None = None
     messages: list[Message] = field(default_factory=list)   # user/assistant, alternating
-    _encoder: PieceEncoder | None = field(default=None, init=False, repr=False, compare=False)
+    _encoder: MessageEncoder | None = field(default=None, init=False, repr=False, compare=False)
 
-    def _prompt_ids(self, turns, user_text: str) -> list[int]:
+    def _prompt_ids(self, turns, user_text: str, system: bool = True) -> list[int]:
         if self._encoder is None:
-            self._encoder = PieceEncoder(self.tokenizer)
-        return self._encoder.encode(
-            render_prompt_text(self.tokenizer, self._template_messages(turns, user_text)))
+            self._encoder = MessageEncoder(self.tokenizer, cache=True)
+        return self._encoder.encode(self._template_messages(turns, user_text, system))
 
     def turns(self) -> list[tuple[Message, Message]]:
         """Completed (user, assistant) pairs, oldest first."""
@@ -118,9 +233,9 @@ class ChatSession:
                 out.append((u, a))
         return out
 
-    def _template_messages(self, turns, user_text: str) -> list[dict]:
+    def _template_messages(self, turns, user_text: str, system: bool = True) -> list[dict]:
         msgs: list[dict] = []
-        if self.system_prompt:
+        if self.system_prompt and system:
             msgs.append({"role": "system", "content": self.system_prompt})
         for u, a in turns:
             msgs += [u.as_template_dict(), a.as_template_dict()]
@@ -140,6 +255,14 @@ class ChatSession:
                 f"engine's limit of {max_seq_len} tokens: lower it.")
         turns = self.turns()
         alone = self._prompt_ids([], user_text)
+        if len(alone) > budget and self.system_prompt:
+            bare = len(self._prompt_ids([], user_text, system=False))
+            if bare <= budget:
+                raise PromptTooLongError(
+                    f"The system prompt is too long: it takes {len(alone) - bare} tokens, and "
+                    f"with it even this message needs {len(alone)} tokens, over the prompt limit "
+                    f"of {budget} tokens (input limit {max_input_len}, {max_new_tokens} kept free "
+                    f"for the reply). Shorten the system prompt or lower max new tokens.")
         if len(alone) > budget:
             raise PromptTooLongError(
                 f"The message is too long: {len(alone)} tokens with the chat template, but the "
@@ -161,9 +284,13 @@ class ChatSession:
         self._encoder.keep_used_only()
         return PromptPlan(ids=best, dropped_turns=len(turns) - lo, used_turns=lo, token_budget=budget)
 
-    def add_exchange(self, user_text: str, reply_text: str, interrupted: bool = False) -> None:
+    def add_exchange(self, user_text: str, reply_text: str, interrupted: bool = False,
+                     reply_ids: Sequence[int] | None = None) -> None:
+        """Append a turn; ``reply_ids`` are the ids the engine generated for ``reply_text``
+        (``Reply.token_ids``): the next prompt reuses them instead of re-encoding the text."""
         self.messages.append(Message("user", user_text))
-        self.messages.append(Message("assistant", reply_text, interrupted=interrupted))
+        self.messages.append(Message("assistant", reply_text, interrupted=interrupted,
+                                     token_ids=list(reply_ids) if reply_ids else None))
 
     def clear(self) -> None:
         self.messages.clear()

@@ -66,7 +66,8 @@ def reply_once(backend, session: ChatSession, text: str, params: SamplingParams,
     finally:
         stream.close()
     reply = stream.reply
-    session.add_exchange(text, reply.text, interrupted=reply.metrics.finish_reason == "cancelled")
+    session.add_exchange(text, reply.text, interrupted=reply.metrics.finish_reason == "cancelled",
+                         reply_ids=reply.token_ids)
     if as_json:
         out.write(json.dumps(reply.to_json(), ensure_ascii=False) + "\n")
     else:

@@ -80,7 +80,8 @@ class ChatState:
             if self.pending is not pending:
                 return None              # committed by the other run, or cleared meanwhile
             self.pending = None
-            self.chat.add_exchange(pending.user_text, reply.text, interrupted=interrupted)
+            self.chat.add_exchange(pending.user_text, reply.text, interrupted=interrupted,
+                                   reply_ids=reply.token_ids)
             waited = handle.waited_s if handle.started_at is not None else 0.0
             self.notes.append(TurnNote(reply_footer(reply, waited), reply.dropped_turns))
         return reply
