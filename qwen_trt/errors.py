@@ -38,3 +38,8 @@ class ConfigError(QwenTrtError, ValueError):
 
 class InvalidMessageError(QwenTrtError, ValueError):
     """A chat message cannot be encoded (not text, or a role the chat template does not take)."""
+
+
+class FileProblemError(QwenTrtError):
+    """A file or folder cannot be used: missing, unreadable, unwritable, not empty, corrupt or
+    of the wrong shape. The message names the file and what is wrong with it."""

@@ -97,3 +97,31 @@ def test_engine_failure_mid_reply_is_one_line(tiny_model_dir, capsys, monkeypatc
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert "The engine failed on this request (RuntimeError: CUDA out of memory" in err
+
+
+def test_tiny_model_refuses_a_folder_that_is_not_empty(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model-00001-of-00002.safetensors").write_bytes(b"precious")
+    (ckpt / "config.json").write_text('{"model_type": "qwen3"}')
+    small = ["--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "1", "--head-dim", "16"]
+    assert main(["tiny-model", str(ckpt), *small]) == 2
+    err = capsys.readouterr().err
+    assert "is not empty (2 entries" in err and "--force" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "model-00001-of-00002.safetensors"]
+    assert (ckpt / "config.json").read_text() == '{"model_type": "qwen3"}'   # nothing touched
+    assert main(["tiny-model", str(ckpt), *small, "--force"]) == 0
+    assert "wrote tiny Qwen3 checkpoint" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("target, expect", [
+    ("/proc/nope", "Cannot write the tiny model to /proc/nope"),
+    ("FILE", "is a file, not a folder"),
+])
+def test_tiny_model_unwritable_target_is_one_line(tmp_path, capsys, target, expect):
+    if target == "FILE":
+        target = str(tmp_path / "f")
+        (tmp_path / "f").write_text("x")
+    assert main(["tiny-model", target]) == 2
+    err = capsys.readouterr().err
+    assert expect in err and "Traceback" not in err and len(err.splitlines()) == 1

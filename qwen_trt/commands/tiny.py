@@ -18,6 +18,8 @@ def register(sub) -> None:
     p.add_argument("--intermediate", type=int, default=d.intermediate)
     p.add_argument("--vocab-size", type=int, default=d.vocab_size, help="BPE vocab before specials")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true",
+                   help="write into a folder that is not empty (overwrites what is there)")
     p.set_defaults(func=run)
 
 
@@ -28,6 +30,6 @@ def run(args) -> int:
                       kv_heads=args.kv_heads, head_dim=args.head_dim,
                       intermediate=args.intermediate, vocab_size=args.vocab_size)
     t = time.perf_counter()
-    out = write_tiny_model(args.dir, shape, seed=args.seed)
+    out = write_tiny_model(args.dir, shape, seed=args.seed, force=args.force)
     print(f"wrote tiny Qwen3 checkpoint to {out} in {time.perf_counter() - t:.1f}s")
     return 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen_trt.chat.template import ENDOFTEXT, IM_END, IM_START, QWEN3_INSTRUCT_CHAT_TEMPLATE
+from qwen_trt.errors import FileProblemError
 
 # Qwen2/Qwen3 pre-tokenizer split pattern (same regex as the real tokenizer.json).
 QWEN_SPLIT_REGEX = (
@@ -99,13 +100,44 @@ def build_tokenizer(vocab_size: int):
     )
 
 
-def write_tiny_model(out_dir: str | Path, shape: TinyShape = TinyShape(), seed: int = 0) -> Path:
-    """Write the tiny checkpoint + tokenizer into ``out_dir`` and return it."""
+def _prepare_folder(out: Path, force: bool) -> None:
+    """Create ``out``; refuse a folder that already holds something unless ``force`` (writing
+    the tiny model replaces config and tokenizer files and deletes other weight shards)."""
+    try:
+        if out.exists() and not out.is_dir():
+            raise FileProblemError(f"{out} is a file, not a folder: give a new or empty folder "
+                                   f"for the tiny model.")
+        if out.is_dir() and not force:
+            entries = sorted(p.name for p in out.iterdir())
+            if entries:
+                shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+                raise FileProblemError(
+                    f"{out} is not empty ({len(entries)} entries: {shown}); writing the tiny "
+                    f"model there would overwrite or delete them. Give a new or empty folder, "
+                    f"or pass --force to overwrite.")
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FileProblemError(f"Cannot write the tiny model to {out}: "
+                               f"{e.strerror or e}.") from e
+
+
+def write_tiny_model(out_dir: str | Path, shape: TinyShape = TinyShape(), seed: int = 0,
+                     *, force: bool = False) -> Path:
+    """Write the tiny checkpoint + tokenizer into ``out_dir`` (new or empty, unless ``force``)
+    and return it."""
+    out = Path(out_dir)
+    _prepare_folder(out, force)
+    try:
+        return _write(out, shape, seed)
+    except OSError as e:       # disk full, permissions changed meanwhile, ...
+        raise FileProblemError(f"Cannot write the tiny model to {out}: "
+                               f"{e.strerror or e}.") from e
+
+
+def _write(out: Path, shape: TinyShape, seed: int) -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(shape.vocab_size)
     tokenizer.chat_template = QWEN3_INSTRUCT_CHAT_TEMPLATE
     tokenizer.save_pretrained(out)
