@@ -125,3 +125,35 @@ def test_tiny_model_unwritable_target_is_one_line(tmp_path, capsys, target, expe
     assert main(["tiny-model", target]) == 2
     err = capsys.readouterr().err
     assert expect in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_repl_survives_bytes_that_are_not_utf8(tiny_model_dir):
+    # A UTF-8 terminal outside Python's UTF-8 mode: stdin decodes strictly (the harder case).
+    env = dict(os.environ, PYTHONUNBUFFERED="1", LC_ALL="C.UTF-8", LANG="C.UTF-8", PYTHONUTF8="0")
+    r = subprocess.run([sys.executable, "-m", "qwen_trt", "chat", "--model", str(tiny_model_dir),
+                        "--json", "--max-new-tokens", "2", "--temperature", "0"],
+                       input=b"first\ncaf\xe9 \xff\xfe ok\nthird\n/exit\n", capture_output=True,
+                       timeout=120, env=env)
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode == 0 and "Traceback" not in err, err
+    assert "not valid UTF-8; they were replaced" in err
+    assert len([x for x in r.stdout.splitlines() if x.startswith(b"{")]) == 3   # chat kept
+
+
+def test_prompt_argument_with_bytes_that_are_not_utf8(tiny_model_dir):
+    r = subprocess.run([sys.executable.encode(), b"-m", b"qwen_trt", b"chat", b"--model",
+                        str(tiny_model_dir).encode(), b"--json", b"--max-new-tokens", b"2",
+                        b"--prompt", b"caf\xe9", b"--system", b"be \xff brief"],
+                       capture_output=True, timeout=120, env=dict(os.environ, LC_ALL="C.UTF-8"))
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode == 0 and "Traceback" not in err, err
+    assert err.count("not valid UTF-8") == 2
+    assert json.loads(r.stdout.splitlines()[-1])["prompt_tokens"] > 0
+
+
+def test_valid_text_replaces_lone_surrogates():
+    from qwen_trt.chat.session import valid_text
+
+    assert valid_text("café") == ("café", False)
+    assert valid_text("caf\udce9!") == ("caf\ufffd!", True)      # an escaped byte
+    assert valid_text("a\ud800b")[0].replace("\ufffd", "") == "ab"  # JSON's "\ud800"

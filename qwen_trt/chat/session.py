@@ -104,17 +104,36 @@ def _codec(tokenizer) -> _Codec:
         return codec
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> tuple[str, bool]:
+    """``text`` with what is not valid Unicode text replaced by U+FFFD, and whether anything was.
+
+    Python hands undecodable input bytes over as lone surrogates (``surrogateescape``: command
+    line arguments, a terminal in a C locale); JSON may spell them as ``"\\ud800"``. No
+    tokenizer takes them.
+    """
+    if not _SURROGATE.search(text):
+        return text, False
+    try:
+        raw = text.encode("utf-8", "surrogateescape")     # the original bytes, where they were
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace"), True
+
+
 def _content_text(message, index: int) -> str:
     """A message's content as text: a string, OpenAI's list of text parts, or None (empty)."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise InvalidMessageError(f"Message {index + 1} must be an object with a 'role'.")
     content = message.get("content")
     if content is None or isinstance(content, str):
-        return content or ""
+        return valid_text(content or "")[0]
     if isinstance(content, list) and all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
             for p in content):
-        return "".join(p["text"] for p in content)
+        return valid_text("".join(p["text"] for p in content))[0]
     raise InvalidMessageError(f"Message {index + 1} ({message['role']}): the content must be "
                               f"text (a string or a list of text parts).")
 

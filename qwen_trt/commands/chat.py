@@ -6,8 +6,9 @@ import logging
 import sys
 
 from qwen_trt.backends import load_backend
-from qwen_trt.chat.session import ChatSession
+from qwen_trt.chat.session import ChatSession, valid_text
 from qwen_trt.errors import QwenTrtError
+from qwen_trt.ui.text import user_error
 from qwen_trt.chat.generation import ReplyStream
 from qwen_trt.options import add_backend_args, config_from
 from qwen_trt.params import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K,
@@ -78,20 +79,35 @@ def reply_once(backend, session: ChatSession, text: str, params: SamplingParams,
     out.flush()
 
 
+def _checked_text(text: str | None, what: str) -> str | None:
+    """``text`` with bytes that are not UTF-8 replaced by U+FFFD; says so on stderr."""
+    if text is None:
+        return None
+    text, replaced = valid_text(text)
+    if replaced:
+        print(f"note: {what} had bytes that are not valid UTF-8; they were replaced by \ufffd.",
+              file=sys.stderr)
+    return text
+
+
 def run(args) -> int:
     params = _params(args)
+    system = _checked_text(args.system, "the system prompt")
+    prompt = _checked_text(args.prompt, "the prompt")
     if not args.json:
         print("loading model...", file=sys.stderr)
     backend = load_backend(config_from(args))
-    session = ChatSession(backend.tokenizer, system_prompt=args.system)
-    if args.prompt is not None:
-        reply_once(backend, session, args.prompt, params, as_json=args.json)
+    session = ChatSession(backend.tokenizer, system_prompt=system)
+    if prompt is not None:
+        reply_once(backend, session, prompt, params, as_json=args.json)
         return 0
     print(f"{backend.info.describe()}\n{HELP}", file=sys.stderr)
+    if hasattr(sys.stdin, "reconfigure"):   # undecodable bytes arrive as surrogates, not errors
+        sys.stdin.reconfigure(errors="surrogateescape")
     while True:
         try:
             print("\n> ", end="", file=sys.stderr, flush=True)  # stdout stays pure reply text/JSON
-            text = input()
+            text = _checked_text(input(), "that message")
         except EOFError:
             return 0
         except KeyboardInterrupt:
@@ -107,3 +123,6 @@ def run(args) -> int:
             reply_once(backend, session, text, params, as_json=args.json)
         except QwenTrtError as e:  # bad input: say so and keep the conversation
             print(f"error: {e}", file=sys.stderr)
+        except Exception as e:     # a bug: one line (details with -v logging), chat kept
+            logging.getLogger(__name__).debug("reply failed", exc_info=True)
+            print(f"error: {user_error(e)}", file=sys.stderr)
