@@ -80,6 +80,8 @@ def engine_built_from(engine_dir, model: str) -> bool:
         src = json.loads((Path(engine_dir) / "manifest.json").read_text())["model"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
+    if not isinstance(src, dict):        # a broken manifest: not this model's engine
+        return False
     if model in (src.get("source"), src.get("path")):
         return True
     local = Path(model).expanduser()

@@ -154,13 +154,55 @@ def read_manifest(engine_dir: Path) -> dict:
             f"{engine_dir} has no {MANIFEST_NAME}: it was not built by `qwen-trt build`. "
             f"Build one with `make engine GPU=<gpu>` (profiles in build/profiles/).")
     try:
-        m = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        m = json.loads(p.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ManifestError(f"{p} is unreadable ({e}); rebuild with `make engine GPU=<gpu>`.") from e
+    problem = manifest_shape_problem(m)
+    if problem:
+        raise ManifestError(f"{p}: {problem}; rebuild with `make engine GPU=<gpu>`.")
+    return m
+
+
+_LIMIT_KEYS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "true/false",
+            type(None): "null"}.get(type(value), "a number")
+
+
+def manifest_shape_problem(m) -> str | None:
+    """What is wrong with the structure of a manifest (None when it has what the runtime
+    reads, with the right types)."""
+    if not isinstance(m, dict):
+        return f"holds {_kind(m)}, not a JSON object"
     for key in ("gpu", "versions", "profile", "limits", "runtime"):
         if key not in m:
-            raise ManifestError(f"{p} lacks '{key}'; rebuild with `make engine GPU=<gpu>`.")
-    return m
+            return f"lacks '{key}'"
+        if not isinstance(m[key], dict):
+            return f"'{key}' is {m[key]!r} ({_kind(m[key])}); expected an object"
+    for key in ("model", "tokenizer", "build_flags"):
+        if m.get(key) is not None and not isinstance(m[key], dict):
+            return f"'{key}' is {m[key]!r} ({_kind(m[key])}); expected an object"
+    gpu = m["gpu"]
+    for key in ("name", "compute_capability"):
+        if not isinstance(gpu.get(key), str):
+            return f"'gpu.{key}' is {gpu.get(key)!r}; expected a string"
+    for lib, version in m["versions"].items():
+        if version is not None and not isinstance(version, str):
+            return f"'versions.{lib}' is {version!r}; expected a version string"
+    for key in _LIMIT_KEYS:
+        v = m["limits"].get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1 << 24:
+            return f"'limits.{key}' is {v!r}; expected a whole number from 1 to {1 << 24}"
+    frac = m["runtime"].get("kv_cache_free_gpu_memory_fraction")
+    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac <= 1:
+        return (f"'runtime.kv_cache_free_gpu_memory_fraction' is {frac!r}; expected a "
+                f"fraction in (0, 1]")
+    for key in ("kv_cache_enable_block_reuse", "enable_chunked_context"):
+        if key in m["runtime"] and not isinstance(m["runtime"][key], bool):
+            return f"'runtime.{key}' is {m['runtime'][key]!r}; expected true/false"
+    return None
 
 
 def manifest_problem(manifest: dict, gpu, versions: dict) -> str | None:

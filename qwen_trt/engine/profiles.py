@@ -15,6 +15,7 @@ Layout of a profile file::
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -32,6 +33,10 @@ PROFILES_DIR_ENV = "QWEN_TRT_PROFILES_DIR"
 DTYPES = ("float16",)                      # this project builds FP16 engines only
 PLUGIN_DTYPES = ("float16", "auto")        # "auto" = the model dtype (float16 here)
 KV_CACHE_TYPES = ("paged",)                # in-flight batching (ModelRunnerCpp) needs paged KV
+MAX_GPU_MEMORY_GIB = 4096                  # sanity bound: no single GPU comes near it
+MAX_BATCH_SIZE = 2048                      # TensorRT-LLM's own examples stop at 2048
+MAX_SEQ_LEN = 262144                       # Qwen3-4B-Instruct-2507's context length
+MAX_NUM_TOKENS = 1 << 20
 
 
 class ProfileError(QwenTrtError):
@@ -97,7 +102,7 @@ def default_profiles_dir() -> Path:
 
 def available_profiles(profiles_dir: Path | None = None) -> list[str]:
     d = profiles_dir or default_profiles_dir()
-    return sorted(p.stem for p in d.glob("*.toml"))
+    return sorted(p.stem for p in d.glob("*.toml") if p.is_file())
 
 
 def _type_name(t) -> str:
@@ -146,7 +151,8 @@ def validate(profile: BuildProfile) -> None:
         raise ProfileError(f"{w}: [gpu].name_pattern is not a valid regex: {e}") from e
     _check(re.fullmatch(r"\d+\.\d+", g.compute_capability) is not None, w,
            "[gpu].compute_capability", g.compute_capability, 'a string like "8.6"')
-    _check(g.memory_gib > 0, w, "[gpu].memory_gib", g.memory_gib, "a positive number of GiB")
+    _check(math.isfinite(g.memory_gib) and 0 < g.memory_gib <= MAX_GPU_MEMORY_GIB, w,
+           "[gpu].memory_gib", g.memory_gib, f"a number of GiB from 0 to {MAX_GPU_MEMORY_GIB}")
     _check(b.dtype in DTYPES, w, "[build].dtype", b.dtype, " or ".join(DTYPES))
     for key in ("gpt_attention_plugin", "gemm_plugin"):
         _check(getattr(b, key) in PLUGIN_DTYPES, w, f"[build].{key}", getattr(b, key),
@@ -155,14 +161,14 @@ def validate(profile: BuildProfile) -> None:
            "true (the C++ runtime's in-flight batching needs packed input)")
     _check(b.kv_cache_type in KV_CACHE_TYPES, w, "[build].kv_cache_type", b.kv_cache_type,
            '"paged" (the C++ runtime needs a paged KV cache)')
-    for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
-        _check(getattr(b, key) >= 1, w, f"[build].{key}", getattr(b, key), "an integer >= 1")
+    for key, top in (("max_batch_size", MAX_BATCH_SIZE), ("max_input_len", MAX_SEQ_LEN),
+                     ("max_seq_len", MAX_SEQ_LEN), ("max_num_tokens", MAX_NUM_TOKENS)):
+        _check(1 <= getattr(b, key) <= top, w, f"[build].{key}", getattr(b, key),
+               f"an integer from 1 to {top}")
     _check(b.max_beam_width == 1, w, "[build].max_beam_width", b.max_beam_width,
            "1 (chat streams one sequence)")
     _check(b.max_input_len < b.max_seq_len, w, "[build].max_input_len", b.max_input_len,
            f"less than max_seq_len ({b.max_seq_len}) so the reply has room")
-    _check(b.max_seq_len <= 262144, w, "[build].max_seq_len", b.max_seq_len,
-           "at most 262144 (the model's context length)")
     _check(b.max_num_tokens <= b.max_batch_size * b.max_seq_len, w, "[build].max_num_tokens",
            b.max_num_tokens, f"at most max_batch_size x max_seq_len "
            f"({b.max_batch_size * b.max_seq_len}); TensorRT-LLM would clip it")
@@ -178,15 +184,22 @@ def validate(profile: BuildProfile) -> None:
         _check(b.use_paged_context_fmha, w, "[build].use_paged_context_fmha",
                b.use_paged_context_fmha,
                "true when [runtime].kv_cache_enable_block_reuse = true")
-    _check(0.05 <= r.kv_cache_free_gpu_memory_fraction <= 0.98, w,
+    _check(0.05 <= r.kv_cache_free_gpu_memory_fraction <= 0.98, w,  # also false for nan
            "[runtime].kv_cache_free_gpu_memory_fraction", r.kv_cache_free_gpu_memory_fraction,
            "a fraction between 0.05 and 0.98")
 
 
 def parse_profile(path: Path) -> BuildProfile:
     where = str(path)
+    if path.is_dir():
+        raise ProfileError(f"{where} is a folder, not a profile file: remove or rename it.")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{where} is not UTF-8 text (byte {e.object[e.start]:#04x} at "
+                           f"offset {e.start}): save it as UTF-8.") from e
+    except OSError as e:
+        raise ProfileError(f"{where} cannot be read: {e.strerror or e}.") from e
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(f"{where} is not valid TOML: {e}") from e
     unknown = set(raw) - {"description", "gpu", "build", "runtime"}
@@ -209,10 +222,12 @@ def parse_profile(path: Path) -> BuildProfile:
 def load_profile(name: str, profiles_dir: Path | None = None) -> BuildProfile:
     """Load ``<profiles_dir>/<name>.toml`` (``name`` may also be a path to a .toml file)."""
     p = Path(name)
-    if p.suffix == ".toml" and p.is_file():
+    if p.suffix == ".toml" and p.exists():
         return parse_profile(p)
     d = profiles_dir or default_profiles_dir()
     path = d / f"{name.lower()}.toml"
+    if path.is_dir():
+        return parse_profile(path)           # says it is a folder
     if not path.is_file():
         have = ", ".join(available_profiles(d)) or "none"
         raise ProfileError(f"No build profile '{name}' in {d} (have: {have}). Copy the closest "
@@ -222,4 +237,4 @@ def load_profile(name: str, profiles_dir: Path | None = None) -> BuildProfile:
 
 def load_all(profiles_dir: Path | None = None) -> list[BuildProfile]:
     d = profiles_dir or default_profiles_dir()
-    return [parse_profile(p) for p in sorted(d.glob("*.toml"))]
+    return [parse_profile(p) for p in sorted(d.glob("*.toml")) if p.is_file()]

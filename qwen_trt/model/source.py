@@ -61,17 +61,101 @@ def _download(model_id: str) -> Path:
         raise ModelSourceError(_offline_help(model_id) + f" ({name})") from e
 
 
-def check_qwen3_config(config: dict, where: str) -> None:
-    """A Qwen3 config with a complete, well-typed shape (:class:`ModelShape`)."""
+# config.json keys the loaders read beyond the shape (:class:`ModelShape` checks those), and
+# what each must be (bool is not a number here).
+_OPTIONAL_TYPES = {"rope_theta": (int, float), "rms_norm_eps": (int, float), "torch_dtype": str,
+                   "dtype": str, "architectures": list}
+_TYPE_NAMES = {str: "a string", list: "a list", (int, float): "a number"}
+
+
+def _is(value, kind) -> bool:
+    if isinstance(value, bool) and kind is not bool:
+        return False
+    return isinstance(value, kind)
+
+
+def check_qwen3_config(config: dict, where: str, cfg_file: str | None = None) -> None:
+    """``config`` (from ``cfg_file``, default ``where/config.json``) is a Qwen3 config with a
+    complete, well-typed shape (:class:`ModelShape`)."""
     from qwen_trt.model.shape import ModelShape
 
+    cfg_file = cfg_file or f"{where}/config.json"
+    if not isinstance(config, dict):
+        raise ModelSourceError(f"{cfg_file} is not a JSON object (it holds a "
+                               f"{type(config).__name__}): the checkpoint is broken.")
     model_type = config.get("model_type")
     if model_type not in QWEN3_MODEL_TYPES:
         archs = ",".join(config.get("architectures") or []) or "unknown architecture"
         raise ModelSourceError(
             f"{where} is a '{model_type}' checkpoint ({archs}), not Qwen3: qwen-trt serves "
             f"Qwen3 models such as {DEFAULT_MODEL_ID}. Pass a Qwen3 folder with --model.")
-    ModelShape.from_config(config, f"{where}/config.json")
+    ModelShape.from_config(config, cfg_file)
+    for key, kind in _OPTIONAL_TYPES.items():
+        if config.get(key) is not None and not _is(config[key], kind):
+            raise ModelSourceError(f"{cfg_file}: '{key}' is {config[key]!r}; expected "
+                                   f"{_TYPE_NAMES[kind]}.")
+
+
+def _read_json_object(path: Path, what: str) -> dict:
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelSourceError(f"{path} is not valid JSON ({e}): the {what} is broken; "
+                               f"download it again.") from e
+    if not isinstance(value, dict):
+        raise ModelSourceError(f"{path} is not a JSON object: the {what} is broken; download "
+                               f"it again.")
+    return value
+
+
+# safetensors' header errors, in words.
+_SAFETENSORS_PROBLEMS = (("too small", "empty or shorter than a header"),
+                         ("incomplete metadata", "truncated (shorter than its header says)"),
+                         ("not fully covered", "truncated (shorter than its header says)"),
+                         ("invalid json", "corrupt (its header is not valid JSON)"),
+                         ("too large", "corrupt (its header size is impossible)"))
+
+
+def check_weight_files(folder: Path) -> None:
+    """Every weight file named by the index exists, and every safetensors header is whole and
+    matches the file's size (read from the header only: fast even for large shards)."""
+    from safetensors import safe_open
+
+    for index in sorted(folder.glob("*.safetensors.index.json")):
+        weight_map = _read_json_object(index, "weight index").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ModelSourceError(f"{index} has no 'weight_map' object: the checkpoint is broken.")
+        for shard in sorted(set(map(str, weight_map.values()))):
+            if not (folder / shard).is_file():
+                raise ModelSourceError(f"{folder / shard} is missing (named in {index.name}): "
+                                       f"the download is incomplete.")
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                fh.keys()
+        except Exception as e:    # SafetensorError, OSError: the file, not the code, is wrong
+            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+            what = next((w for key, w in _SAFETENSORS_PROBLEMS if key in detail.lower()),
+                        f"not a readable safetensors file ({detail})")
+            raise ModelSourceError(f"{f} is {what}: the checkpoint is broken; download it "
+                                   f"again.") from e
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """tokenizer.json parses as a tokenizer; tokenizer_config.json is a JSON object."""
+    cfg = folder / "tokenizer_config.json"
+    if cfg.is_file():
+        _read_json_object(cfg, "tokenizer")
+    tok = folder / "tokenizer.json"
+    if tok.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(str(tok))
+        except Exception as e:    # the tokenizers library raises a bare Exception
+            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ModelSourceError(f"{tok} is not a valid tokenizer ({detail[:200]}): the "
+                                   f"checkpoint is broken; download it again.") from e
 
 
 def resolve_model(spec: str | None = None) -> ModelSource:
@@ -91,14 +175,16 @@ def resolve_model(spec: str | None = None) -> ModelSource:
         raise ModelSourceError(
             f"'{spec}' has no config.json: it is not a Hugging Face checkpoint folder.")
     try:
-        config = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        config = json.loads(cfg_path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelSourceError(f"{cfg_path} is not valid JSON: {e}") from e
-    check_qwen3_config(config, f"'{spec}'")
+    check_qwen3_config(config, f"'{spec}'", str(cfg_path))
     if not any(local.glob("*.safetensors")) and not any(local.glob("*.bin")):
         raise ModelSourceError(f"'{spec}' has no weights (*.safetensors): the download is incomplete.")
     if not (local / "tokenizer.json").is_file() and not (local / "vocab.json").is_file():
         raise ModelSourceError(f"'{spec}' has no tokenizer files (tokenizer.json).")
+    check_weight_files(local)
+    check_tokenizer_files(local)
     return ModelSource(path=local, name=spec, config=config)
 
 
