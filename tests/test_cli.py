@@ -157,3 +157,27 @@ def test_valid_text_replaces_lone_surrogates():
     assert valid_text("café") == ("café", False)
     assert valid_text("caf\udce9!") == ("caf\ufffd!", True)      # an escaped byte
     assert valid_text("a\ud800b")[0].replace("\ufffd", "") == "ab"  # JSON's "\ud800"
+
+
+def test_ctrl_c_during_load_is_not_lost_when_a_library_swallows_it(tiny_model_dir, capsys,
+                                                                   monkeypatch):
+    import signal
+    import time
+
+    from qwen_trt.commands import chat
+
+    real = chat.load_backend
+
+    def swallowing_load(cfg):
+        try:                                  # a loader that catches and drops the interrupt
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        return real(cfg)
+
+    monkeypatch.setattr(chat, "load_backend", swallowing_load)
+    assert main(["chat", "--model", str(tiny_model_dir), "--prompt", "hi", "--json",
+                 "--backend", "torch"]) == 130
+    assert capsys.readouterr().out == ""      # no reply after the user pressed Ctrl-C
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -1,9 +1,12 @@
 """``qwen-trt chat``: interactive multi-turn REPL that streams, or one-shot with ``--prompt``."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
 
 from qwen_trt.backends import load_backend
 from qwen_trt.chat.session import ChatSession, valid_text
@@ -79,6 +82,38 @@ def reply_once(backend, session: ChatSession, text: str, params: SamplingParams,
     out.flush()
 
 
+@contextlib.contextmanager
+def interrupts_not_lost():
+    """Ctrl-C inside the block ends it with KeyboardInterrupt, even if code in it (a library
+    loading the model) catches and drops the KeyboardInterrupt: the signal is also recorded and
+    raised again when the block returns. Main thread only (where Python handles signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hit = False
+
+    def handler(signum, frame):
+        nonlocal hit
+        hit = True
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except (ValueError, OSError):            # no signals here (embedded interpreter)
+        yield
+        return
+    if previous is signal.SIG_IGN:           # started with Ctrl-C ignored (nohup, &): keep it
+        signal.signal(signal.SIGINT, previous)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if hit:
+        raise KeyboardInterrupt
+
+
 def _checked_text(text: str | None, what: str) -> str | None:
     """``text`` with bytes that are not UTF-8 replaced by U+FFFD; says so on stderr."""
     if text is None:
@@ -96,7 +131,8 @@ def run(args) -> int:
     prompt = _checked_text(args.prompt, "the prompt")
     if not args.json:
         print("loading model...", file=sys.stderr)
-    backend = load_backend(config_from(args))
+    with interrupts_not_lost():
+        backend = load_backend(config_from(args))
     session = ChatSession(backend.tokenizer, system_prompt=system)
     if prompt is not None:
         reply_once(backend, session, prompt, params, as_json=args.json)
