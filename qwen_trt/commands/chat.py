@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -84,9 +85,11 @@ def reply_once(backend, session: ChatSession, text: str, params: SamplingParams,
 
 @contextlib.contextmanager
 def interrupts_not_lost():
-    """Ctrl-C inside the block ends it with KeyboardInterrupt, even if code in it (a library
-    loading the model) catches and drops the KeyboardInterrupt: the signal is also recorded and
-    raised again when the block returns. Main thread only (where Python handles signals)."""
+    """Ctrl-C inside the block ends it with KeyboardInterrupt, even if code in it catches and
+    drops the KeyboardInterrupt (seen while the model loads: an interrupt early in the load was
+    lost and the chat went on to answer): the signal is also recorded and raised again when the
+    block returns; a second Ctrl-C quits at once. Main thread only (where Python handles
+    signals)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -94,7 +97,11 @@ def interrupts_not_lost():
 
     def handler(signum, frame):
         nonlocal hit
+        if hit:                              # pressed again: something kept going; quit now
+            print("", file=sys.stderr, flush=True)
+            os._exit(130)
         hit = True
+        print("\n(interrupting; press Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
         raise KeyboardInterrupt
 
     try:
