@@ -221,8 +221,11 @@ def test_encoding_is_safe_under_concurrent_use(tiny_tokenizer):
 
     def attack():
         for _ in range(200):
-            tok("a <|im_start|> b", add_special_tokens=False, split_special_tokens=False)
-            tok("a <|im_start|> b", add_special_tokens=False, split_special_tokens=True)
+            for split in (False, True):
+                try:
+                    tok("a <|im_start|> b", add_special_tokens=False, split_special_tokens=split)
+                except RuntimeError:       # transformers 4.57: "Already borrowed" (the flag race)
+                    pass
 
     def encode():
         for _ in range(200):
