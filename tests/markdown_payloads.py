@@ -63,6 +63,12 @@ def payloads(url: str) -> dict[str, str]:
         "span-backslash": f"`a\\`{img}`",
         "fence-unclosed-info": f"```x`\n{img}\n",
         "top-fence-then-image": f"```\ncode\n```\n{img}",
+        # top-level fences are kept byte for byte: prove no container can hold one
+        "footnote-then-fence": f"a[^1]\n\n[^1]: note\n\n```\n{img}\n```\n",
+        "list-then-fence": f"- a\n\n```\n{img}\n```\n",
+        "quote-then-fence": f"> a\n\n```\n{img}\n```\n",
+        "html-then-fence": f"<div>\n\n```\n{img}\n```\n\n</div>\n",
+        "tilde-fence-in-backticks": f"~~~\n```\n~~~\n{img}\n",
         # structure
         "image-in-link": f"[{img}](http://example.invalid/l)",
         "image-in-emphasis": f"**{img}** _{img}_ ~~{img}~~",
