@@ -193,7 +193,7 @@ PROFILES = Path(__file__).resolve().parents[1] / "build" / "profiles"
 @pytest.mark.parametrize("edit, needle", [
     (lambda t: t.replace("memory_gib = 22", "memory_gib = inf"), "[gpu].memory_gib = inf"),
     (lambda t: t.replace("memory_gib = 22", "memory_gib = nan"), "[gpu].memory_gib = nan"),
-    (lambda t: t.replace("max_batch_size = 4", "max_batch_size = 1000000000000"),
+    (lambda t: t.replace("max_batch_size = 8", "max_batch_size = 1000000000000"),
      "[build].max_batch_size = 1000000000000; expected an integer from 1 to 2048"),
     (lambda t: t.replace("max_num_tokens = 8192", "max_num_tokens = 9223372036854775807"),
      "[build].max_num_tokens = 9223372036854775807"),
@@ -203,7 +203,9 @@ PROFILES = Path(__file__).resolve().parents[1] / "build" / "profiles"
 def test_broken_profile_is_named(tmp_path, capsys, edit, needle):
     from qwen_trt.engine.profiles import ProfileError, load_profile
 
-    text = edit((PROFILES / "a10.toml").read_text())
+    original = (PROFILES / "a10.toml").read_text()
+    text = edit(original)
+    assert text not in (original, original.encode())           # the edit applies
     path = tmp_path / "a10.toml"
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(ProfileError) as e:
