@@ -1,6 +1,7 @@
 """Typed settings and results shared by every backend and every front end."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -9,6 +10,7 @@ DEFAULT_TEMPERATURE = 0.7
 DEFAULT_TOP_P = 0.8
 DEFAULT_TOP_K = 20
 DEFAULT_MAX_NEW_TOKENS = 512
+MAX_NEW_TOKENS = 262144           # Qwen3-4B-Instruct-2507's whole context
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -33,8 +35,19 @@ class SamplingParams:
     repetition_penalty: float = 1.0   # (0, 2]: HF semantics over the tokens generated so far
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        for name in ("max_new_tokens", "top_k"):
+            if type(getattr(self, name)) is not int:
+                raise ValueError(f"{name} must be a whole number, got {getattr(self, name)!r}")
+        for name in ("temperature", "top_p", "presence_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens must be from 1 to {MAX_NEW_TOKENS} (the model's "
+                             f"context), got {self.max_new_tokens}")
+        if self.seed is not None and (type(self.seed) is not int or not 0 <= self.seed < 2**64):
+            raise ValueError(f"seed must be a whole number from 0 to 2**64 - 1, got {self.seed!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -45,7 +45,7 @@ def test_repl_multi_turn_with_clear(tiny_model_dir):
     (["--temperature", "-1"], "temperature must be >= 0"),
     (["--max-new-tokens", "5000", "--max-seq-len", "4096"], "leaves no room"),
     (["--device", "tpu"], "Unknown device 'tpu'"),
-    (["--max-seq-len", "-5"], "whole number of tokens >= 2"),
+    (["--max-seq-len", "-5"], "whole number of tokens >= 32"),
     (["--fast", "maybe"], "Unknown fast mode"),
 ])
 def test_bad_input_is_one_clear_line(tiny_model_dir, capsys, args, expect):
@@ -181,3 +181,28 @@ def test_ctrl_c_during_load_is_not_lost_when_a_library_swallows_it(tiny_model_di
                  "--backend", "torch"]) == 130
     assert capsys.readouterr().out == ""      # no reply after the user pressed Ctrl-C
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--temperature", "nan"], "temperature must be a finite number, got nan"),
+    (["--temperature", "inf"], "temperature must be a finite number"),
+    (["--top-p", "nan"], "top_p must be a finite number"),
+    (["--seed", str(2**64)], "seed must be a whole number from 0 to 2**64 - 1"),
+    (["--seed", "-1"], "seed must be a whole number from 0 to 2**64 - 1"),
+    (["--prompt", ""], "The message is empty"),
+    (["--prompt", " \n "], "The message is empty"),
+    (["--max-new-tokens", str(10**9)], "max_new_tokens must be from 1 to 262144"),
+    (["--max-new-tokens", "300", "--max-seq-len", "300"], "leaves no room"),
+    (["--max-seq-len", "2"], "whole number of tokens >= 32"),
+])
+def test_bad_values_are_refused_before_the_model_loads(capsys, monkeypatch, args, expect):
+    from qwen_trt.commands import chat
+
+    def must_not_load(cfg):
+        raise AssertionError("the model was loaded before the bad value was refused")
+
+    monkeypatch.setattr(chat, "load_backend", must_not_load)
+    base = ["chat", "--model", "/nowhere", "--prompt", "hi"]
+    assert main(base + args) == 2
+    err = capsys.readouterr().err
+    assert expect in err and "Traceback" not in err and "loading model" not in err, err

@@ -84,7 +84,7 @@ def test_cli_parser_gets_the_same_options_and_checks():
 @pytest.mark.parametrize("field, value, words", [
     ("backend", "onnx", "Unknown backend 'onnx'"), ("dtype", "int4", "Unknown dtype 'int4'"),
     ("fast", "x", "Unknown fast mode 'x'"), ("device", "cuda:x", "Unknown device 'cuda:x'"),
-    ("max_seq_len", 1, "whole number of tokens >= 2"),
+    ("max_seq_len", 1, "whole number of tokens >= 32"),
 ])
 def test_backend_config_checks_each_value_once(field, value, words):
     with pytest.raises(ConfigError, match=words):

@@ -12,6 +12,7 @@ BACKENDS = ("auto", "torch", "trtllm")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 FAST_MODES = ("auto", "on", "off")
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+MIN_MAX_SEQ_LEN = 32   # room for the chat template, a short message and a reply
 
 __all__ = ["Backend", "BackendInfo", "BackendConfig", "BACKENDS", "DTYPES", "FAST_MODES",
            "load_backend", "choose_backend"]
@@ -43,8 +44,9 @@ class BackendConfig:
             raise ConfigError(f"Unknown device '{self.device}' ({_where('device')}): "
                               f"use auto, cpu, cuda or cuda:N.")
         n = self.max_seq_len
-        if n is not None and (type(n) is not int or n < 2):
-            raise ConfigError(f"{_where('max-seq-len')} must be a whole number of tokens >= 2, "
+        if n is not None and (type(n) is not int or n < MIN_MAX_SEQ_LEN):
+            raise ConfigError(f"{_where('max-seq-len')} must be a whole number of tokens >= "
+                              f"{MIN_MAX_SEQ_LEN} (the chat template alone takes about 10), "
                               f"got '{n}'.")
 
 

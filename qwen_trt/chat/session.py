@@ -229,6 +229,22 @@ def prompt_budget(max_input_len: int, max_seq_len: int, max_new_tokens: int) -> 
     return min(max_input_len, max_seq_len - max_new_tokens)
 
 
+def check_message(text: str | None) -> None:
+    """A message must have something in it (checked before anything loads, and per message)."""
+    if not text or not text.strip():
+        raise EmptyMessageError("The message is empty: type something to send.")
+
+
+def check_room(max_input_len: int, max_seq_len: int, max_new_tokens: int) -> int:
+    """The prompt budget; an error when ``max_new_tokens`` leaves no room for any prompt."""
+    budget = prompt_budget(max_input_len, max_seq_len, max_new_tokens)
+    if budget <= 0:
+        raise PromptTooLongError(
+            f"Max new tokens ({max_new_tokens}) leaves no room for a prompt within the "
+            f"engine's limit of {max_seq_len} tokens: lower it.")
+    return budget
+
+
 @dataclass
 class ChatSession:
     """Conversation state for one user (one browser session, one CLI run)."""
@@ -265,13 +281,8 @@ class ChatSession:
                 max_new_tokens: int) -> PromptPlan:
         """Build the prompt ids for ``user_text`` that fit the limits; raises a clear error if
         the message is empty or does not fit even alone."""
-        if not user_text or not user_text.strip():
-            raise EmptyMessageError("The message is empty: type something to send.")
-        budget = prompt_budget(max_input_len, max_seq_len, max_new_tokens)
-        if budget <= 0:
-            raise PromptTooLongError(
-                f"Max new tokens ({max_new_tokens}) leaves no room for a prompt within the "
-                f"engine's limit of {max_seq_len} tokens: lower it.")
+        check_message(user_text)
+        budget = check_room(max_input_len, max_seq_len, max_new_tokens)
         turns = self.turns()
         alone = self._prompt_ids([], user_text)
         if len(alone) > budget and self.system_prompt:

@@ -10,7 +10,7 @@ import sys
 import threading
 
 from qwen_trt.backends import load_backend
-from qwen_trt.chat.session import ChatSession, valid_text
+from qwen_trt.chat.session import ChatSession, check_message, check_room, valid_text
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.ui.text import user_error
 from qwen_trt.chat.generation import ReplyStream
@@ -136,10 +136,16 @@ def run(args) -> int:
     params = _params(args)
     system = _checked_text(args.system, "the system prompt")
     prompt = _checked_text(args.prompt, "the prompt")
+    cfg = config_from(args)
+    # Everything that can be checked without the model, before minutes of loading it.
+    if prompt is not None:
+        check_message(prompt)
+    if cfg.max_seq_len is not None:
+        check_room(cfg.max_seq_len, cfg.max_seq_len, params.max_new_tokens)
     if not args.json:
         print("loading model...", file=sys.stderr)
     with interrupts_not_lost():
-        backend = load_backend(config_from(args))
+        backend = load_backend(cfg)
     session = ChatSession(backend.tokenizer, system_prompt=system)
     if prompt is not None:
         reply_once(backend, session, prompt, params, as_json=args.json)
