@@ -98,9 +98,12 @@ _CODECS_LOCK = threading.Lock()
 
 def _codec(tokenizer) -> _Codec:
     with _CODECS_LOCK:
-        codec = _CODECS.get(tokenizer)
-        if codec is None:
-            codec = _CODECS[tokenizer] = _Codec(tokenizer)
+        try:
+            codec = _CODECS.get(tokenizer)
+            if codec is None:
+                codec = _CODECS[tokenizer] = _Codec(tokenizer)
+        except TypeError:            # not weakly referenceable / hashable: build one each time
+            codec = _Codec(tokenizer)
         return codec
 
 
