@@ -14,6 +14,82 @@ from qwen_trt.chat.detokenizer import IncrementalDetokenizer
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
 
 
+class ReplyBuilder:
+    """Token ids in, text deltas and a measured :class:`Reply` out: the one implementation of
+    "token -> text + metrics", used by :class:`ReplyStream` (in process) and by the engine
+    client (``qwen_trt.serving.client``, ids arriving from the worker process).
+
+    Call :meth:`start` when the request is handed to the engine, :meth:`add` for each new id
+    (returns the text that is safe to show; a stop id sets :attr:`stopped` and shows nothing),
+    and :meth:`finish` once at the end (returns the held-back tail, fixes the finish reason).
+    ``stop_ids``: :meth:`Backend.stop_ids` of the request (empty with ignore_eos).
+    """
+
+    def __init__(self, tokenizer, params: SamplingParams, stop_ids: frozenset[int],
+                 prompt_tokens: int, dropped_turns: int = 0) -> None:
+        self.params = params
+        self._stop_ids = stop_ids
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._dropped = dropped_turns
+        self.metrics = ReplyMetrics(prompt_tokens=prompt_tokens, finish_reason="cancelled")
+        self.stopped = False
+        self.finished = False
+        self._t0 = time.perf_counter()
+        self._t_first: float | None = None
+        self._t_last: float | None = None
+
+    def start(self) -> None:
+        """The request reached the engine: time to first token counts from here."""
+        self._t0 = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        """A stop id arrived, or max_new_tokens did: nothing more will be shown."""
+        return self.stopped or self.metrics.tokens >= self.params.max_new_tokens
+
+    def add(self, token_id: int) -> str:
+        now = time.perf_counter()
+        m = self.metrics
+        if self._t_first is None:
+            self._t_first = now
+            m.ttft_ms = (now - self._t0) * 1e3
+        self._t_last = now
+        m.tokens += 1
+        if token_id in self._stop_ids:
+            self.stopped = True
+            return ""
+        return self._detok.add(token_id)
+
+    def finish(self, cancelled: bool = False) -> str:
+        """End the reply; returns the text still held back ("" when cancelled mid-character).
+        The reason: stop (a stop id), length (max_new_tokens), else cancelled."""
+        if self.finished:
+            return ""
+        self.finished = True
+        m = self.metrics
+        tail = self._detok.flush() if self.stopped or not cancelled else ""
+        if self.stopped:
+            m.finish_reason = "stop"
+        elif m.tokens >= self.params.max_new_tokens:
+            m.finish_reason = "length"
+        else:
+            m.finish_reason = "cancelled"
+        end = self._t_last if self._t_last is not None else time.perf_counter()
+        m.total_ms = (end - self._t0) * 1e3
+        if self._t_first is not None and m.tokens > 1:
+            m.decode_tok_s = (m.tokens - 1) / max(self._t_last - self._t_first, 1e-9)
+        return tail
+
+    @property
+    def text(self) -> str:
+        return self._detok.text
+
+    @property
+    def reply(self) -> Reply:
+        return Reply(text=self._detok.text, metrics=self.metrics, dropped_turns=self._dropped,
+                     token_ids=list(self._detok.ids))
+
+
 class ReplyStream:
     """Iterate to get text deltas; afterwards ``.reply`` holds the full text and metrics.
 
@@ -26,9 +102,8 @@ class ReplyStream:
         self._backend = backend
         self.params = params
         self._prompt_ids = list(prompt_ids)
-        self._detok = IncrementalDetokenizer(backend.tokenizer)
-        self._dropped = dropped_turns
-        self._metrics = ReplyMetrics(prompt_tokens=len(self._prompt_ids), finish_reason="cancelled")
+        self._build = ReplyBuilder(backend.tokenizer, params, backend.stop_ids(params),
+                                   len(self._prompt_ids), dropped_turns)
         # This request's own flag: unlike the backend's, nothing clears it when a stream begins,
         # so a cancel that lands before the first token is never lost.
         self._cancel = cancel if cancel is not None else threading.Event()
@@ -45,6 +120,7 @@ class ReplyStream:
 
     def close(self) -> None:
         self._gen.close()
+        self._build.finish(cancelled=True)   # no-op when the stream ran to its end
 
     def cancel(self) -> None:
         """Thread-safe: stop the backend before its next token (or before it starts)."""
@@ -53,53 +129,31 @@ class ReplyStream:
 
     @property
     def text(self) -> str:
-        return self._detok.text
+        return self._build.text
 
     @property
     def reply(self) -> Reply:
-        return Reply(text=self._detok.text, metrics=self._metrics, dropped_turns=self._dropped,
-                     token_ids=list(self._detok.ids))
+        return self._build.reply
 
     def _run(self) -> Iterator[str]:
-        m = self._metrics
-        stop_ids = self._backend.stop_ids(self.params)   # empty with ignore_eos
-        t0 = time.perf_counter()
-        t_first = t_last = None
+        b = self._build
+        b.start()
         if self._cancel.is_set():          # cancelled before the engine was even asked
-            m.total_ms = 0.0
+            b.finish(cancelled=True)
             return
         self._backend.check_request(self._prompt_ids, self.params)
         tokens = self._backend.stream(self._prompt_ids, self.params)
-        last = None
         try:
             for tok in tokens:
-                t_last = time.perf_counter()
-                if t_first is None:
-                    t_first = t_last
-                    m.ttft_ms = (t_last - t0) * 1e3
-                m.tokens += 1
-                last = tok
-                if tok in stop_ids:
+                delta = b.add(tok)
+                if b.stopped:
                     break
-                delta = self._detok.add(tok)
                 if delta:
                     yield delta
                 if self._cancel.is_set():
                     break
-            stopped = last is not None and last in stop_ids
-            if stopped or not self._cancel.is_set():
-                tail = self._detok.flush()
-                if tail:
-                    yield tail
-            if stopped:
-                m.finish_reason = "stop"
-            elif m.tokens >= self.params.max_new_tokens:
-                m.finish_reason = "length"
-            else:
-                m.finish_reason = "cancelled"
         finally:
             tokens.close()   # stops device work; its teardown is not part of the metrics
-            end = t_last if t_last is not None else time.perf_counter()
-            m.total_ms = (end - t0) * 1e3
-            if t_first is not None and m.tokens > 1:
-                m.decode_tok_s = (m.tokens - 1) / max(t_last - t_first, 1e-9)
+        tail = b.finish(cancelled=self._cancel.is_set())
+        if tail:
+            yield tail
