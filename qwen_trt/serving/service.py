@@ -1,4 +1,6 @@
-"""One engine, many callers: a process-wide service that runs one request at a time.
+"""One engine, many callers. :func:`start_service` runs the engine in its own process by default
+(:class:`qwen_trt.serving.client.EngineClient`); :class:`InferenceService` here is the in-process
+mode (``QWEN_TRT_WORKER=inline``): the backend in this process, one request at a time.
 
 A backend serves a single request at a time, but a web app calls it from one thread per browser
 session. :class:`InferenceService` owns the backend and one worker thread that takes requests from a
@@ -17,162 +19,21 @@ import itertools
 import logging
 import queue
 import threading
+import os
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Literal, Union
+from collections.abc import Sequence
 
 from qwen_trt.backends import BackendConfig, load_backend
 from qwen_trt.backends.base import Backend
-from qwen_trt.errors import QwenTrtError
 from qwen_trt.chat.generation import ReplyStream
-from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
+from qwen_trt.errors import ConfigError, QwenTrtError
+from qwen_trt.params import SamplingParams
+from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError,  # noqa: F401
+                                     EngineStoppedError, Event, Failed, Finished, RequestHandle,
+                                     RequestState, ServiceClosedError, ServiceStatus, Started,
+                                     Waiting, cancelled_reply)
 
 log = logging.getLogger(__name__)
-
-RequestState = Literal["queued", "running", "done"]
-
-
-class EngineFailedError(QwenTrtError):
-    """The backend raised an unexpected error while generating."""
-
-
-class ServiceClosedError(QwenTrtError):
-    """The service was shut down (the model is being reloaded)."""
-
-
-# Events a handle yields, in this order: Waiting* (while queued or before the first token),
-# Started, Delta*, then exactly one of Finished / Failed.
-@dataclass(frozen=True)
-class Waiting:
-    position: int        # requests ahead of this one (the running one included); 0 = running
-    waited_s: float      # seconds since submit
-
-
-@dataclass(frozen=True)
-class Started:
-    waited_s: float      # time spent in the queue
-
-
-@dataclass(frozen=True)
-class Delta:
-    text: str
-
-
-@dataclass(frozen=True)
-class Finished:
-    reply: Reply
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: QwenTrtError
-
-
-Event = Union[Waiting, Started, Delta, Finished, Failed]
-
-
-class RequestHandle:
-    """One caller's view of one request. Thread-safe: the worker writes, the caller reads."""
-
-    def __init__(self, service: "InferenceService", request_id: int, prompt_ids: Sequence[int],
-                 params: SamplingParams, dropped_turns: int) -> None:
-        self.id = request_id
-        self.prompt_ids = list(prompt_ids)
-        self.params = params
-        self.dropped_turns = dropped_turns
-        self.submitted_at = time.monotonic()
-        self.started_at: float | None = None
-        self.state: RequestState = "queued"
-        self._service = service
-        self._events: queue.Queue[Event] = queue.Queue()
-        self._cancel = threading.Event()
-        self._done = threading.Event()
-        self._text: list[str] = []
-        self._result: Reply | QwenTrtError | None = None
-
-    # -- caller side ---------------------------------------------------------------------------
-    @property
-    def position(self) -> int:
-        """Requests ahead of this one (the running one included); 0 once it runs or is done."""
-        return self._service._position(self)
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    @property
-    def text(self) -> str:
-        """The reply text generated so far (complete once :attr:`done`)."""
-        return "".join(self._text)
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    @property
-    def waited_s(self) -> float:
-        """Time spent waiting for the engine (so far, if still queued)."""
-        end = self.started_at if self.started_at is not None else time.monotonic()
-        return end - self.submitted_at
-
-    def cancel(self) -> None:
-        """Drop the request if queued, or stop it before its next token if running."""
-        self._cancel.set()
-        self._service._cancel(self)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the request is finished, failed or cancelled; False on timeout."""
-        return self._done.wait(timeout)
-
-    def result(self, timeout: float | None = None) -> Reply:
-        """The finished reply (raises the request's QwenTrtError, or TimeoutError)."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.id} still running after {timeout} s")
-        if isinstance(self._result, QwenTrtError):
-            raise self._result
-        assert self._result is not None
-        return self._result
-
-    def events(self, poll_s: float = 0.1) -> Iterator[Event]:
-        """Events for this request. While nothing arrives it yields a :class:`Waiting` every
-        ``poll_s`` seconds, so a UI thread gets a chance to update (and be interrupted).
-        Closing the iterator early cancels the request."""
-        try:
-            while True:
-                try:
-                    ev = self._events.get(timeout=poll_s)
-                except queue.Empty:
-                    yield Waiting(position=self.position, waited_s=time.monotonic() - self.submitted_at)
-                    continue
-                yield ev
-                if isinstance(ev, (Finished, Failed)):
-                    return
-        finally:
-            if not self._done.is_set():
-                self.cancel()
-
-    # -- worker side ---------------------------------------------------------------------------
-    def _emit(self, ev: Event) -> None:
-        if isinstance(ev, Delta):
-            self._text.append(ev.text)
-        elif isinstance(ev, Finished):
-            self._result = ev.reply
-            self.state = "done"
-        elif isinstance(ev, Failed):
-            self._result = ev.error
-            self.state = "done"
-        self._events.put(ev)
-        if isinstance(ev, (Finished, Failed)):
-            self._done.set()
-
-
-@dataclass(frozen=True)
-class ServiceStatus:
-    busy: bool            # a request is running
-    queued: int           # requests waiting behind it
-    served: int           # requests finished since start
-
 
 class InferenceService:
     """Owns one backend; runs submitted requests one at a time, in submission order."""
@@ -211,7 +72,11 @@ class InferenceService:
     def status(self) -> ServiceStatus:
         with self._lock:
             return ServiceStatus(busy=self._running is not None, queued=len(self._waiting),
-                                 served=self._served)
+                                 served=self._served, running=int(self._running is not None))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self, timeout: float = 5.0, *, free_backend: bool = True) -> None:
         """Cancel everything, stop the worker and (unless told not to) free the backend."""
@@ -248,7 +113,7 @@ class InferenceService:
             if handle not in self._waiting:
                 return
             self._waiting.remove(handle)
-        handle._emit(Finished(_cancelled_reply(handle)))
+        handle._emit(Finished(cancelled_reply(handle)))
 
     def _work(self) -> None:
         while True:
@@ -271,7 +136,7 @@ class InferenceService:
 
     def _run(self, handle: RequestHandle) -> None:
         if handle.cancelled:
-            handle._emit(Finished(_cancelled_reply(handle)))
+            handle._emit(Finished(cancelled_reply(handle)))
             return
         handle._emit(Started(waited_s=handle.waited_s))
         stream = None
@@ -294,13 +159,37 @@ class InferenceService:
                 stream.close()
 
 
-def _cancelled_reply(handle: RequestHandle) -> Reply:
-    """The reply of a request cancelled before it reached the engine."""
-    return Reply(text="", metrics=ReplyMetrics(prompt_tokens=len(handle.prompt_ids),
-                                               finish_reason="cancelled"),
-                 dropped_turns=handle.dropped_turns)
+WORKER_ENV = "QWEN_TRT_WORKER"       # "process" (default) or "inline"
+WORKER_MODES = ("process", "inline")
+
+_current = None                       # the engine of this server process (process mode)
+_current_lock = threading.Lock()
 
 
-def start_service(cfg: BackendConfig) -> InferenceService:
-    """Load the backend ``cfg`` names and serve it (the app caches one per process)."""
-    return InferenceService(load_backend(cfg))
+def worker_mode(mode: str | None = None) -> str:
+    """``process`` (the engine in its own process, the default) or ``inline`` (in this process,
+    a thread: tests that patch the backend, debugging); ``$QWEN_TRT_WORKER`` when not given."""
+    mode = (mode or os.environ.get(WORKER_ENV) or "process").strip().lower()
+    if mode not in WORKER_MODES:
+        raise ConfigError(f"{WORKER_ENV} must be one of {', '.join(WORKER_MODES)}, got {mode!r}")
+    return mode
+
+
+def start_service(cfg: BackendConfig, *, mode: str | None = None):
+    """Load the backend ``cfg`` names and serve it; blocks until it is ready (load errors are
+    raised as one-line :class:`QwenTrtError`). The app caches one per process.
+
+    One engine process per server process: starting another stops the previous one first, so
+    two engines never share a GPU by accident."""
+    if worker_mode(mode) == "inline":
+        return InferenceService(load_backend(cfg))
+    from qwen_trt.serving.client import EngineClient
+    from qwen_trt.serving.worker import WorkerSpec
+
+    global _current
+    with _current_lock:
+        if _current is not None and not _current.closed:
+            log.info("stopping the previous engine process before starting another")
+            _current.close()
+        _current = EngineClient(WorkerSpec(cfg))
+        return _current

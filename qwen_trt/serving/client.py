@@ -1,0 +1,431 @@
+"""The client of the engine process: the same surface as the in-process ``InferenceService``.
+
+:class:`EngineClient` starts the worker (:mod:`qwen_trt.serving.worker`, spawned), sends it
+requests and turns the token ids that come back into text and metrics here, with the same code
+as in process (:class:`qwen_trt.chat.generation.ReplyBuilder`). One reader thread blocks on the
+pipe (no polling); everything else happens in the caller's thread.
+
+* Admission: up to the runner's ``max_concurrency`` requests are in the worker at once; the
+  rest wait here in FIFO order and report their position (:class:`Waiting`).
+* Cancel: a queued request is dropped; a running one finishes at once with its partial text
+  and the worker is told to abort it (its slot frees when the worker confirms).
+* Faults: if the worker dies, each request in it ends with one :class:`Failed` line, queued
+  ones stay queued, and the next submit (or a queued request) restarts it; ``status().state``
+  and ``Waiting.engine`` say "restarting" / "loading" meanwhile. A load that fails is one line.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from qwen_trt.chat.generation import ReplyBuilder, default_stop_ids
+from qwen_trt.errors import QwenTrtError
+from qwen_trt.params import SamplingParams
+from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, EngineState,
+                                     EngineStoppedError, Failed, Finished, RequestHandle,
+                                     ServiceClosedError, ServiceStatus, Started, cancelled_reply)
+from qwen_trt.serving.worker import Ready, WorkerSpec, worker_main
+
+log = logging.getLogger(__name__)
+
+_LIVE: "weakref.WeakSet[EngineClient]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Stop every engine process at exit (before multiprocessing joins its children)."""
+    for client in list(_LIVE):
+        client.close(timeout=2.0)
+
+
+@dataclass
+class _Active:
+    handle: RequestHandle
+    builder: ReplyBuilder
+    closing: bool = False         # finished on this side; waiting for the worker's final event
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "it stopped answering"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class EngineClient:
+    """Runs the engine ``spec`` names in a child process; blocks until it is ready (a load error
+    is raised as one line). Thread-safe."""
+
+    def __init__(self, spec: WorkerSpec, *, echo=None, name: str = "qwen-trt-worker") -> None:
+        self.spec = spec
+        self._echo = echo if echo is not None else sys.stderr
+        self._name = name
+        self._ctx = mp.get_context("spawn")
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._waiting: list[RequestHandle] = []
+        self._active: dict[int, _Active] = {}
+        self._served = self._cached = self._prompt_tokens = self._restarts = 0
+        self._runner_stats: dict = {}
+        self._state: EngineState = "loading"
+        self._stage = ""
+        self._state_since = time.monotonic()
+        self._closed = False
+        self._gen = 0
+        self._conn = None
+        self._proc = None
+        self._info = None
+        self._tokenizer = None
+        self._tokenizer_source: str | None = None
+        self._stop_ids: tuple[int, ...] = ()
+        self._max_concurrency = 1
+        self._load_error: QwenTrtError | None = None
+        self._first = threading.Event()
+        self.timings: dict[str, float] = {}
+        self.pid: int | None = None
+        _LIVE.add(self)
+        with self._lock:
+            self._spawn()
+        self._first.wait()
+        if self._load_error is not None:
+            self.close()
+            raise self._load_error
+
+    # -- the InferenceService surface ----------------------------------------------------------
+    @property
+    def info(self):
+        return self._info
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def max_concurrency(self) -> int:
+        return self._max_concurrency
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
+               dropped_turns: int = 0) -> RequestHandle:
+        """Queue a request and return its handle at once (restarts a stopped engine)."""
+        with self._lock:
+            if self._closed:
+                raise ServiceClosedError("The engine is shutting down: reload the page.")
+            handle = RequestHandle(self, next(self._ids), prompt_ids, params, dropped_turns)
+            self._waiting.append(handle)
+            if self._state in ("stopped", "failed"):
+                self._restart()
+            self._pump()
+        return handle
+
+    def status(self) -> ServiceStatus:
+        with self._lock:
+            return ServiceStatus(
+                busy=bool(self._active), queued=len(self._waiting), served=self._served,
+                state=self._state, stage=self._stage, running=len(self._active),
+                max_concurrency=self._max_concurrency, cached_tokens=self._cached,
+                prompt_tokens=self._prompt_tokens, restarts=self._restarts,
+                runner=dict(self._runner_stats))
+
+    def close(self, timeout: float = 5.0, *, free_backend: bool = True) -> None:
+        """Cancel everything and stop the engine process (it frees the backend itself)."""
+        del free_backend   # the process exits: its memory is always freed
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._set_state("closed", "")
+            for h in self._waiting:
+                h._cancel.set()
+                h._emit(Finished(cancelled_reply(h)))
+            self._waiting.clear()
+            for a in list(self._active.values()):
+                a.handle._cancel.set()
+                self._finish_here(a, cancelled=True)
+            conn, proc = self._conn, self._proc
+            self._send(("stop",))
+        _LIVE.discard(self)
+        self._first.set()
+        if proc is not None:
+            proc.join(timeout)
+            if proc.is_alive():
+                log.warning("engine process %s did not stop in %.1f s; killing it", proc.pid,
+                            timeout)
+                proc.kill()
+                proc.join(2.0)
+        del conn
+
+    # -- handles call these --------------------------------------------------------------------
+    def _position(self, handle: RequestHandle) -> int:
+        with self._lock:
+            if handle not in self._waiting:
+                return 0
+            i = self._waiting.index(handle)
+            ahead = sum(1 for h in self._waiting[:i] if not h.cancelled)
+            return ahead + (1 if self._active else 0)
+
+    def _cancel(self, handle: RequestHandle) -> None:
+        with self._lock:
+            if handle in self._waiting:
+                self._waiting.remove(handle)
+                handle._emit(Finished(cancelled_reply(handle)))
+                return
+            a = self._active.get(handle.id)
+            if a is None or a.closing:
+                return
+            self._finish_here(a, cancelled=True)
+            self._send(("abort", handle.id))
+
+    def _engine_note(self) -> str:
+        """A line for the UI while the engine is not ready ("" when it is)."""
+        with self._lock:
+            state, stage, since = self._state, self._stage, self._state_since
+        if state == "ready":
+            return ""
+        took = f" ({time.monotonic() - since:.0f} s)"
+        if state == "restarting":
+            return f"Restarting the engine: {stage}{took}"
+        if state == "loading":
+            return f"Starting the engine: {stage}{took}"
+        return stage
+
+    # -- internals (called with the lock held) -------------------------------------------------
+    def _set_state(self, state: EngineState, stage: str) -> None:
+        if state != self._state:
+            self._state_since = time.monotonic()
+        self._state, self._stage = state, stage
+
+    def _send(self, msg) -> None:
+        if self._conn is None:
+            return
+        try:
+            self._conn.send(msg)
+        except (OSError, ValueError):
+            pass          # the worker is gone: its reader thread reports it
+
+    def _spawn(self) -> None:
+        self._gen += 1
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=worker_main, args=(child, self.spec, os.getpid()),
+                                 name=self._name, daemon=False)
+        self._spawned_at = time.monotonic()
+        self._set_state("restarting" if self._gen > 1 else "loading",
+                        "starting the engine process")
+        proc.start()
+        child.close()
+        self._conn, self._proc, self.pid = parent, proc, proc.pid
+        threading.Thread(target=self._read, args=(self._gen, parent, proc), daemon=True,
+                         name=f"{self._name}-reader").start()
+
+    def _restart(self) -> None:
+        self._restarts += 1
+        self._say(f"restarting the engine process (restart {self._restarts})")
+        self._spawn()
+
+    def _pump(self) -> None:
+        """Admit queued requests while the worker has free slots."""
+        if self._state != "ready" or self._closed:
+            return
+        while self._waiting and len(self._active) < self._max_concurrency:
+            h = self._waiting.pop(0)
+            if h.cancelled:
+                continue
+            params = h.params
+            if not params.stop_token_ids:
+                params = replace(params, stop_token_ids=self._stop_ids)
+            builder = ReplyBuilder(self._tokenizer, params, len(h.prompt_ids), h.dropped_turns)
+            self._active[h.id] = _Active(h, builder)
+            h.started_at = time.monotonic()
+            h.state = "running"
+            h._emit(Started(waited_s=h.waited_s))
+            self._prompt_tokens += len(h.prompt_ids)
+            builder.start()
+            self._send(("submit", h.id, h.prompt_ids, builder.params))
+
+    def _finish_here(self, a: _Active, cancelled: bool) -> None:
+        """End the handle now; the slot stays taken until the worker's final event."""
+        a.closing = True
+        tail = a.builder.finish(cancelled=cancelled)
+        if tail:
+            a.handle._emit(Delta(tail))
+        a.handle._emit(Finished(a.builder.reply))
+        self._served += 1
+
+    def _say(self, line: str) -> None:
+        try:
+            print(f"[qwen-trt engine] {line}", file=self._echo, flush=True)
+        except (OSError, ValueError):
+            pass
+
+    # -- the reader thread ---------------------------------------------------------------------
+    def _read(self, gen: int, conn, proc) -> None:
+        fatal = None
+        load_error: QwenTrtError | None = None
+        try:
+            while True:
+                msg = conn.recv()
+                kind = msg[0]
+                if kind == "events":
+                    self._on_events(gen, msg[1], msg[2])
+                elif kind == "stage":
+                    self._on_stage(gen, msg[1], msg[2])
+                elif kind == "ready":
+                    load_error = self._on_ready(gen, msg[1])
+                    if load_error is not None:
+                        break
+                elif kind == "load_error":
+                    load_error = msg[2] if msg[2] is not None else EngineLoadError(msg[1])
+                elif kind == "fatal":
+                    fatal = msg[1]
+        except (EOFError, OSError):
+            pass
+        except Exception:  # noqa: BLE001 - a bug here must not leave callers hanging
+            log.exception("engine client reader failed")
+            fatal = "the engine client lost its connection"
+        if load_error is not None and proc.is_alive():
+            proc.kill()
+        proc.join(10.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(2.0)
+        conn.close()
+        self._on_exit(gen, proc.exitcode, fatal, load_error)
+
+    def _on_stage(self, gen: int, line: str, t: float) -> None:
+        with self._lock:
+            if gen != self._gen or self._closed:
+                return
+            self._stage = line
+        self._say(f"{line} ({time.monotonic() - self._spawned_at:.1f} s)")
+
+    def _on_ready(self, gen: int, ready: Ready) -> QwenTrtError | None:
+        t = time.monotonic()
+        try:
+            if self._tokenizer is None or ready.tokenizer_source != self._tokenizer_source:
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(ready.tokenizer_source)
+                self._stop_ids = default_stop_ids(tok)
+                self._tokenizer, self._tokenizer_source = tok, ready.tokenizer_source
+        except Exception as e:  # noqa: BLE001 - one line
+            return EngineLoadError(f"Could not load the tokenizer from "
+                                   f"'{ready.tokenizer_source}': {e}".splitlines()[0])
+        tok_s = time.monotonic() - t
+        with self._lock:
+            if gen != self._gen or self._closed:
+                return None
+            self._info = ready.info
+            self._max_concurrency = max(1, ready.max_concurrency)
+            self.timings = {**ready.timings, "parent_tokenizer_s": round(tok_s, 3),
+                            "ready_s": round(time.monotonic() - self._spawned_at, 3)}
+            self.pid = ready.pid
+            was = self._state
+            self._set_state("ready", "")
+            self._load_error = None
+            self._say(f"{'restarted' if was == 'restarting' else 'ready'} in "
+                      f"{self.timings['ready_s']:.1f} s ({ready.info.describe()}; "
+                      f"{self._max_concurrency} at once; stages: "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in self.timings.items()) + ")")
+            self._pump()
+        self._first.set()
+        return None
+
+    def _on_events(self, gen: int, events, stats) -> None:
+        with self._lock:
+            if gen != self._gen:
+                return
+            if stats:
+                self._runner_stats = stats
+            freed = False
+            for ev in events:
+                a = self._active.get(ev.request_id)
+                if a is None:
+                    continue
+                self._cached += ev.cached_tokens
+                try:
+                    self._apply(a, ev)
+                except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+                    log.exception("request %s: handling its tokens failed", ev.request_id)
+                    if not a.closing:
+                        a.closing = True
+                        a.handle._emit(Failed(EngineFailedError(
+                            f"Decoding the reply failed ({type(e).__name__}: {e})"
+                            .splitlines()[0])))
+                        self._served += 1
+                    self._send(("abort", ev.request_id))
+                if ev.finish is not None:
+                    del self._active[ev.request_id]
+                    freed = True
+            if freed:
+                self._pump()
+
+    def _apply(self, a: _Active, ev) -> None:
+        if a.closing:
+            return
+        b = a.builder
+        text = []
+        for tok in ev.token_ids:
+            if b.done:
+                break
+            d = b.add(tok)
+            if d:
+                text.append(d)
+        if text:
+            a.handle._emit(Delta("".join(text)))
+        if ev.finish == "error":
+            a.closing = True
+            a.handle._emit(Failed(EngineFailedError(ev.error or "The engine failed on this request.")))
+            self._served += 1
+        elif ev.finish is not None or b.done:
+            self._finish_here(a, cancelled=ev.finish == "cancelled" and not b.done)
+            if ev.finish is None:            # the runner would go on: free its slot
+                self._send(("abort", ev.request_id))
+
+    def _on_exit(self, gen: int, code: int | None, fatal: str | None,
+                 load_error: QwenTrtError | None) -> None:
+        with self._lock:
+            if gen != self._gen:
+                return
+            self._conn = None
+            if self._closed:
+                return
+            why = fatal or describe_exit(code)
+            if load_error is not None or self._state in ("loading", "restarting"):
+                err = load_error or EngineLoadError(
+                    f"The engine process stopped while loading ({why}); see the server log.")
+                self._load_error = err
+                self._set_state("failed", str(err))
+                self._say(f"load failed: {err}")
+                for h in self._waiting:
+                    h._emit(Failed(err))
+                self._waiting.clear()
+                self._first.set()
+                return
+            err_line = (f"The engine process stopped ({why}); your chat is kept — send again "
+                        f"to restart it.")
+            self._say(err_line)
+            self._set_state("stopped", err_line)
+            for a in self._active.values():
+                if not a.closing:
+                    a.handle._emit(Failed(EngineStoppedError(err_line)))
+                    self._served += 1
+            self._active.clear()
+            if self._waiting:
+                self._restart()

@@ -1,0 +1,222 @@
+"""The engine in its own process: load a backend, build its :class:`Runner`, serve steps.
+
+The parent (:class:`qwen_trt.serving.client.EngineClient`) starts :func:`worker_main` with
+multiprocessing's ``spawn`` (CUDA cannot be used after ``fork``) and one duplex
+``multiprocessing.Pipe`` (chosen by measurement: ``qwen_trt.bench.ipc``, docs/benchmarks.md).
+
+Messages, each a tuple whose first item names it:
+
+parent -> worker   ``("submit", id, prompt_ids, params)``, ``("abort", id)``, ``("stop",)``
+worker -> parent   ``("stage", line, seconds_since_start)``   load / warm-up progress
+                   ``("ready", Ready)``                       loaded; serving
+                   ``("load_error", line, error)``            then the worker exits
+                   ``("events", [TokenEvent, ...], stats)``   all events of one step, one message;
+                                                              ``stats`` (a dict) at most 4x a second
+                   ``("fatal", detail)``                      then the worker exits (a CUDA
+                                                              error, a runner bug)
+
+Between steps the worker takes every message that has arrived (``poll(0)``); with nothing to do
+it blocks in ``recv``. It exits when the parent closes its end (or dies: a watchdog thread sees
+the parent go away even while a long load or step runs).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from qwen_trt.backends import BackendConfig
+
+DEFAULT_LOADER = "qwen_trt.backends:load_backend"
+STATS_EVERY_S = 0.25
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What the worker loads. ``loader`` and ``runner`` are ``"module:function"`` names (so the
+    spec pickles for ``spawn``): ``loader(cfg) -> Backend``; ``runner(backend) -> Runner``
+    (default :func:`make_runner`). Tests name fakes here."""
+
+    cfg: BackendConfig = field(default_factory=BackendConfig)
+    loader: str = DEFAULT_LOADER
+    runner: str | None = None
+
+
+@dataclass(frozen=True)
+class Ready:
+    info: object                    # BackendInfo
+    tokenizer_source: str           # folder (or hub id) the parent loads the tokenizer from
+    max_concurrency: int
+    timings: dict                   # stage -> seconds, in the worker
+    pid: int
+
+
+def make_runner(backend):
+    """The runner for ``backend``: its own (``backend.runner()``: continuous batching in the fast
+    path, the TensorRT-LLM executor), else :class:`SerialRunner` (one request at a time)."""
+    own = getattr(backend, "runner", None)
+    if callable(own):
+        return own()
+    from qwen_trt.serving.serial import SerialRunner
+
+    return SerialRunner(backend)
+
+
+def resolve(name: str):
+    """``"package.module:function"`` -> the function."""
+    module, _, attr = name.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the parent is gone (it cannot close the pipe if it was killed mid-load)."""
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
+    """The worker process's entry point."""
+    t0 = time.monotonic()
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
+                     name="qwen-trt-parent-watch").start()
+    timings: dict[str, float] = {}
+
+    def stage(line: str) -> None:
+        conn.send(("stage", line, round(time.monotonic() - t0, 3)))
+
+    try:
+        stage("importing torch and the backend")
+        t = time.monotonic()
+        if spec.loader == DEFAULT_LOADER:
+            import torch  # noqa: F401 - timed here: the largest part of a cold start on CPU
+            import transformers  # noqa: F401
+        loader = resolve(spec.loader)
+        runner_factory = resolve(spec.runner) if spec.runner else make_runner
+        timings["import_s"] = time.monotonic() - t
+        name = spec.cfg.backend
+        stage(f"loading the model ({name} backend{', with warm-up' if spec.cfg.warmup else ''})")
+        t = time.monotonic()
+        backend = loader(spec.cfg)
+        timings["load_and_warmup_s"] = time.monotonic() - t
+        stage("starting the runner")
+        t = time.monotonic()
+        runner = runner_factory(backend)
+        timings["runner_s"] = time.monotonic() - t
+    except BaseException as e:  # noqa: BLE001 - the parent shows one line; the trace goes here
+        from qwen_trt.errors import QwenTrtError
+
+        if not isinstance(e, QwenTrtError):
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+        _send_quietly(conn, ("load_error", _load_error_line(e), _picklable_error(e)))
+        return
+    timings["total_s"] = time.monotonic() - t0
+    tok = backend.tokenizer
+    source = getattr(tok, "name_or_path", "") or ""
+    try:
+        conn.send(("ready", Ready(backend.info, str(source), int(runner.max_concurrency),
+                                  {k: round(v, 3) for k, v in timings.items()}, os.getpid())))
+        serve(conn, runner)
+    except (EOFError, OSError):
+        pass                          # the parent went away
+    finally:
+        try:
+            backend.close()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+
+
+def serve(conn, runner) -> None:
+    """Take messages between steps, step, send each step's events as one message."""
+    from qwen_trt.serving.serial import FatalEngineError, error_detail
+
+    last_stats = 0.0
+    stats_due = True
+    while True:
+        if not runner.has_work():
+            if stats_due:
+                conn.send(("events", [], asdict(runner.stats())))
+                stats_due = False
+            if not _handle(conn.recv(), runner, conn):
+                return
+        while conn.poll():
+            if not _handle(conn.recv(), runner, conn):
+                return
+        if not runner.has_work():
+            continue
+        try:
+            events = runner.step()
+        except FatalEngineError as e:
+            conn.send(("fatal", str(e)))
+            return
+        except Exception as e:  # noqa: BLE001 - a runner bug: its state is unknown, restart
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+            conn.send(("fatal", error_detail(e)))
+            return
+        now = time.monotonic()
+        stats = None
+        if now - last_stats >= STATS_EVERY_S:
+            stats, last_stats = asdict(runner.stats()), now
+        stats_due = True
+        if events or stats is not None:
+            conn.send(("events", events, stats))
+
+
+def _handle(msg, runner, conn) -> bool:
+    kind = msg[0]
+    if kind == "submit":
+        _, rid, prompt_ids, params = msg
+        try:
+            runner.add(rid, prompt_ids, params)
+        except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+            from qwen_trt.serving.runner import TokenEvent
+            from qwen_trt.serving.serial import error_line
+
+            conn.send(("events", [TokenEvent(rid, finish="error", error=error_line(e))], None))
+    elif kind == "abort":
+        runner.abort(msg[1])
+    elif kind == "stop":
+        return False
+    return True
+
+
+def _load_error_line(e: BaseException) -> str:
+    from qwen_trt.errors import QwenTrtError
+
+    if isinstance(e, QwenTrtError):
+        return str(e).replace("\n", " ")
+    from qwen_trt.serving.serial import error_detail
+
+    return f"Unexpected error while loading the engine ({error_detail(e)})."
+
+
+def _picklable_error(e: BaseException):
+    """A QwenTrtError itself (the parent re-raises its type: the CLI's exit code), if it pickles."""
+    import pickle
+
+    from qwen_trt.errors import QwenTrtError
+
+    if not isinstance(e, QwenTrtError):
+        return None
+    try:
+        pickle.loads(pickle.dumps(e))
+    except Exception:  # noqa: BLE001
+        return None
+    return e
+
+
+def _send_quietly(conn, msg) -> None:
+    try:
+        conn.send(msg)
+    except (OSError, EOFError):
+        pass
