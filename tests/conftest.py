@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 
 import pytest
@@ -49,3 +50,8 @@ def tiny_backend(tiny_model_dir):
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_backend):
     return tiny_backend.tokenizer
+
+
+# The suite runs the engine in process (tests patch backends in this process); the tests of the
+# engine process (tests/test_serving_worker.py) start it explicitly.
+os.environ.setdefault("QWEN_TRT_WORKER", "inline")

@@ -9,20 +9,14 @@ import signal
 import sys
 import threading
 
-from qwen_trt.backends import load_backend
 from qwen_trt.chat.session import ChatSession, check_message, check_room, valid_text
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.ui.text import user_error
-from qwen_trt.chat.generation import ReplyStream
 from qwen_trt.options import add_backend_args, config_from
 from qwen_trt.params import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K,
                              DEFAULT_TOP_P, SamplingParams)
 
 HELP = "commands: /clear (forget the conversation), /exit (quit)"
-
-
-class EngineError(QwenTrtError):
-    """The backend raised something unexpected while generating."""
 
 
 def register(sub) -> None:
@@ -47,30 +41,27 @@ def _params(args) -> SamplingParams:
         raise QwenTrtError(str(e)) from e
 
 
-def reply_once(backend, session: ChatSession, text: str, params: SamplingParams, *,
+def reply_once(service, session: ChatSession, text: str, params: SamplingParams, *,
                as_json: bool, out=None) -> None:
-    """Stream one reply to ``out`` (stdout); Ctrl-C stops it and keeps the partial reply."""
+    """Stream one reply from the engine ``service`` to ``out`` (stdout); Ctrl-C stops it and
+    keeps the partial reply."""
+    from qwen_trt.serving.service import Delta, Failed
+
     out = out or sys.stdout
-    info = backend.info
+    info = service.info
     plan = session.prepare(text, max_input_len=info.max_input_len, max_seq_len=info.max_seq_len,
                            max_new_tokens=params.max_new_tokens)
-    stream = ReplyStream(backend, plan.ids, params, dropped_turns=plan.dropped_turns)
+    handle = service.submit(plan.ids, params, plan.dropped_turns)
     try:
-        for delta in stream:
-            if not as_json:
-                out.write(delta)
+        for ev in handle.events(poll_s=1.0):
+            if isinstance(ev, Delta) and not as_json:
+                out.write(ev.text)
                 out.flush()
+            elif isinstance(ev, Failed):
+                raise ev.error
     except KeyboardInterrupt:
-        pass
-    except QwenTrtError:
-        raise
-    except Exception as e:  # an engine failure (e.g. out of memory) is one line, not a traceback
-        logging.getLogger(__name__).debug("generation failed", exc_info=True)
-        raise EngineError(f"The engine failed on this request ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else e}).") from e
-    finally:
-        stream.close()
-    reply = stream.reply
+        handle.cancel()
+    reply = handle.result()
     session.add_exchange(text, reply.text, interrupted=reply.metrics.finish_reason == "cancelled",
                          reply_ids=reply.token_ids)
     if as_json:
@@ -144,13 +135,22 @@ def run(args) -> int:
         check_room(cfg.max_seq_len, cfg.max_seq_len, params.max_new_tokens)
     if not args.json:
         print("loading model...", file=sys.stderr)
+    from qwen_trt.serving.service import start_service
+
     with interrupts_not_lost():
-        backend = load_backend(cfg)
-    session = ChatSession(backend.tokenizer, system_prompt=system)
+        service = start_service(cfg)          # the engine process (QWEN_TRT_WORKER)
+    try:
+        return _serve(args, service, params, system, prompt)
+    finally:
+        service.close()
+
+
+def _serve(args, service, params: SamplingParams, system: str | None, prompt: str | None) -> int:
+    session = ChatSession(service.tokenizer, system_prompt=system)
     if prompt is not None:
-        reply_once(backend, session, prompt, params, as_json=args.json)
+        reply_once(service, session, prompt, params, as_json=args.json)
         return 0
-    print(f"{backend.info.describe()}\n{HELP}", file=sys.stderr)
+    print(f"{service.info.describe()}\n{HELP}", file=sys.stderr)
     if hasattr(sys.stdin, "reconfigure"):   # undecodable bytes arrive as surrogates, not errors
         sys.stdin.reconfigure(errors="surrogateescape")
     while True:
@@ -169,7 +169,7 @@ def run(args) -> int:
             print("(conversation cleared)", file=sys.stderr)
             continue
         try:
-            reply_once(backend, session, text, params, as_json=args.json)
+            reply_once(service, session, text, params, as_json=args.json)
         except QwenTrtError as e:  # bad input: say so and keep the conversation
             print(f"error: {e}", file=sys.stderr)
         except Exception as e:     # a bug: one line (details with -v logging), chat kept

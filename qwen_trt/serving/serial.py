@@ -103,7 +103,8 @@ class SerialRunner:
         except Exception as e:  # noqa: BLE001 - one line to the client; the runner goes on
             if is_fatal(e):
                 raise FatalEngineError(error_detail(e)) from e
-            log.exception("request %s failed in the backend", req.request_id)
+            if not isinstance(e, QwenTrtError):
+                log.exception("request %s failed in the backend", req.request_id)
             events.append(self._finish(req, (), "error", error_line(e)))
             return events
         req.tokens += 1
