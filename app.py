@@ -84,8 +84,8 @@ def stream_reply(service: serving.InferenceService, state: ChatState, text: str,
                 if handle.cancelled:          # cleared, or a newer run took over
                     return
                 match ev:
-                    case serving.Waiting(position=position, waited_s=waited_s):
-                        label = waiting_label(position, waited_s)
+                    case serving.Waiting(position=position, waited_s=waited_s, engine=engine):
+                        label = engine or waiting_label(position, waited_s)
                         if label != shown_label:  # redraw when it changes (at most once a second)
                             if label:
                                 status.info(label, icon=":material/hourglass_top:")

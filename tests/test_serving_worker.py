@@ -24,7 +24,7 @@ from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError,
                                      EngineStoppedError, Failed, Finished, Started, Waiting)
 from qwen_trt.serving.worker import WorkerSpec
 
-GREEDY = SamplingParams(max_new_tokens=40, temperature=0)
+GREEDY = SamplingParams(max_new_tokens=16, temperature=0)
 LONG = SamplingParams(max_new_tokens=4000, temperature=0, ignore_eos=True)   # until cancelled
 TIMEOUT = 120  # seconds; only a hang (or a very loaded machine restarting a worker) reaches it
 
@@ -87,7 +87,7 @@ def test_replies_match_the_in_process_path(tiny, tiny_backend, tiny_tokenizer):
 
 
 def test_requests_from_many_threads_each_get_their_own_reply(tiny, tiny_tokenizer):
-    texts = ["one", "two two", "three three three", "The quick brown fox"]
+    texts = ["one", "three three three", "The quick brown fox"]
     expected = [tiny.submit(_prompt(tiny_tokenizer, t), GREEDY).result(TIMEOUT).text
                 for t in texts]
     assert len(set(expected)) > 1            # otherwise mixing replies up could not be seen
@@ -109,8 +109,7 @@ def test_requests_from_many_threads_each_get_their_own_reply(tiny, tiny_tokenize
 def test_cancel_mid_reply_leaves_engine_clean(tiny, tiny_tokenizer):
     ids = _prompt(tiny_tokenizer, "Please explain how a GPU reads weights")
     expected = tiny.submit(ids, GREEDY).result(TIMEOUT)
-    handle = tiny.submit(ids, SamplingParams(max_new_tokens=4000, temperature=0,
-                                             ignore_eos=True))
+    handle = tiny.submit(ids, LONG)
     for ev in handle.events(poll_s=0.01):
         if isinstance(ev, Delta):
             handle.cancel()

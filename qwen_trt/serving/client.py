@@ -3,7 +3,8 @@
 :class:`EngineClient` starts the worker (:mod:`qwen_trt.serving.worker`, spawned), sends it
 requests and turns the token ids that come back into text and metrics here, with the same code
 as in process (:class:`qwen_trt.chat.generation.ReplyBuilder`). One reader thread blocks on the
-pipe (no polling); everything else happens in the caller's thread.
+pipe (no polling) and one sender thread writes to it, so no thread ever blocks on the pipe while
+holding the lock (a full pipe both ways cannot deadlock: the reader always drains).
 
 * Admission: up to the runner's ``max_concurrency`` requests are in the worker at once; the
   rest wait here in FIFO order and report their position (:class:`Waiting`).
@@ -20,6 +21,7 @@ import itertools
 import logging
 import multiprocessing as mp
 import os
+import queue
 import signal
 import sys
 import threading
@@ -34,6 +36,7 @@ from qwen_trt.params import SamplingParams
 from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, EngineState,
                                      EngineStoppedError, Failed, Finished, RequestHandle,
                                      ServiceClosedError, ServiceStatus, Started, cancelled_reply)
+from qwen_trt.serving.ipc import pair
 from qwen_trt.serving.worker import Ready, WorkerSpec, worker_main
 
 log = logging.getLogger(__name__)
@@ -159,7 +162,7 @@ class EngineClient:
             for a in list(self._active.values()):
                 a.handle._cancel.set()
                 self._finish_here(a, cancelled=True)
-            conn, proc = self._conn, self._proc
+            proc = self._proc
             self._send(("stop",))
         _LIVE.discard(self)
         self._first.set()
@@ -170,7 +173,6 @@ class EngineClient:
                             timeout)
                 proc.kill()
                 proc.join(2.0)
-        del conn
 
     # -- handles call these --------------------------------------------------------------------
     def _position(self, handle: RequestHandle) -> int:
@@ -213,16 +215,30 @@ class EngineClient:
         self._state, self._stage = state, stage
 
     def _send(self, msg) -> None:
-        if self._conn is None:
-            return
-        try:
-            self._conn.send(msg)
-        except (OSError, ValueError):
-            pass          # the worker is gone: its reader thread reports it
+        """Hand ``msg`` to the sender thread (never blocks)."""
+        if self._conn is not None:
+            self._outbox.put(msg)
+
+    @staticmethod
+    def _write(conn, outbox: queue.SimpleQueue) -> None:
+        """The sender thread of one worker incarnation; it closes the pipe when the reader has
+        seen the worker go (``None``), so no thread ever uses a closed socket."""
+        broken = False
+        while True:
+            msg = outbox.get()
+            if msg is None:
+                conn.close()
+                return
+            if broken:
+                continue
+            try:
+                conn.send(msg)
+            except (OSError, ValueError):
+                broken = True   # the worker is gone: its reader thread reports it
 
     def _spawn(self) -> None:
         self._gen += 1
-        parent, child = self._ctx.Pipe(duplex=True)
+        parent, child = pair()
         proc = self._ctx.Process(target=worker_main, args=(child, self.spec, os.getpid()),
                                  name=self._name, daemon=False)
         self._spawned_at = time.monotonic()
@@ -231,8 +247,11 @@ class EngineClient:
         proc.start()
         child.close()
         self._conn, self._proc, self.pid = parent, proc, proc.pid
-        threading.Thread(target=self._read, args=(self._gen, parent, proc), daemon=True,
-                         name=f"{self._name}-reader").start()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._write, args=(parent, self._outbox), daemon=True,
+                         name=f"{self._name}-sender").start()
+        threading.Thread(target=self._read, args=(self._gen, parent, proc, self._outbox),
+                         daemon=True, name=f"{self._name}-reader").start()
 
     def _restart(self) -> None:
         self._restarts += 1
@@ -275,7 +294,7 @@ class EngineClient:
             pass
 
     # -- the reader thread ---------------------------------------------------------------------
-    def _read(self, gen: int, conn, proc) -> None:
+    def _read(self, gen: int, conn, proc, outbox: queue.SimpleQueue) -> None:
         fatal = None
         load_error: QwenTrtError | None = None
         try:
@@ -305,7 +324,7 @@ class EngineClient:
         if proc.is_alive():
             proc.kill()
             proc.join(2.0)
-        conn.close()
+        outbox.put(None)          # the sender closes the pipe
         self._on_exit(gen, proc.exitcode, fatal, load_error)
 
     def _on_stage(self, gen: int, line: str, t: float) -> None:
@@ -354,34 +373,34 @@ class EngineClient:
             if stats:
                 self._runner_stats = stats
             freed = False
-            for ev in events:
-                a = self._active.get(ev.request_id)
+            for rid, token_ids, finish, error, cached in events:
+                a = self._active.get(rid)
                 if a is None:
                     continue
-                self._cached += ev.cached_tokens
+                self._cached += cached
                 try:
-                    self._apply(a, ev)
+                    self._apply(a, rid, token_ids, finish, error)
                 except Exception as e:  # noqa: BLE001 - this request fails, the others go on
-                    log.exception("request %s: handling its tokens failed", ev.request_id)
+                    log.exception("request %s: handling its tokens failed", rid)
                     if not a.closing:
                         a.closing = True
                         a.handle._emit(Failed(EngineFailedError(
                             f"Decoding the reply failed ({type(e).__name__}: {e})"
                             .splitlines()[0])))
                         self._served += 1
-                    self._send(("abort", ev.request_id))
-                if ev.finish is not None:
-                    del self._active[ev.request_id]
+                    self._send(("abort", rid))
+                if finish is not None:
+                    del self._active[rid]
                     freed = True
             if freed:
                 self._pump()
 
-    def _apply(self, a: _Active, ev) -> None:
+    def _apply(self, a: _Active, rid: int, token_ids, finish, error) -> None:
         if a.closing:
             return
         b = a.builder
         text = []
-        for tok in ev.token_ids:
+        for tok in token_ids:
             if b.done:
                 break
             d = b.add(tok)
@@ -389,14 +408,14 @@ class EngineClient:
                 text.append(d)
         if text:
             a.handle._emit(Delta("".join(text)))
-        if ev.finish == "error":
+        if finish == "error":
             a.closing = True
-            a.handle._emit(Failed(EngineFailedError(ev.error or "The engine failed on this request.")))
+            a.handle._emit(Failed(EngineFailedError(error or "The engine failed on this request.")))
             self._served += 1
-        elif ev.finish is not None or b.done:
-            self._finish_here(a, cancelled=ev.finish == "cancelled" and not b.done)
-            if ev.finish is None:            # the runner would go on: free its slot
-                self._send(("abort", ev.request_id))
+        elif finish is not None or b.done:
+            self._finish_here(a, cancelled=finish == "cancelled" and not b.done)
+            if finish is None:               # the runner would go on: free its slot
+                self._send(("abort", rid))
 
     def _on_exit(self, gen: int, code: int | None, fatal: str | None,
                  load_error: QwenTrtError | None) -> None:

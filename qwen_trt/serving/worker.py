@@ -1,8 +1,8 @@
 """The engine in its own process: load a backend, build its :class:`Runner`, serve steps.
 
 The parent (:class:`qwen_trt.serving.client.EngineClient`) starts :func:`worker_main` with
-multiprocessing's ``spawn`` (CUDA cannot be used after ``fork``) and one duplex
-``multiprocessing.Pipe`` (chosen by measurement: ``qwen_trt.bench.ipc``, docs/benchmarks.md).
+multiprocessing's ``spawn`` (CUDA cannot be used after ``fork``) and one end of a socketpair
+(:mod:`qwen_trt.serving.ipc`, chosen by measurement: ``qwen_trt.bench.ipc``, docs/benchmarks.md).
 
 Messages, each a tuple whose first item names it:
 
@@ -10,7 +10,8 @@ parent -> worker   ``("submit", id, prompt_ids, params)``, ``("abort", id)``, ``
 worker -> parent   ``("stage", line, seconds_since_start)``   load / warm-up progress
                    ``("ready", Ready)``                       loaded; serving
                    ``("load_error", line, error)``            then the worker exits
-                   ``("events", [TokenEvent, ...], stats)``   all events of one step, one message;
+                   ``("events", [event, ...], stats)``        all events of one step, one message:
+                                                              TokenEvents as tuples (:func:`pack`);
                                                               ``stats`` (a dict) at most 4x a second
                    ``("fatal", detail)``                      then the worker exits (a CUDA
                                                               error, a runner bug)
@@ -82,7 +83,14 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
-    """The worker process's entry point."""
+    """The worker process's entry point (``conn``: a socket from :func:`ipc.pair`, or anything
+    with send / recv / poll)."""
+    import socket
+
+    from qwen_trt.serving.ipc import SocketConn
+
+    if isinstance(conn, socket.socket):
+        conn = SocketConn(conn)
     t0 = time.monotonic()
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
                      name="qwen-trt-parent-watch").start()
@@ -134,16 +142,29 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
             pass
 
 
+def pack(events) -> list[tuple]:
+    """TokenEvents as plain tuples ``(id, token_ids, finish, error, cached_tokens)``: pickling a
+    step's batch of 32 this way costs a fraction of pickling the dataclasses (bench/ipc.py)."""
+    return [(e.request_id, e.token_ids, e.finish, e.error, e.cached_tokens) for e in events]
+
+
 def serve(conn, runner) -> None:
     """Take messages between steps, step, send each step's events as one message."""
     from qwen_trt.serving.serial import FatalEngineError, error_detail
 
     last_stats = 0.0
     stats_due = True
+    steps, step_s, send_s = 0, 0.0, 0.0
+
+    def stats() -> dict:
+        d = asdict(runner.stats())
+        d["worker"] = {"steps": steps, "step_s": round(step_s, 6), "send_s": round(send_s, 6)}
+        return d
+
     while True:
         if not runner.has_work():
             if stats_due:
-                conn.send(("events", [], asdict(runner.stats())))
+                conn.send(("events", [], stats()))
                 stats_due = False
             if not _handle(conn.recv(), runner, conn):
                 return
@@ -152,6 +173,7 @@ def serve(conn, runner) -> None:
                 return
         if not runner.has_work():
             continue
+        t = time.perf_counter()
         try:
             events = runner.step()
         except FatalEngineError as e:
@@ -163,13 +185,16 @@ def serve(conn, runner) -> None:
             traceback.print_exc(file=sys.stderr)
             conn.send(("fatal", error_detail(e)))
             return
-        now = time.monotonic()
-        stats = None
-        if now - last_stats >= STATS_EVERY_S:
-            stats, last_stats = asdict(runner.stats()), now
+        t1 = time.perf_counter()
+        steps += 1
+        step_s += t1 - t
+        st = None
+        if t1 - last_stats >= STATS_EVERY_S:
+            st, last_stats = stats(), t1
         stats_due = True
-        if events or stats is not None:
-            conn.send(("events", events, stats))
+        if events or st is not None:
+            conn.send(("events", pack(events), st))
+            send_s += time.perf_counter() - t1
 
 
 def _handle(msg, runner, conn) -> bool:
@@ -179,10 +204,9 @@ def _handle(msg, runner, conn) -> bool:
         try:
             runner.add(rid, prompt_ids, params)
         except Exception as e:  # noqa: BLE001 - this request fails, the others go on
-            from qwen_trt.serving.runner import TokenEvent
             from qwen_trt.serving.serial import error_line
 
-            conn.send(("events", [TokenEvent(rid, finish="error", error=error_line(e))], None))
+            conn.send(("events", [(rid, (), "error", error_line(e), 0)], None))
     elif kind == "abort":
         runner.abort(msg[1])
     elif kind == "stop":
