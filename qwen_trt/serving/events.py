@@ -32,7 +32,8 @@ class ServiceClosedError(QwenTrtError):
 
 
 class EngineStoppedError(EngineFailedError):
-    """The engine process died (killed, out of memory, a CUDA error); the next request restarts it."""
+    """The engine process died (killed, out of memory, a CUDA error); the next request
+    restarts it."""
 
 
 class EngineLoadError(QwenTrtError):

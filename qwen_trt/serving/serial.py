@@ -1,4 +1,5 @@
-"""SerialRunner: any :class:`~qwen_trt.backends.base.Backend` as a :class:`~qwen_trt.serving.runner.Runner`.
+"""SerialRunner: any :class:`~qwen_trt.backends.base.Backend` as a
+:class:`~qwen_trt.serving.runner.Runner`.
 
 One request at a time (``max_concurrency = 1``): :meth:`step` advances the running request's
 ``backend.stream`` generator by one token; the next request starts when it ends. Requests added
