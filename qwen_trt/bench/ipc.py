@@ -3,6 +3,9 @@ fast as possible, so the transport is all that is timed.
 
 ``python -m qwen_trt.bench.ipc --out build/out/ipc.json [--model TINY_DIR]``
 
+Figures in CPU time per step are the ones to compare on a shared machine; wall-clock rates
+move with the load (``load_avg`` in the JSON).
+
 1. Transport alone, the worker's own loop (:func:`qwen_trt.serving.worker.serve`) in a spawned
    child over (a) ``multiprocessing.Pipe`` (the choice) and (b) a socketpair with pickled, length-
    prefixed batches read through a buffer; ``N`` streams, one event per stream per step, all
@@ -120,7 +123,7 @@ def transport(kind: str, streams: int, tokens: int, step_us: float = 0.0) -> dic
         for i in range(streams):
             parent.send(("submit", i, [1], params))
         got = finished = messages = 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         while finished < streams:
             msg = parent.recv()
             if msg[0] != "events":
@@ -129,7 +132,7 @@ def transport(kind: str, streams: int, tokens: int, step_us: float = 0.0) -> dic
             for ev in msg[1]:
                 got += len(ev[1])
                 finished += ev[2] is not None
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         while True:               # the worker's own counters, sent once it is idle
             msg = parent.recv()
             if msg[0] == "events" and not msg[1] and msg[2] is not None:
@@ -139,12 +142,17 @@ def transport(kind: str, streams: int, tokens: int, step_us: float = 0.0) -> dic
     proc.join(10)
     steps = worker[1]["steps"] - worker[0]["steps"]
     send = worker[1]["send_s"] - worker[0]["send_s"]
+    send_cpu = worker[1]["send_cpu_s"] - worker[0]["send_cpu_s"]
     step = worker[1]["step_s"] - worker[0]["step_s"]
     return {"transport": kind, "streams": streams, "step_us": step_us, "tokens": got,
             "messages": messages, "wall_s": round(wall, 4), "received_tok_s": round(got / wall, 1),
             "us_per_step": round(wall / steps * 1e6, 2),
             "worker_step_us": round(step / steps * 1e6, 2),
             "worker_send_us_per_step": round(send / steps * 1e6, 2),
+            # CPU time (robust on a busy machine): what sending costs the engine's loop, and
+            # what receiving (unpickling, routing) costs the reader
+            "worker_send_cpu_us_per_step": round(send_cpu / steps * 1e6, 2),
+            "reader_cpu_us_per_step": round(cpu / steps * 1e6, 2),
             # the rate a reader sees over the engine's own (step time alone)
             "received_over_engine": round(step / wall, 4) if step_us else None}
 
@@ -231,9 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", default="1,8,32")
     p.add_argument("--model", default=None, help="a folder with a tokenizer (default: tiny model)")
     p.add_argument("--repeats", type=int, default=3, help="best of N per transport")
-    p.add_argument("--paced-us", type=float, default=2500.0,
-                   help="also run an engine that takes this long per step, like the H200's "
-                        "batch-1 decode (0: skip)")
+    p.add_argument("--paced-us", type=float, default=0.0,
+                   help="also run an engine that busy-waits this long per step, e.g. 2500 like "
+                        "the H200's batch-1 decode (wall-clock figures: an idle machine only)")
     p.add_argument("--paced-steps", type=int, default=400)
     args = p.parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
