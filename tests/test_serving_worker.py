@@ -299,3 +299,30 @@ def test_cli_chat_runs_the_engine_in_a_worker_process(tiny_model_dir):
     out = json.loads(r.stdout)
     assert out["tokens"] == 7 and out["finish_reason"] == "length"
     assert "[qwen-trt engine] ready in" in r.stderr
+
+
+def test_app_runs_the_engine_in_a_worker_process(tiny_model_dir, monkeypatch):
+    """The default (process) mode under Streamlit, whose script runner makes app.py the
+    ``__main__`` module: the worker must not re-run it (multiprocessing's spawn would)."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("QWEN_TRT_WORKER", "process")
+    monkeypatch.setattr(sys, "argv", ["app.py", "--model", str(tiny_model_dir),
+                                      "--backend", "torch", "--device", "cpu"])
+    st.cache_resource.clear()
+    try:
+        at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"),
+                               default_timeout=TIMEOUT).run()
+        assert not at.exception, [e.value for e in at.exception]
+        at.sidebar.slider(key="max_new_tokens").set_value(128).run()
+        at.chat_input[0].set_value("hi").run()
+        assert not at.exception, [e.value for e in at.exception]
+        messages = at.session_state["chat_state"].chat.messages
+        assert [m.role for m in messages] == ["user", "assistant"] and messages[1].content
+        engine = service_mod._current
+        assert isinstance(engine, EngineClient) and engine.pid != os.getpid()
+        assert engine.status().served == 1
+    finally:
+        st.cache_resource.clear()                  # on_release closes the engine process
+    assert service_mod._current.closed

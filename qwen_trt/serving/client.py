@@ -1,6 +1,6 @@
 """The client of the engine process: the same surface as the in-process ``InferenceService``.
 
-:class:`EngineClient` starts the worker (:mod:`qwen_trt.serving.worker`, spawned), sends it
+:class:`EngineClient` starts the worker (:mod:`qwen_trt.serving.worker`, a fresh interpreter), sends it
 requests and turns the token ids that come back into text and metrics here, with the same code
 as in process (:class:`qwen_trt.chat.generation.ReplyBuilder`). One reader thread blocks on the
 pipe (no polling) and one sender thread writes to it, so no thread ever blocks on the pipe while
@@ -19,10 +19,10 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
-import multiprocessing as mp
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -37,7 +37,7 @@ from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, 
                                      EngineStoppedError, Failed, Finished, RequestHandle,
                                      ServiceClosedError, ServiceStatus, Started, cancelled_reply)
 from qwen_trt.serving.ipc import pair
-from qwen_trt.serving.worker import Ready, WorkerSpec, worker_main
+from qwen_trt.serving.worker import Ready, WorkerSpec, worker_command
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,14 @@ class _Active:
     handle: RequestHandle
     builder: ReplyBuilder
     closing: bool = False         # finished on this side; waiting for the worker's final event
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> bool:
+    try:
+        proc.wait(timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def describe_exit(code: int | None) -> str:
@@ -77,7 +85,6 @@ class EngineClient:
         self.spec = spec
         self._echo = echo if echo is not None else sys.stderr
         self._name = name
-        self._ctx = mp.get_context("spawn")
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._waiting: list[RequestHandle] = []
@@ -167,12 +174,11 @@ class EngineClient:
         _LIVE.discard(self)
         self._first.set()
         if proc is not None:
-            proc.join(timeout)
-            if proc.is_alive():
+            if not _wait(proc, timeout):
                 log.warning("engine process %s did not stop in %.1f s; killing it", proc.pid,
                             timeout)
                 proc.kill()
-                proc.join(2.0)
+                _wait(proc, 2.0)
 
     # -- handles call these --------------------------------------------------------------------
     def _position(self, handle: RequestHandle) -> int:
@@ -239,13 +245,19 @@ class EngineClient:
     def _spawn(self) -> None:
         self._gen += 1
         parent, child = pair()
-        proc = self._ctx.Process(target=worker_main, args=(child, self.spec, os.getpid()),
-                                 name=self._name, daemon=False)
         self._spawned_at = time.monotonic()
         self._set_state("restarting" if self._gen > 1 else "loading",
                         "starting the engine process")
-        proc.start()
-        child.close()
+        # A fresh interpreter (CUDA cannot be used in a forked child), started with subprocess
+        # rather than multiprocessing's spawn, which re-runs the parent's __main__ in the child:
+        # under Streamlit that is app.py itself.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        try:
+            proc = subprocess.Popen(worker_command(child.fileno()), pass_fds=(child.fileno(),),
+                                    stdin=subprocess.DEVNULL, env=env, close_fds=True)
+        finally:
+            child.close()
+        parent.send(("init", self.spec, os.getpid()))
         self._conn, self._proc, self.pid = parent, proc, proc.pid
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._write, args=(parent, self._outbox), daemon=True,
@@ -318,14 +330,13 @@ class EngineClient:
         except Exception:  # noqa: BLE001 - a bug here must not leave callers hanging
             log.exception("engine client reader failed")
             fatal = "the engine client lost its connection"
-        if load_error is not None and proc.is_alive():
+        if load_error is not None and proc.poll() is None:
             proc.kill()
-        proc.join(10.0)
-        if proc.is_alive():
+        if not _wait(proc, 10.0):
             proc.kill()
-            proc.join(2.0)
+            _wait(proc, 2.0)
         outbox.put(None)          # the sender closes the pipe
-        self._on_exit(gen, proc.exitcode, fatal, load_error)
+        self._on_exit(gen, proc.returncode, fatal, load_error)
 
     def _on_stage(self, gen: int, line: str, t: float) -> None:
         with self._lock:

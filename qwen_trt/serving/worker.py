@@ -1,8 +1,10 @@
 """The engine in its own process: load a backend, build its :class:`Runner`, serve steps.
 
-The parent (:class:`qwen_trt.serving.client.EngineClient`) starts :func:`worker_main` with
-multiprocessing's ``spawn`` (CUDA cannot be used after ``fork``) and one end of a socketpair
-(:mod:`qwen_trt.serving.ipc`, chosen by measurement: ``qwen_trt.bench.ipc``, docs/benchmarks.md).
+The parent (:class:`qwen_trt.serving.client.EngineClient`) starts a fresh interpreter
+(:func:`worker_command`: CUDA cannot be used after ``fork``, and multiprocessing's ``spawn`` would
+re-run the parent's ``__main__``, which under Streamlit is app.py) holding one end of a
+socketpair (:mod:`qwen_trt.serving.ipc`, chosen by measurement: ``qwen_trt.bench.ipc``,
+docs/benchmarks.md). The first message is ``("init", WorkerSpec, parent_pid)``.
 
 Messages, each a tuple whose first item names it:
 
@@ -75,6 +77,29 @@ def resolve(name: str):
     return obj
 
 
+def worker_command(fd: int) -> list[str]:
+    """The command line of a worker that talks over the inherited socket ``fd``."""
+    return [sys.executable, "-c", "import sys; from qwen_trt.serving.worker import main; "
+            "sys.exit(main(int(sys.argv[1])))", str(fd)]
+
+
+def main(fd: int) -> int:
+    """Entry point of the worker process: read the spec from the socket, then serve."""
+    import socket
+
+    from qwen_trt.serving.ipc import SocketConn
+
+    conn = SocketConn(socket.socket(fileno=fd))
+    try:
+        kind, spec, parent_pid = conn.recv()
+    except (EOFError, OSError):
+        return 0
+    if kind != "init":
+        return 2
+    worker_main(conn, spec, parent_pid)
+    return 0
+
+
 def _watch_parent(parent_pid: int) -> None:
     """Exit when the parent is gone (it cannot close the pipe if it was killed mid-load)."""
     while os.getppid() == parent_pid:
@@ -83,14 +108,7 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
-    """The worker process's entry point (``conn``: a socket from :func:`ipc.pair`, or anything
-    with send / recv / poll)."""
-    import socket
-
-    from qwen_trt.serving.ipc import SocketConn
-
-    if isinstance(conn, socket.socket):
-        conn = SocketConn(conn)
+    """Load, report, serve (``conn``: anything with send / recv / poll)."""
     t0 = time.monotonic()
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
                      name="qwen-trt-parent-watch").start()
