@@ -291,8 +291,8 @@ def test_cli_chat_runs_the_engine_in_a_worker_process(tiny_model_dir):
                PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     r = subprocess.run([sys.executable, "-m", "qwen_trt", "chat", "--model", str(tiny_model_dir),
                         "--backend", "torch", "--prompt", "你好 🚀", "--json",
-                        "--temperature", "0", "--max-new-tokens", "7"], capture_output=True, text=True,
-                       timeout=TIMEOUT, env=env)
+                        "--temperature", "0", "--max-new-tokens", "7"],
+                       capture_output=True, text=True, timeout=TIMEOUT, env=env)
     assert r.returncode == 0, r.stderr
     import json
 

@@ -1,8 +1,8 @@
 """The client of the engine process: the same surface as the in-process ``InferenceService``.
 
-:class:`EngineClient` starts the worker (:mod:`qwen_trt.serving.worker`, a fresh interpreter), sends it
-requests and turns the token ids that come back into text and metrics here, with the same code
-as in process (:class:`qwen_trt.chat.generation.ReplyBuilder`). One reader thread blocks on the
+:class:`EngineClient` starts the worker (:mod:`qwen_trt.serving.worker`, a fresh interpreter),
+sends it requests and turns the token ids that come back into text and metrics here, with the
+same code as in process (:class:`qwen_trt.chat.generation.ReplyBuilder`). One reader thread blocks on the
 pipe (no polling) and one sender thread writes to it, so no thread ever blocks on the pipe while
 holding the lock (a full pipe both ways cannot deadlock: the reader always drains).
 
