@@ -23,7 +23,7 @@ class EchoBackend(Backend):
         super().__init__()
         self._tokenizer = tokenizer
         self._im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self._info = BackendInfo("echo", model, "cpu", "float32", 4095, 4096)
+        self._info = BackendInfo("echo", model, "cpu", "float32", 4095, 4096, (self._im_end,))
 
     def stream(self, prompt_ids, params):
         cancel = self._begin()
@@ -114,7 +114,7 @@ class RoundRobinRunner:
                 events.append(TokenEvent(rid, finish="error", error=f"failed: {e}".splitlines()[0]))
                 continue
             entry[2] = n = n + 1
-            stop = tok in params.stop_token_ids and not params.ignore_eos
+            stop = tok in self.backend.stop_ids(params)
             if stop or n >= params.max_new_tokens:
                 del self.running[rid]
                 gen.close()

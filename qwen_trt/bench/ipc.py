@@ -208,7 +208,7 @@ class _FakeBackend:
         from qwen_trt.backends.base import BackendInfo
 
         self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.info = BackendInfo("fake", model, "cpu", "-", 1 << 20, 1 << 20)
+        self.info = BackendInfo("fake", model, "cpu", "-", 1 << 20, 1 << 20, ())
 
     def close(self) -> None:
         pass

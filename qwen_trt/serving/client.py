@@ -28,9 +28,9 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from qwen_trt.chat.generation import ReplyBuilder, default_stop_ids
+from qwen_trt.chat.generation import ReplyBuilder
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, EngineState,
@@ -56,6 +56,13 @@ class _Active:
     handle: RequestHandle
     builder: ReplyBuilder
     closing: bool = False         # finished on this side; waiting for the worker's final event
+
+
+def _stop_ids(info, params: SamplingParams) -> frozenset[int]:
+    """The rule of :meth:`Backend.stop_ids`, from the BackendInfo the worker sent."""
+    if params.ignore_eos:
+        return frozenset()
+    return frozenset(info.stop_token_ids) | frozenset(params.stop_token_ids)
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> bool:
@@ -101,7 +108,6 @@ class EngineClient:
         self._info = None
         self._tokenizer = None
         self._tokenizer_source: str | None = None
-        self._stop_ids: tuple[int, ...] = ()
         self._max_concurrency = 1
         self._load_error: QwenTrtError | None = None
         self._first = threading.Event()
@@ -278,17 +284,15 @@ class EngineClient:
             h = self._waiting.pop(0)
             if h.cancelled:
                 continue
-            params = h.params
-            if not params.stop_token_ids:
-                params = replace(params, stop_token_ids=self._stop_ids)
-            builder = ReplyBuilder(self._tokenizer, params, len(h.prompt_ids), h.dropped_turns)
+            builder = ReplyBuilder(self._tokenizer, h.params, _stop_ids(self._info, h.params),
+                                   len(h.prompt_ids), h.dropped_turns)
             self._active[h.id] = _Active(h, builder)
             h.started_at = time.monotonic()
             h.state = "running"
             h._emit(Started(waited_s=h.waited_s))
             self._prompt_tokens += len(h.prompt_ids)
             builder.start()
-            self._send(("submit", h.id, h.prompt_ids, builder.params))
+            self._send(("submit", h.id, h.prompt_ids, h.params))
 
     def _finish_here(self, a: _Active, cancelled: bool) -> None:
         """End the handle now; the slot stays taken until the worker's final event."""
@@ -352,7 +356,6 @@ class EngineClient:
                 from transformers import AutoTokenizer
 
                 tok = AutoTokenizer.from_pretrained(ready.tokenizer_source)
-                self._stop_ids = default_stop_ids(tok)
                 self._tokenizer, self._tokenizer_source = tok, ready.tokenizer_source
         except Exception as e:  # noqa: BLE001 - one line
             return EngineLoadError(f"Could not load the tokenizer from "

@@ -69,8 +69,13 @@ class SerialRunner:
         self._prompt_tokens = 0
 
     def add(self, request_id: int, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        stop = frozenset(() if params.ignore_eos else params.stop_token_ids)
-        self._queue.append(_Request(request_id, list(prompt_ids), params, stop))
+        try:
+            self.backend.check_request(prompt_ids, params)   # the one admission check
+        except QwenTrtError as e:
+            self._done.append(TokenEvent(request_id, finish="error", error=str(e)))
+            return
+        self._queue.append(_Request(request_id, list(prompt_ids), params,
+                                    self.backend.stop_ids(params)))
         self._prompt_tokens += len(prompt_ids)
 
     def abort(self, request_id: int) -> None:

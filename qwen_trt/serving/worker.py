@@ -58,9 +58,9 @@ class Ready:
 
 
 def make_runner(backend):
-    """The runner for ``backend``: its own (``backend.runner()``: continuous batching in the fast
-    path, the TensorRT-LLM executor), else :class:`SerialRunner` (one request at a time)."""
-    own = getattr(backend, "runner", None)
+    """The runner for ``backend``: its own (``backend.make_runner()``: the TensorRT-LLM executor,
+    continuous batching in the fast path), else :class:`SerialRunner` (one at a time)."""
+    own = getattr(backend, "make_runner", None) or getattr(backend, "runner", None)
     if callable(own):
         return own()
     from qwen_trt.serving.serial import SerialRunner
