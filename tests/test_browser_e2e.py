@@ -54,7 +54,7 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> None:
 def app_url(tiny_model_dir, tmp_path):
     port = _free_port()
     log = tmp_path / "streamlit.log"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", QWEN_TRT_WORKER="process")   # the default
     cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
            "--server.headless", "true", "--server.address", "127.0.0.1", "--server.port", str(port),
            "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false",
