@@ -58,6 +58,13 @@ class _Active:
     closing: bool = False         # finished on this side; waiting for the worker's final event
 
 
+def _import_tokenizers() -> None:
+    try:
+        from transformers import AutoTokenizer  # noqa: F401
+    except Exception:  # noqa: BLE001 - reported when the tokenizer is loaded
+        pass
+
+
 def _stop_ids(info, params: SamplingParams) -> frozenset[int]:
     """The rule of :meth:`Backend.stop_ids`, from the BackendInfo the worker sent."""
     if params.ignore_eos:
@@ -114,6 +121,10 @@ class EngineClient:
         self.timings: dict[str, float] = {}
         self.pid: int | None = None
         _LIVE.add(self)
+        # Import the tokenizer library while the worker loads (seconds, the same as the
+        # worker's own import): the tokenizer itself is read once the worker says where it is.
+        threading.Thread(target=_import_tokenizers, daemon=True,
+                         name=f"{name}-import").start()
         with self._lock:
             self._spawn()
         self._first.wait()
