@@ -164,7 +164,7 @@ def test_ctrl_c_during_load_is_not_lost_when_a_library_swallows_it(tiny_model_di
     import signal
     import time
 
-    from qwen_trt.commands import chat
+    from qwen_trt.serving import service as chat   # where the (in-process) engine loads
 
     real = chat.load_backend
 
@@ -196,7 +196,7 @@ def test_ctrl_c_during_load_is_not_lost_when_a_library_swallows_it(tiny_model_di
     (["--max-seq-len", "2"], "whole number of tokens >= 32"),
 ])
 def test_bad_values_are_refused_before_the_model_loads(capsys, monkeypatch, args, expect):
-    from qwen_trt.commands import chat
+    from qwen_trt.serving import service as chat   # where the (in-process) engine loads
 
     def must_not_load(cfg):
         raise AssertionError("the model was loaded before the bad value was refused")

@@ -137,12 +137,14 @@ def run(args) -> int:
         print("loading model...", file=sys.stderr)
     from qwen_trt.serving.service import start_service
 
-    with interrupts_not_lost():
-        service = start_service(cfg)          # the engine process (QWEN_TRT_WORKER)
+    service = None
     try:
+        with interrupts_not_lost():
+            service = start_service(cfg)      # the engine process (QWEN_TRT_WORKER)
         return _serve(args, service, params, system, prompt)
     finally:
-        service.close()
+        if service is not None:
+            service.close()
 
 
 def _serve(args, service, params: SamplingParams, system: str | None, prompt: str | None) -> int:

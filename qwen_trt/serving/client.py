@@ -125,9 +125,13 @@ class EngineClient:
         # worker's own import): the tokenizer itself is read once the worker says where it is.
         threading.Thread(target=_import_tokenizers, daemon=True,
                          name=f"{name}-import").start()
-        with self._lock:
-            self._spawn()
-        self._first.wait()
+        try:
+            with self._lock:
+                self._spawn()
+            self._first.wait()
+        except BaseException:            # Ctrl-C while loading: never leave the worker behind
+            self.close(timeout=2.0)
+            raise
         if self._load_error is not None:
             self.close()
             raise self._load_error

@@ -85,8 +85,12 @@ def worker_command(fd: int) -> list[str]:
 
 def main(fd: int) -> int:
     """Entry point of the worker process: read the spec from the socket, then serve."""
+    import signal
     import socket
 
+    # Ctrl-C in a terminal reaches the whole process group: it is for the client (stop this
+    # reply), never for the engine. The parent stops the worker by closing the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from qwen_trt.serving.ipc import SocketConn
 
     conn = SocketConn(socket.socket(fileno=fd))
