@@ -1,0 +1,388 @@
+"""The batched forward of the fast path: many sequences per step over a paged KV cache.
+
+One step takes a flat batch of rows: decode rows (one token of a running sequence) first, then
+prefill chunks (several prompt tokens of one sequence, starting anywhere: after a prefix-cache
+hit or an earlier chunk). Every row is projected together (one matrix product per weight,
+``M = rows``); attention runs per sequence over its own tokens through its block table:
+
+* decode rows: :func:`~qwen_trt.fast.paged_kernels.paged_decode_attention` (Triton, CUDA) or
+  the math reference (CPU);
+* prefill chunks: SDPA over the chunk's queries and the sequence's keys so far (a causal mask
+  offset by the chunk's start).
+
+On CUDA a step of decode rows only replays a CUDA graph captured per batch-size bucket
+(1, 2, 4, 8, 16, 32; the batch is padded up, padded rows write the scratch block). Bucket 1
+keeps the batch-1 decoder's fused Triton GEMVs (``model.decode_impl == "triton"``); larger
+buckets use cuBLAS through ``F.linear`` (one weight read for all rows). Token choice runs on the
+device after the step, per row, with each row's own temperature / top-p / top-k and uniforms
+drawn from its request's seeded generator (:func:`sample_rows`).
+
+The weights are the :class:`~qwen_trt.fast.model.Qwen3Fast` ones; its static batch-1 cache is
+not used (``make_batched`` shrinks it).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
+from qwen_trt.fast.paged_kernels import (paged_attention_ref, paged_decode_attention,
+                                         paged_rope_cache, triton)
+from qwen_trt.fast.sampler import TOPK_CAP, pick
+from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK
+
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
+
+
+class PagedKVCache(torch.nn.Module):
+    """Per layer K and V ``[kv_heads, num_blocks * block_size, head_dim]``: slot
+    ``block * block_size + offset`` holds one token. Block 0 is scratch (padding rows)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, num_blocks: int,
+                 block_size: int, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.layers = layers
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (kv_heads, num_blocks * block_size, head_dim)
+        for i in range(layers):
+            self.register_buffer(f"k{i}", torch.zeros(shape, dtype=dtype, device=device),
+                                 persistent=False)
+            self.register_buffer(f"v{i}", torch.zeros(shape, dtype=dtype, device=device),
+                                 persistent=False)
+
+    def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return getattr(self, f"k{layer}"), getattr(self, f"v{layer}")
+
+    @property
+    def nbytes(self) -> int:
+        k, v = self.kv(0)
+        return self.layers * (k.numel() + v.numel()) * k.element_size()
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """One sequence's rows in a step: rows ``start .. start + n - 1`` of the flat batch are its
+    tokens at positions ``ctx - n .. ctx - 1``; ``table`` its block table."""
+
+    start: int
+    n: int
+    ctx: int
+    table: tuple[int, ...]
+
+
+@dataclass
+class RowSampling:
+    """How one row picks its token (built by the scheduler from the request's params)."""
+
+    greedy: bool
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    uniform: float = 0.0
+
+
+@dataclass
+class BatchedStats:
+    graphs: bool = False
+    gemv_bucket1: bool = False
+    attention: str = "math"
+    buckets: tuple[int, ...] = ()
+    warmup_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def sample_rows(logits: torch.Tensor, rows: Sequence[RowSampling]) -> list[int]:
+    """One token per row of ``logits [R, vocab]``: greedy rows take the argmax, the others
+    temperature / top-k / top-p with their own pre-drawn uniform (the batch-1 sampler's math,
+    :func:`qwen_trt.fast.sampler.pick`, with per-row settings)."""
+    dev = logits.device
+    greedy = torch.argmax(logits, dim=-1)
+    if all(r.greedy for r in rows):
+        return greedy.tolist()
+    vocab = logits.shape[-1]
+    kind = "topk" if all(r.greedy or 0 < r.top_k <= TOPK_CAP for r in rows) else "full"
+
+    class _State:   # per-row settings shaped [R, 1] for pick()'s broadcasting
+        pass
+
+    st = _State()
+    st.temperature = torch.tensor([[max(r.temperature, 1e-6)] for r in rows], device=dev)
+    st.top_p = torch.tensor([[r.top_p] for r in rows], device=dev)
+    st.top_k = torch.tensor([[r.top_k if r.top_k > 0 else vocab] for r in rows], device=dev)
+    st.uniforms = torch.tensor([r.uniform for r in rows], device=dev)
+    st.step = torch.arange(len(rows), device=dev)
+    sampled = pick(logits, kind, st)
+    is_greedy = torch.tensor([r.greedy for r in rows], device=dev)
+    return torch.where(is_greedy, greedy, sampled).tolist()
+
+
+class BatchedModel:
+    """Steps of many sequences over a :class:`PagedKVCache` with the weights of ``model``."""
+
+    def __init__(self, model: Qwen3Fast, *, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                 max_seq_len: int | None = None, graphs: bool | None = None,
+                 buckets: Sequence[int] = GRAPH_BUCKETS) -> None:
+        self.model = model
+        self.cfg = model.cfg
+        self.device = model.device
+        self.block_size = block_size
+        self.max_seq_len = min(max_seq_len or model.max_seq_len, model.max_seq_len)
+        self.max_blocks = -(-self.max_seq_len // block_size)
+        self.cache = PagedKVCache(self.cfg.layers, self.cfg.kv_heads, self.cfg.head_dim,
+                                  num_blocks, block_size, model.dtype, self.device)
+        on_cuda = self.device.type == "cuda"
+        self.stats = BatchedStats()
+        # The paged Triton kernels need what the batch-1 attention self-check established.
+        self.triton = (on_cuda and triton is not None and model.attn_impl == "triton"
+                       and block_size >= 16 and block_size & (block_size - 1) == 0)
+        self.gemv1 = self.triton and model.decode_impl == "triton"
+        self.graphs = bool(on_cuda and self.triton and (graphs is None or graphs))
+        self.buckets = tuple(sorted(buckets))
+        self.stats.graphs, self.stats.gemv_bucket1 = self.graphs, self.gemv1
+        self.stats.attention = "triton" if self.triton else "math"
+        self.stats.buckets = self.buckets if self.graphs else ()
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        if self.graphs:
+            n, dev = self.buckets[-1], self.device
+            self.g_tok = torch.zeros(n, dtype=torch.long, device=dev)
+            self.g_pos = torch.zeros(n, dtype=torch.long, device=dev)
+            self.g_slot = torch.zeros(n, dtype=torch.long, device=dev)
+            self.g_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=dev)
+            self.g_lens = torch.ones(n, dtype=torch.int32, device=dev)
+            self.g_logits = torch.zeros(n, self.cfg.vocab_size, dtype=model.dtype, device=dev)
+            # Host staging, one copy per step: tok, pos, slot, lens | tables.
+            self.h_meta = torch.zeros(4, n, dtype=torch.long, pin_memory=True)
+            self.h_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=True)
+
+    # ---- shared pieces ---------------------------------------------------------------------
+    def slot_of(self, table: Sequence[int], pos: int) -> int:
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _slots_tensor(self, table: Sequence[int], n: int) -> torch.Tensor:
+        bs = self.block_size
+        return torch.tensor([table[t // bs] * bs + t % bs for t in range(n)], dtype=torch.long,
+                            device=self.device)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        return F.linear(rms_norm(x, m.ln_final, self.cfg.rms_eps), m._head())
+
+    def _tables_tensor(self, tables: Sequence[Sequence[int]]) -> torch.Tensor:
+        t = torch.zeros(len(tables), self.max_blocks, dtype=torch.int32)
+        for i, row in enumerate(tables):
+            t[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
+        return t.to(self.device)
+
+    # ---- the general (eager) step: decode rows and prefill chunks together ----------------
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int], positions: Sequence[int],
+                chunks: Sequence[SeqChunk], logit_rows: Sequence[int]) -> torch.Tensor:
+        """Rows ``tokens``/``positions`` grouped by ``chunks`` (decode chunks, ``n == 1``,
+        first); writes every row's K/V and returns the logits ``[len(logit_rows), vocab]``."""
+        cfg, m, dev = self.cfg, self.model, self.device
+        tok = torch.tensor(list(tokens), dtype=torch.long, device=dev)
+        pos = torch.tensor(list(positions), dtype=torch.long, device=dev)
+        slots = torch.tensor([self.slot_of(c.table, p) for c in chunks
+                              for p in positions[c.start:c.start + c.n]], dtype=torch.long,
+                             device=dev)
+        n_dec = 0
+        while n_dec < len(chunks) and chunks[n_dec].n == 1 and chunks[n_dec].start == n_dec:
+            n_dec += 1
+        use_kernel = self.triton and n_dec > 0
+        dec_tables = dec_lens = None
+        if use_kernel:
+            dec_tables = self._tables_tensor([c.table for c in chunks[:n_dec]])
+            dec_lens = torch.tensor([c.ctx for c in chunks[:n_dec]], dtype=torch.int32,
+                                    device=dev)
+        rest = chunks[n_dec:] if use_kernel else chunks
+        ctx_slots = [self._slots_tensor(c.table, c.ctx) for c in rest]
+        x = F.embedding(tok, m.embed)
+        for i, layer in enumerate(m.layers):
+            kc, vc = self.cache.kv(i)
+            qkv = F.linear(rms_norm(x, layer.ln_in, cfg.rms_eps), layer.wqkv)
+            if self.triton:
+                q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
+                                     kc, vc, cfg.rms_eps, cfg.heads)
+            else:
+                q, k, v = split_norm_rope(qkv, pos, m.cos, m.sin, layer.q_norm, layer.k_norm,
+                                          cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps)
+                kc.index_copy_(1, slots, k.transpose(0, 1))
+                vc.index_copy_(1, slots, v.transpose(0, 1))
+            o = torch.empty_like(q)
+            if use_kernel:
+                o[:n_dec] = paged_decode_attention(q[:n_dec], kc, vc, dec_tables, dec_lens,
+                                                   self.block_size)
+            for c, cs in zip(rest, ctx_slots):
+                qs = q[c.start:c.start + c.n]
+                o[c.start:c.start + c.n] = self._attend_chunk(qs, kc, vc, cs, c)
+            x = x + F.linear(o.reshape(-1, cfg.q_size), layer.wo)
+            x = mlp(cfg, x, layer.ln_post, layer.w_gate_up, layer.w_down)
+        rows = torch.tensor(list(logit_rows), dtype=torch.long, device=dev)
+        return self._head(x.index_select(0, rows))
+
+    def _attend_chunk(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                      ctx_slots: torch.Tensor, c: SeqChunk) -> torch.Tensor:
+        q_pos = torch.arange(c.ctx - c.n, c.ctx, device=q.device)
+        if self.device.type != "cuda" or c.n == 1:
+            return paged_attention_ref(q, kc, vc, ctx_slots, q_pos)
+        # CUDA prefill: SDPA (flash / memory-efficient kernels) with the offset causal mask.
+        cfg = self.cfg
+        k = kc.index_select(1, ctx_slots).unsqueeze(0)              # [1, kvh, ctx, d]
+        v = vc.index_select(1, ctx_slots).unsqueeze(0)
+        group = cfg.heads // cfg.kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        if c.n == c.ctx:
+            o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v,
+                                               is_causal=True)
+        else:
+            mask = torch.arange(c.ctx, device=q.device)[None, :] <= q_pos[:, None]
+            o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v,
+                                               attn_mask=mask)
+        return o.squeeze(0).transpose(0, 1)
+
+    # ---- decode-only steps: CUDA graphs per batch bucket ----------------------------------
+    @torch.inference_mode()
+    def decode(self, tokens: Sequence[int], positions: Sequence[int],
+               tables: Sequence[Sequence[int]]) -> torch.Tensor:
+        """One decode row per sequence (token ``tokens[b]`` at ``positions[b]``); returns
+        logits ``[B, vocab]``. A graph replay on CUDA when ``B`` fits a bucket."""
+        b = len(tokens)
+        if not self.graphs or b > self.buckets[-1]:
+            chunks = [SeqChunk(i, 1, p + 1, tuple(t)) for i, (p, t) in
+                      enumerate(zip(positions, tables))]
+            return self.forward(tokens, positions, chunks, list(range(b)))
+        bucket = next(x for x in self.buckets if x >= b)
+        meta, ht = self.h_meta, self.h_tables
+        meta[:, :bucket].zero_()
+        meta[3, :bucket] = 1
+        ht[:bucket].zero_()
+        for i, (t, p, row) in enumerate(zip(tokens, positions, tables)):
+            meta[0, i], meta[1, i], meta[2, i], meta[3, i] = t, p, self.slot_of(row, p), p + 1
+            ht[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
+        self._load_meta(bucket)
+        self._graph(bucket).replay()
+        return self.g_logits[:b]
+
+    def _load_meta(self, bucket: int) -> None:
+        meta = self.h_meta[:, :bucket].to(self.device, non_blocking=True)
+        self.g_tok[:bucket].copy_(meta[0])
+        self.g_pos[:bucket].copy_(meta[1])
+        self.g_slot[:bucket].copy_(meta[2])
+        self.g_lens[:bucket].copy_(meta[3])
+        self.g_tables[:bucket].copy_(self.h_tables[:bucket], non_blocking=True)
+
+    def _decode_body(self, b: int) -> None:
+        cfg, m = self.cfg, self.model
+        eps = cfg.rms_eps
+        pos, slots = self.g_pos[:b], self.g_slot[:b]
+        tables, lens = self.g_tables[:b], self.g_lens[:b]
+        x = F.embedding(self.g_tok[:b], m.embed)                    # [b, hidden]
+        gemv1 = self.gemv1 and b == 1
+        if gemv1:
+            from qwen_trt.fast.gemv import gemv
+        for i, layer in enumerate(m.layers):
+            kc, vc = self.cache.kv(i)
+            if gemv1:
+                qkv = gemv(layer.wqkv, x.view(cfg.hidden), ln=layer.ln_in, eps=eps).view(1, -1)
+            else:
+                qkv = F.linear(rms_norm(x, layer.ln_in, eps), layer.wqkv)
+            q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
+                                 kc, vc, eps, cfg.heads)
+            o = paged_decode_attention(q, kc, vc, tables, lens, self.block_size)
+            if gemv1:
+                xv = gemv(layer.wo, o.view(cfg.q_size), residual=x.view(cfg.hidden))
+                act = gemv(layer.w_gate_up, xv, ln=layer.ln_post, eps=eps, gate_up=True)
+                x = gemv(layer.w_down, act, residual=xv).view(1, cfg.hidden)
+            else:
+                x = x + F.linear(o.view(b, cfg.q_size), layer.wo)
+                x = mlp(cfg, x, layer.ln_post, layer.w_gate_up, layer.w_down)
+        if gemv1:
+            logits = gemv(m._head(), x.view(cfg.hidden), ln=m.ln_final, eps=eps).view(1, -1)
+        else:
+            logits = self._head(x)
+        self.g_logits[:b].copy_(logits)
+
+    def _graph(self, bucket: int) -> torch.cuda.CUDAGraph:
+        graph = self._graphs.get(bucket)
+        if graph is None:
+            def reset() -> None:   # padded rows only: scratch block, length 1
+                self.g_tok[:bucket].zero_()
+                self.g_pos[:bucket].zero_()
+                self.g_slot[:bucket].fill_(SCRATCH_BLOCK * self.block_size)
+                self.g_lens[:bucket].fill_(1)
+                self.g_tables[:bucket].zero_()
+
+            saved = [t[:bucket].clone() for t in (self.g_tok, self.g_pos, self.g_slot,
+                                                  self.g_lens, self.g_tables)]
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    reset()
+                    self._decode_body(bucket)
+            torch.cuda.current_stream().wait_stream(stream)
+            reset()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._decode_body(bucket)
+            for t, v in zip((self.g_tok, self.g_pos, self.g_slot, self.g_lens, self.g_tables),
+                            saved):
+                t[:bucket].copy_(v)
+            self._graphs[bucket] = graph
+        return graph
+
+    def warmup(self) -> BatchedStats:
+        """Capture every bucket's decode graph (load time, not the first request)."""
+        t = time.perf_counter()
+        if self.graphs:
+            with torch.inference_mode():
+                for b in self.buckets:
+                    self._graph(b)
+            torch.cuda.synchronize()
+        self.stats.warmup_s = time.perf_counter() - t
+        return self.stats
+
+
+def kv_blocks_for_memory(model: Qwen3Fast, block_size: int, fraction: float = 0.85,
+                         cap_tokens: int | None = None) -> int:
+    """How many KV blocks fit in ``fraction`` of the free device memory (CUDA), capped at
+    ``cap_tokens`` tokens when given."""
+    per_block = model.cfg.kv_bytes_per_token(model.dtype.itemsize) * block_size
+    if model.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(model.device)
+        n = int(free * fraction) // per_block
+    else:
+        n = (cap_tokens or 8192) // block_size
+    if cap_tokens is not None:
+        n = min(n, -(-cap_tokens // block_size))
+    return max(n, 2)
+
+
+def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
+                 block_size: int = DEFAULT_BLOCK_SIZE, kv_tokens: int | None = None,
+                 graphs: bool | None = None, warmup: bool = True) -> BatchedModel:
+    """A :class:`BatchedModel` over ``model``'s weights. ``num_blocks`` (else ``kv_tokens``
+    worth, else what fits in free GPU memory). Frees the model's batch-1 static cache."""
+    from qwen_trt.fast.kv_cache import StaticKVCache
+
+    cfg = model.cfg
+    model.cache = StaticKVCache(cfg.layers, cfg.kv_heads, cfg.head_dim, 1, model.dtype,
+                                model.device)
+    if model.device.type == "cuda":
+        torch.cuda.empty_cache()
+    if num_blocks is None:
+        num_blocks = kv_blocks_for_memory(model, block_size, cap_tokens=kv_tokens) + 1
+    bm = BatchedModel(model, num_blocks=num_blocks, block_size=block_size, graphs=graphs)
+    if warmup:
+        bm.warmup()
+    for note in bm.stats.notes:
+        print(f"qwen-trt batched: {note}", file=sys.stderr)
+    return bm

@@ -1,0 +1,246 @@
+"""Triton kernels of the batched decode step over the paged KV cache (CUDA; Triton's interpreter
+on CPU in tests). The cache of one layer is ``[kv_heads, num_blocks * block_size, d]``: a
+token's *slot* is ``block * block_size + offset``, and ``block_tables[b, i]`` is the physical
+block of a row's tokens ``i * block_size ..``.
+
+* :func:`paged_rope_cache`: per row, q/k RMSNorm + RoPE at the row's position and the K/V write
+  at the row's slot (the batched form of :mod:`qwen_trt.fast.rope_cache`, same rounding).
+* :func:`paged_decode_attention`: flash-decoding over per-row lengths through the block tables:
+  one program per (row, kv head, ``SPLIT``-token split) for the query heads of that kv head,
+  one block of keys per inner step, then a merge of the splits per (row, head). Lengths are read
+  on the device, so one CUDA graph serves every mix of lengths up to the table's width.
+
+The PyTorch references (:func:`paged_attention_ref`) are the CPU path and the tests' oracle.
+"""
+from __future__ import annotations
+
+import torch
+
+from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+SPLIT = 64          # tokens per program of the attention's first kernel (a multiple of the block)
+WARPS = 4
+
+
+if triton is not None:
+    @triton.jit
+    def _paged_rope_cache_kernel(qkv_ptr, stride_row, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
+                                 slot_ptr, q_out_ptr, k_ptr, v_ptr, stride_kh, stride_ks, eps,
+                                 HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
+                                 PDL: tl.constexpr):
+        row = tl.program_id(0)
+        h = tl.program_id(1)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        pos = tl.load(pos_ptr + row)
+        slot = tl.load(slot_ptr + row)
+        half: tl.constexpr = D // 2
+        i = tl.arange(0, half)
+        dt = qkv_ptr.dtype.element_ty
+        src = qkv_ptr + row * stride_row + h * D
+        x1 = tl.load(src + i)
+        x2 = tl.load(src + half + i)
+        if h < HEADS + KV_HEADS:
+            is_q = h < HEADS
+            f1 = x1.to(tl.float32)
+            f2 = x2.to(tl.float32)
+            rstd = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
+            if is_q:
+                g1 = tl.load(qn_ptr + i)
+                g2 = tl.load(qn_ptr + half + i)
+            else:
+                g1 = tl.load(kn_ptr + i)
+                g2 = tl.load(kn_ptr + half + i)
+            n1 = (g1.to(tl.float32) * (f1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            n2 = (g2.to(tl.float32) * (f2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            c1 = tl.load(cos_ptr + pos * D + i).to(tl.float32)
+            c2 = tl.load(cos_ptr + pos * D + half + i).to(tl.float32)
+            s1 = tl.load(sin_ptr + pos * D + i).to(tl.float32)
+            s2 = tl.load(sin_ptr + pos * D + half + i).to(tl.float32)
+            o1 = ((n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32)).to(dt)
+            o2 = ((n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32)).to(dt)
+            if is_q:
+                dst = q_out_ptr + (row * HEADS + h) * D
+                tl.store(dst + i, o1)
+                tl.store(dst + half + i, o2)
+            else:
+                base = k_ptr + (h - HEADS) * stride_kh + slot * stride_ks
+                tl.store(base + i, o1)
+                tl.store(base + half + i, o2)
+        else:
+            base = v_ptr + (h - HEADS - KV_HEADS) * stride_kh + slot * stride_ks
+            tl.store(base + i, x1)
+            tl.store(base + half + i, x2)
+
+    @triton.jit
+    def _paged_partial_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr,
+                              stride_kh, stride_ks, stride_tb, n_splits, scale,
+                              HEADS: tl.constexpr, GROUP: tl.constexpr,
+                              GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+                              BS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+        b = tl.program_id(0)
+        kh = tl.program_id(1)
+        sp = tl.program_id(2)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        seq_len = tl.load(lens_ptr + b)
+        start = sp * SPLIT
+        if start < seq_len:
+            rows = tl.arange(0, GROUP_PAD)
+            dims = tl.arange(0, D)
+            head = kh * GROUP + rows
+            row_ok = rows < GROUP
+            q = tl.load(q_ptr + (b * HEADS + head[:, None]) * D + dims[None, :],
+                        mask=row_ok[:, None], other=0.0)
+            m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+            l_i = tl.zeros([GROUP_PAD], tl.float32)
+            acc = tl.zeros([GROUP_PAD, D], tl.float32)
+            for n0 in tl.static_range(0, SPLIT, BS):       # one block per step
+                first = start + n0
+                toks = first + tl.arange(0, BS)
+                ok = toks < seq_len
+                blk = tl.load(table_ptr + b * stride_tb + first // BS, mask=first < seq_len,
+                              other=0).to(tl.int64)
+                slots = blk * BS + tl.arange(0, BS)
+                kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
+                k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
+                v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
+                if IEEE:
+                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                else:
+                    s = tl.dot(q, tl.trans(k)) * scale
+                s = tl.where(ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m_i - m_safe)
+                p = tl.exp(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if IEEE:
+                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                m_i = m_new
+            part = (b * HEADS + head) * n_splits + sp
+            tl.store(m_ptr + part, m_i, mask=row_ok)
+            tl.store(l_ptr + part, l_i, mask=row_ok)
+            tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+
+    @triton.jit
+    def _paged_merge_kernel(m_ptr, l_ptr, acc_ptr, lens_ptr, out_ptr,
+                            HEADS: tl.constexpr, N_SPLITS: tl.constexpr, D: tl.constexpr,
+                            SPLIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        active = (tl.load(lens_ptr + b) + SPLIT - 1) // SPLIT
+        base = (b * HEADS + h) * N_SPLITS
+        dims = tl.arange(0, D)
+        m_max = tl.full([CHUNK], float("-inf"), tl.float32)
+        for c in tl.static_range(0, N_SPLITS, CHUNK):
+            sp = c + tl.arange(0, CHUNK)
+            m = tl.load(m_ptr + base + sp, mask=sp < active, other=float("-inf"))
+            m_max = tl.maximum(m_max, m)
+        top = tl.max(m_max, 0)
+        total = tl.zeros([CHUNK], tl.float32)
+        acc = tl.zeros([CHUNK, D], tl.float32)
+        for c in tl.static_range(0, N_SPLITS, CHUNK):
+            sp = c + tl.arange(0, CHUNK)
+            ok = sp < active
+            m = tl.load(m_ptr + base + sp, mask=ok, other=float("-inf"))
+            l_s = tl.load(l_ptr + base + sp, mask=ok, other=0.0)
+            a = tl.load(acc_ptr + (base + sp)[:, None] * D + dims[None, :], mask=ok[:, None],
+                        other=0.0)
+            w = tl.where(ok, tl.exp(m - top), 0.0)
+            total += w * l_s
+            acc += w[:, None] * a
+        out = tl.sum(acc, 0) / tl.sum(total, 0)
+        tl.store(out_ptr + (b * HEADS + h) * D + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def paged_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
+                     heads: int) -> torch.Tensor:
+    """``qkv [B, (heads + 2 kv) d]`` -> ``q [B, heads, d]``; writes K/V at ``slots [B]``."""
+    kv_heads, _, d = k_cache.shape
+    if v_cache.stride() != k_cache.stride() or d & (d - 1) or qkv.stride(-1) != 1:
+        raise ValueError("paged_rope_cache needs K and V of one layout, a power-of-two "
+                         "head_dim and rows of contiguous qkv")
+    b = qkv.shape[0]
+    q = torch.empty(b, heads, d, dtype=qkv.dtype, device=qkv.device)
+    pdl = pdl_enabled(qkv.device)
+    _paged_rope_cache_kernel[(b, heads + 2 * kv_heads)](
+        qkv, qkv.stride(0), q_norm, k_norm, cos, sin, pos, slots, q, k_cache, v_cache,
+        k_cache.stride(0), k_cache.stride(1), eps, HEADS=heads, KV_HEADS=kv_heads, D=d,
+        PDL=pdl, num_warps=1, **launch_kwargs(pdl))
+    return q
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
+                           split: int = SPLIT) -> torch.Tensor:
+    """``q [B, heads, d]`` over each row's first ``seq_lens[b]`` tokens -> ``[B, heads, d]``.
+    ``block_tables [B, max_blocks]`` int32; entries past a row's length are never read."""
+    bsz, heads, d = q.shape
+    kvh = k_cache.shape[0]
+    group = heads // kvh
+    split = max(split, block_size)
+    if split % block_size or block_size & (block_size - 1) or block_size < 16:
+        raise ValueError("paged attention needs a power-of-two block size >= 16 dividing SPLIT")
+    n_splits = triton.cdiv(block_tables.shape[1] * block_size, split)
+    dev = q.device
+    m = torch.empty(bsz, heads, n_splits, dtype=torch.float32, device=dev)
+    l_ = torch.empty(bsz, heads, n_splits, dtype=torch.float32, device=dev)
+    acc = torch.empty(bsz, heads, n_splits, d, dtype=torch.float32, device=dev)
+    out = torch.empty_like(q)
+    q = q.contiguous()
+    pdl = pdl_enabled(dev)
+    _paged_partial_kernel[(bsz, kvh, n_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, m, l_, acc, k_cache.stride(0),
+        k_cache.stride(1), block_tables.stride(0), n_splits, d ** -0.5, HEADS=heads,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT=split,
+        BS=block_size, IEEE=q.dtype == torch.float32, PDL=pdl, num_warps=WARPS,
+        **launch_kwargs(pdl))
+    chunk = min(32, triton.next_power_of_2(n_splits))
+    _paged_merge_kernel[(bsz, heads)](m, l_, acc, seq_lens, out, HEADS=heads, N_SPLITS=n_splits,
+                                      D=d, SPLIT=split, CHUNK=chunk, PDL=pdl, num_warps=4,
+                                      **launch_kwargs(pdl))
+    return out
+
+
+def table_slots(table: torch.Tensor, n: int, block_size: int) -> torch.Tensor:
+    """Slots of a row's tokens ``0..n-1`` from its block table ``[max_blocks]``."""
+    t = torch.arange(n, device=table.device)
+    return table.long()[t // block_size] * block_size + t % block_size
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        kv_slots: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
+    """Math attention of one sequence: ``q [n, heads, d]`` at positions ``q_pos [n]`` over the
+    keys at ``kv_slots [ctx]`` (token ``j`` of the sequence at slot ``kv_slots[j]``), causal
+    (query at position ``p`` sees tokens ``<= p``). Returns ``[n, heads, d]``; softmax in
+    float32 like :func:`qwen_trt.fast.attention.math_attend`."""
+    n, heads, d = q.shape
+    kvh = k_cache.shape[0]
+    group = heads // kvh
+    k = k_cache.index_select(1, kv_slots)                           # [kvh, ctx, d]
+    v = v_cache.index_select(1, kv_slots)
+    qh = q.permute(1, 0, 2).reshape(kvh, group * n, d)              # [kvh, group*n, d]
+    s = torch.matmul(qh, k.transpose(1, 2)).float() * d ** -0.5    # [kvh, group*n, ctx]
+    s = s.view(kvh, group, n, -1)
+    ctx = torch.arange(kv_slots.shape[0], device=q.device)
+    s = s.masked_fill(~(ctx[None, :] <= q_pos[:, None]), float("-inf"))
+    p = torch.softmax(s, dim=-1).to(v.dtype).view(kvh, group * n, -1)
+    o = torch.matmul(p, v).view(heads, n, d)
+    return o.permute(1, 0, 2)

@@ -1,0 +1,307 @@
+"""Continuous batching for the fast path: :class:`BatchRunner`, a :class:`~qwen_trt.serving.runner.Runner`.
+
+Every :meth:`BatchRunner.step` spends a token budget (``SchedulerConfig.token_budget``), the
+way vLLM V1 does (serving.md §1):
+
+1. every running sequence whose prompt is done decodes one token (decode rows first: a long
+   prompt can never starve the running streams);
+2. the rest of the budget goes to prompts, oldest first: a partly prefilled one continues, then
+   waiting requests are admitted (up to ``max_batch`` sequences in flight). A prompt longer than
+   what is left is prefilled in chunks over several steps (chunked prefill), so a 2k-token
+   prompt stalls the other streams by at most one budget-sized step.
+
+A new request first looks up its prompt in the prefix cache
+(:class:`~qwen_trt.serving.kv_blocks.BlockAllocator`): the full blocks it shares with an earlier
+request (the same chat's history, a shared system prompt) are attached and only the rest is
+prefilled; ``TokenEvent.cached_tokens`` says how many were reused. Finished or cancelled
+sequences leave at once and their blocks go back (kept reusable until memory is short).
+
+When a decode step finds no free block, the newest running sequence is preempted: its blocks
+are freed and it goes back to the front of the queue with its tokens so far, to be recomputed
+(vLLM's RECOMPUTE; its own blocks are often still cached).
+
+Thread-confined like every runner: one thread calls every method.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from qwen_trt.backends.sampling import make_generator
+from qwen_trt.fast.batched import BatchedModel, RowSampling, SeqChunk, sample_rows
+from qwen_trt.params import SamplingParams
+from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
+from qwen_trt.serving.runner import RunnerStats, StepFinish, TokenEvent
+
+DEFAULT_TOKEN_BUDGET = 1024
+DEFAULT_MAX_BATCH = 32
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """``token_budget``: tokens computed per step (decode rows + prefill chunks); 1024 keeps a
+    step of prefill near 15 ms on an H200 (ITL target 25 ms) while 8 prompts of 512 tokens
+    still start within 4 steps (TTFT target 80 ms)."""
+
+    max_batch: int = DEFAULT_MAX_BATCH
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.token_budget < self.max_batch:
+            raise ValueError(f"token_budget ({self.token_budget}) must be at least max_batch "
+                             f"({self.max_batch}): every running sequence decodes each step")
+
+
+@dataclass
+class _Seq:
+    rid: int
+    tokens: list[int]              # prompt + generated
+    prompt_len: int
+    params: SamplingParams
+    stop: frozenset[int]
+    gen: torch.Generator | None
+    blocks: SeqBlocks = field(default_factory=SeqBlocks)
+    computed: int = 0              # tokens whose KV is in the cache
+    cached: int = 0                # prompt tokens served by the prefix cache
+    generated: int = 0
+    reported: bool = False         # first event sent (it carries cached_tokens)
+    admitted: bool = False
+
+
+class BatchRunner:
+    """The continuous-batching runner of the fast path (module docstring)."""
+
+    def __init__(self, model: BatchedModel, config: SchedulerConfig | None = None) -> None:
+        self.model = model
+        self.config = config or SchedulerConfig()
+        self.max_concurrency = self.config.max_batch
+        self.max_seq_len = model.max_seq_len
+        self.alloc = BlockAllocator(model.cache.num_blocks, model.block_size,
+                                    prefix_caching=self.config.prefix_caching)
+        self._waiting: deque[_Seq] = deque()
+        self._running: list[_Seq] = []
+        self._seqs: dict[int, _Seq] = {}
+        self._events: list[TokenEvent] = []
+        self.steps = 0
+        self.max_step_tokens = 0
+        self.last_step_tokens = 0
+        self.preemptions = 0
+        self.prefix_hit_tokens = 0
+        self.prompt_tokens = 0
+
+    # ---- the Runner contract ---------------------------------------------------------------
+    def add(self, request_id: int, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        if request_id in self._seqs:
+            raise ValueError(f"request {request_id} is already in the runner")
+        n = len(prompt_ids)
+        problem = None
+        if n == 0:
+            problem = "The prompt is empty."
+        elif n + params.max_new_tokens > self.max_seq_len:
+            problem = (f"Prompt ({n} tokens) + max new tokens ({params.max_new_tokens}) exceeds "
+                       f"the fast path's limit of {self.max_seq_len} tokens.")
+        elif self.alloc.blocks_for(n + params.max_new_tokens) > self.alloc.num_usable:
+            problem = (f"Prompt ({n} tokens) + max new tokens ({params.max_new_tokens}) does not "
+                       f"fit in the KV cache ({self.alloc.num_usable * self.alloc.block_size} "
+                       f"tokens).")
+        if problem:
+            self._events.append(TokenEvent(request_id, finish="error", error=problem))
+            return
+        stop = frozenset(params.stop_token_ids) if not params.ignore_eos else frozenset()
+        seq = _Seq(request_id, list(prompt_ids), n, params, stop, make_generator(params, "cpu"))
+        self._seqs[request_id] = seq
+        self._waiting.append(seq)
+        self.prompt_tokens += n
+
+    def abort(self, request_id: int) -> None:
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            return
+        self._finish(seq, "cancelled", ())
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running or self._events)
+
+    def stats(self) -> RunnerStats:
+        a = self.alloc.stats()
+        return RunnerStats(
+            running=len(self._running), waiting=len(self._waiting), kv_blocks_used=a.used,
+            kv_blocks_total=a.total, prefix_hit_tokens=self.prefix_hit_tokens,
+            prompt_tokens=self.prompt_tokens,
+            extra={"steps": self.steps, "max_step_tokens": self.max_step_tokens,
+                   "token_budget": self.config.token_budget, "block_size": self.alloc.block_size,
+                   "kv_cached_free_blocks": a.cached_free, "kv_evictions": a.evictions,
+                   "preemptions": self.preemptions, "max_batch": self.config.max_batch})
+
+    def step(self) -> list[TokenEvent]:
+        events, self._events = self._events, []
+        decode, prefill = self._schedule()
+        if decode or prefill:
+            events += self._run(decode, prefill)
+        return events
+
+    # ---- scheduling ------------------------------------------------------------------------
+    def _finish(self, seq: _Seq, finish: StepFinish, new: tuple[int, ...]) -> None:
+        self.alloc.free(seq.blocks)
+        if seq in self._running:
+            self._running.remove(seq)
+        else:
+            try:
+                self._waiting.remove(seq)
+            except ValueError:
+                pass
+        del self._seqs[seq.rid]
+        self._events.append(self._event(seq, new, finish))
+
+    def _event(self, seq: _Seq, new: tuple[int, ...], finish: StepFinish | None) -> TokenEvent:
+        cached = 0 if seq.reported else seq.cached
+        seq.reported = True
+        return TokenEvent(seq.rid, new, finish=finish, cached_tokens=cached)
+
+    def _preempt(self, seq: _Seq) -> None:
+        self.alloc.free(seq.blocks)
+        self._running.remove(seq)
+        seq.computed = 0
+        seq.admitted = False
+        self._waiting.appendleft(seq)
+        self.preemptions += 1
+
+    def _schedule(self) -> tuple[list[_Seq], list[tuple[_Seq, int]]]:
+        budget = self.config.token_budget
+        decode: list[_Seq] = []
+        for seq in list(self._running):
+            if seq.computed < len(seq.tokens) - 1 or seq not in self._running:
+                continue                                # still prefilling / preempted below
+            while not self.alloc.can_allocate(
+                    self.alloc.blocks_for(seq.computed + 1) - len(seq.blocks.table)):
+                victim = self._running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            if seq not in self._running:
+                continue
+            self.alloc.grow(seq.blocks, seq.computed + 1)
+            decode.append(seq)
+            budget -= 1
+        prefill: list[tuple[_Seq, int]] = []
+        candidates = [s for s in self._running if s.computed < len(s.tokens) - 1]
+        candidates += list(self._waiting)
+        for seq in candidates:
+            if budget <= 0:
+                break
+            if not seq.admitted:
+                if len(self._running) >= self.config.max_batch:
+                    break
+                hit = self.alloc.match_prefix(seq.blocks, seq.tokens)
+                if not self.alloc.can_allocate(
+                        self.alloc.blocks_for(min(len(seq.tokens), hit + budget))
+                        - len(seq.blocks.table)):
+                    self.alloc.free(seq.blocks)         # undo the match; wait for memory
+                    break
+                seq.computed = hit
+                if not seq.reported:
+                    seq.cached = hit
+                    self.prefix_hit_tokens += hit
+                seq.admitted = True
+                self._waiting.remove(seq)
+                self._running.append(seq)
+            n = min(len(seq.tokens) - seq.computed, budget)
+            need = self.alloc.blocks_for(seq.computed + n) - len(seq.blocks.table)
+            if need > self.alloc.num_free:              # take what fits this step
+                n = (len(seq.blocks.table) + self.alloc.num_free) * self.alloc.block_size \
+                    - seq.computed
+                if n <= 0:
+                    break
+            self.alloc.grow(seq.blocks, seq.computed + n)
+            prefill.append((seq, n))
+            budget -= n
+        return decode, prefill
+
+    # ---- one model step --------------------------------------------------------------------
+    def _run(self, decode: list[_Seq], prefill: list[tuple[_Seq, int]]) -> list[TokenEvent]:
+        tokens: list[int] = []
+        positions: list[int] = []
+        chunks: list[SeqChunk] = []
+        logit_rows: list[int] = []
+        sampled: list[_Seq] = []
+        for seq in decode:
+            chunks.append(SeqChunk(len(tokens), 1, seq.computed + 1, tuple(seq.blocks.table)))
+            logit_rows.append(len(tokens))
+            tokens.append(seq.tokens[seq.computed])
+            positions.append(seq.computed)
+            sampled.append(seq)
+        for seq, n in prefill:
+            start = len(tokens)
+            chunks.append(SeqChunk(start, n, seq.computed + n, tuple(seq.blocks.table)))
+            tokens += seq.tokens[seq.computed:seq.computed + n]
+            positions += range(seq.computed, seq.computed + n)
+            if seq.computed + n == len(seq.tokens):
+                logit_rows.append(start + n - 1)
+                sampled.append(seq)
+        if prefill:
+            logits = self.model.forward(tokens, positions, chunks, logit_rows)
+        else:
+            logits = self.model.decode(tokens, positions, [c.table for c in chunks])
+        rows = [self._row_sampling(s) for s in sampled]
+        picked = sample_rows(logits, rows)
+        self.steps += 1
+        self.last_step_tokens = len(tokens)
+        self.max_step_tokens = max(self.max_step_tokens, len(tokens))
+        for seq in decode:
+            seq.computed += 1
+        for seq, n in prefill:
+            seq.computed += n
+        for seq in decode + [s for s, _ in prefill]:
+            self.alloc.register_full(seq.blocks, seq.tokens, seq.computed)
+        events: list[TokenEvent] = []
+        for seq, tok in zip(sampled, picked):
+            seq.tokens.append(tok)
+            seq.generated += 1
+            finish: StepFinish | None = None
+            if tok in seq.stop:
+                finish = "stop"
+            elif seq.generated >= seq.params.max_new_tokens or len(seq.tokens) >= self.max_seq_len:
+                finish = "length"
+            if finish:
+                self._finish(seq, finish, (tok,))
+            else:
+                events.append(self._event(seq, (tok,), None))
+        events += self._events
+        self._events = []
+        return events
+
+    def _row_sampling(self, seq: _Seq) -> RowSampling:
+        p = seq.params
+        if p.greedy:
+            return RowSampling(greedy=True)
+        u = float(torch.rand(1, generator=seq.gen).item())
+        return RowSampling(False, p.temperature, p.top_p, p.top_k, u)
+
+
+def generate(runner: BatchRunner, prompt_ids: Sequence[int], params: SamplingParams,
+             request_id: int = -1) -> Iterator[int]:
+    """One request through ``runner`` alone (in-process use: tests, the bench's FIFO mode, the
+    backend's ``stream``); yields token ids with the :class:`Backend` contract."""
+    runner.add(request_id, prompt_ids, params)
+    done = False
+    try:
+        while not done:
+            for ev in runner.step():
+                if ev.request_id != request_id:
+                    continue
+                if ev.finish == "error":
+                    from qwen_trt.errors import PromptTooLongError
+
+                    raise PromptTooLongError(ev.error or "request failed")
+                yield from ev.token_ids
+                done = ev.finish is not None
+    finally:
+        if not done:
+            runner.abort(request_id)
+            runner.step()
