@@ -17,6 +17,15 @@ from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig, generate
 MAX_SEQ = 256
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # tiny matrices: threads only contend (30x slower on a loaded 2-core CI machine)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def weights():
     # std 0.5: the tiny random model's greedy continuations vary (std 0.02 repeats one token)
