@@ -208,3 +208,17 @@ def test_stop_ids_and_errors(weights):
     with pytest.raises(ValueError):
         runner.add(3, p, greedy(2))
         runner.add(3, p, greedy(2))
+
+
+def test_fast_backend_exposes_the_runner(tiny_model_dir):
+    from qwen_trt.backends.fast_backend import FastBackend
+    from qwen_trt.serving.scheduler import BatchRunner
+
+    backend = FastBackend.load(str(tiny_model_dir), device="cpu", max_seq_len=128, warmup=False)
+    ids = [3, 9, 27, 81, 243]
+    before = list(backend.stream(ids, greedy(12)))
+    runner = backend.runner(SchedulerConfig(max_batch=4, token_budget=64), kv_tokens=512)
+    assert isinstance(runner, BatchRunner) and runner is backend.runner()
+    assert runner.max_concurrency == 4
+    assert list(backend.stream(ids, greedy(12))) == before       # stream now via the runner
+    assert runner.stats().kv_blocks_total == 512 // 32

@@ -23,7 +23,7 @@ class FastBackend(Backend):
     """Compiled, graph-replayed Qwen3 on CUDA (eager on CPU); name ``torch-fast``."""
 
     name = "torch-fast"
-    _device_attrs = ("decoder",)
+    _device_attrs = ("decoder", "_runner")
 
     def __init__(self, source: ModelSource, decoder, tokenizer) -> None:
         super().__init__()
@@ -35,6 +35,7 @@ class FastBackend(Backend):
         dev = decoder.device
         dev_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
         n = decoder.max_seq_len
+        self._runner = None
         self._info = BackendInfo(name=self.name, model=source.name, device=dev_name,
                                  dtype=str(decoder.model.dtype).replace("torch.", ""),
                                  max_input_len=n - 1, max_seq_len=n,
@@ -51,6 +52,28 @@ class FastBackend(Backend):
                                     max_seq_len=p.max_seq_len, warmup=warmup)
         return cls(p.source, decoder, p.tokenizer)
 
+    def runner(self, config=None, *, kv_tokens: int | None = None):
+        """The continuous-batching runner over this backend's weights
+        (:class:`qwen_trt.serving.scheduler.BatchRunner`), built on first call. It replaces the
+        batch-1 decoder's static cache and graphs; :meth:`stream` then goes through it too."""
+        if self._runner is None:
+            from qwen_trt.serving.scheduler import make_batch_runner
+
+            dec = self.decoder
+            dec._decode_graphs.clear()      # they replay the static cache, freed below
+            dec._prefill_graphs.clear()
+            self._runner = make_batch_runner(dec.model, config, kv_tokens=kv_tokens,
+                                             checked=True)
+        return self._runner
+
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
         cancel = self._begin()
+        if self._runner is not None:
+            from qwen_trt.serving.scheduler import generate
+
+            for tok in generate(self._runner, prompt_ids, params):
+                yield tok
+                if cancel.is_set():
+                    return
+            return
         yield from self.decoder.generate(prompt_ids, params, cancel, stop_ids=self.stop_ids(params))

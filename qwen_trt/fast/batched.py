@@ -366,14 +366,76 @@ def kv_blocks_for_memory(model: Qwen3Fast, block_size: int, fraction: float = 0.
     return max(n, 2)
 
 
+def check_paged(device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
+                block_size: int, tol: float = 2e-2) -> str | None:
+    """The paged Triton attention against the math reference on random data (ragged lengths,
+    shuffled blocks); None if they agree, else a one-line reason."""
+    try:
+        g = torch.Generator(device=device).manual_seed(0)
+        nblk = 40
+        kc = torch.randn(kv_heads, nblk * block_size, head_dim, generator=g, device=device)
+        vc = torch.randn(kv_heads, nblk * block_size, head_dim, generator=g, device=device)
+        q = torch.randn(3, heads, head_dim, generator=g, device=device)
+        lens = [1, block_size + 3, 9 * block_size + 1]
+        tables = torch.zeros(3, 12, dtype=torch.int32, device=device)
+        perm = (torch.randperm(nblk - 1, generator=g, device=device) + 1).to(torch.int32)
+        at = 0
+        for i, n in enumerate(lens):
+            k = -(-n // block_size)
+            tables[i, :k] = perm[at:at + k]
+            at += k
+        got = paged_decode_attention(q.to(dtype), kc.to(dtype), vc.to(dtype), tables,
+                                     torch.tensor(lens, dtype=torch.int32, device=device),
+                                     block_size).float()
+        from qwen_trt.fast.paged_kernels import table_slots
+        for i, n in enumerate(lens):
+            ref = paged_attention_ref(q[i:i + 1], kc, vc, table_slots(tables[i], n, block_size),
+                                      torch.tensor([n - 1], device=device))[0]
+            err = ((got[i] - ref).norm() / ref.norm()).item()
+            if not err < tol:
+                return f"paged attention differs from the reference at length {n} ({err:.2e})"
+    except Exception as e:  # any compile/launch failure means: the math path
+        return f"paged attention kernels unavailable: {type(e).__name__}: {e}".splitlines()[0]
+    return None
+
+
 def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
                  block_size: int = DEFAULT_BLOCK_SIZE, kv_tokens: int | None = None,
-                 graphs: bool | None = None, warmup: bool = True) -> BatchedModel:
+                 graphs: bool | None = None, warmup: bool = True,
+                 checked: bool = False) -> BatchedModel:
     """A :class:`BatchedModel` over ``model``'s weights. ``num_blocks`` (else ``kv_tokens``
-    worth, else what fits in free GPU memory). Frees the model's batch-1 static cache."""
+    worth, else what fits in free GPU memory). Frees the model's batch-1 static cache.
+
+    On CUDA the Triton kernels are self-checked first (the batch-1 checks of
+    :mod:`qwen_trt.fast.decoder` unless a :class:`FastDecoder` already ran them: ``checked``,
+    then the paged attention); a failing check falls back to PyTorch ops with a note."""
+    from qwen_trt.fast.attention import check_triton, triton_usable
     from qwen_trt.fast.kv_cache import StaticKVCache
 
     cfg = model.cfg
+    notes: list[str] = []
+    if model.device.type == "cuda" and not checked:
+        model.attn_impl, model.decode_impl = "math", "torch"
+        if triton_usable(model.device):
+            problem = check_triton(model.device, model.dtype, cfg.kv_heads, cfg.heads,
+                                   cfg.head_dim, model.cache.kv(0)[0].shape[1])
+            if problem:
+                notes.append(problem)
+            else:
+                model.attn_impl = "triton"
+                from qwen_trt.fast.decoder import check_decode_kernels
+
+                problem = check_decode_kernels(model)
+                if problem:
+                    notes.append(problem + "; bucket 1 uses cuBLAS")
+                else:
+                    model.decode_impl = "triton"
+    if model.device.type == "cuda" and model.attn_impl == "triton":
+        problem = check_paged(model.device, model.dtype, cfg.heads, cfg.kv_heads, cfg.head_dim,
+                              block_size)
+        if problem:
+            notes.append(problem + "; using the math attention")
+            model.attn_impl, model.decode_impl = "math", "torch"
     model.cache = StaticKVCache(cfg.layers, cfg.kv_heads, cfg.head_dim, 1, model.dtype,
                                 model.device)
     if model.device.type == "cuda":
@@ -381,8 +443,9 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
     if num_blocks is None:
         num_blocks = kv_blocks_for_memory(model, block_size, cap_tokens=kv_tokens) + 1
     bm = BatchedModel(model, num_blocks=num_blocks, block_size=block_size, graphs=graphs)
+    bm.stats.notes += notes
+    for note in notes:
+        print(f"qwen-trt batched: {note}", file=sys.stderr)
     if warmup:
         bm.warmup()
-    for note in bm.stats.notes:
-        print(f"qwen-trt batched: {note}", file=sys.stderr)
     return bm

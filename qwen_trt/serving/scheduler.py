@@ -284,6 +284,21 @@ class BatchRunner:
         return RowSampling(False, p.temperature, p.top_p, p.top_k, u)
 
 
+def make_batch_runner(model, config: SchedulerConfig | None = None, *,
+                      kv_tokens: int | None = None, block_size: int | None = None,
+                      graphs: bool | None = None, warmup: bool = True,
+                      checked: bool = False) -> BatchRunner:
+    """A :class:`BatchRunner` over the weights of ``model`` (a
+    :class:`~qwen_trt.fast.model.Qwen3Fast`); its batch-1 static cache is freed. ``kv_tokens``
+    caps the paged cache (default: what fits in free GPU memory; 8192 tokens on CPU)."""
+    from qwen_trt.fast.batched import make_batched
+    from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE
+
+    bm = make_batched(model, block_size=block_size or DEFAULT_BLOCK_SIZE, kv_tokens=kv_tokens,
+                      graphs=graphs, warmup=warmup, checked=checked)
+    return BatchRunner(bm, config)
+
+
 def generate(runner: BatchRunner, prompt_ids: Sequence[int], params: SamplingParams,
              request_id: int = -1) -> Iterator[int]:
     """One request through ``runner`` alone (in-process use: tests, the bench's FIFO mode, the
