@@ -44,7 +44,88 @@ def register(sub) -> None:
     p.add_argument("--quick", action="store_true", help="tiny workload (smoke test)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the JSON here (also bench-results/last.json)")
+    g = p.add_argument_group("serving (continuous batching): given --concurrency, runs "
+                             "qwen_trt.bench.serving instead of the side-by-side paths")
+    g.add_argument("--concurrency", default=None, help="streams at once, e.g. 1,8,32")
+    g.add_argument("--token-budget", type=int, default=None,
+                   help="prefill+decode tokens per step (default 1024)")
+    g.add_argument("--max-batch", type=int, default=None,
+                   help="sequences in flight (default: the largest concurrency)")
+    g.add_argument("--long-prompt", type=int, default=None,
+                   help="prompt that arrives while streams decode (default 2048)")
+    g.add_argument("--turns", type=int, default=None, help="multi-turn chat turns (default 10)")
+    g.add_argument("--turn-tokens", type=int, default=None, help="tokens per turn (default 300)")
+    g.add_argument("--no-fifo", action="store_true", help="skip the one-at-a-time baseline")
+    g.add_argument("--no-batch1", action="store_true",
+                   help="skip today's batch-1 decoder measured first")
     p.set_defaults(func=run)
+
+
+SERVING_QUICK = {"prompt_len": 16, "new_tokens": 8, "long_prompt": 48, "turns": 3,
+                 "turn_tokens": 16, "token_budget": 32, "max_seq_len": 256}
+
+
+def run_serving(args, cuda: bool) -> int:
+    from qwen_trt.bench.serving import ServingBenchConfig, run_serving_bench
+
+    quick = args.quick or not cuda
+    kw = dict(SERVING_QUICK) if quick else {}
+    if args.prompt_lens:
+        kw["prompt_len"] = _ints(args.prompt_lens)[0]
+    for name in ("new_tokens", "token_budget", "max_batch", "long_prompt", "turns",
+                 "turn_tokens"):
+        if getattr(args, name) is not None:
+            kw[name] = getattr(args, name)
+    if args.max_seq_len != 4096 or not quick:
+        kw["max_seq_len"] = args.max_seq_len
+    try:
+        cfg = ServingBenchConfig(
+            model=args.model, random_weights=args.random_weights or (not cuda and not args.model),
+            shape=args.shape or ("qwen3-4b" if cuda and not quick else "tiny"),
+            device=args.device, dtype=args.dtype, concurrency=_ints(args.concurrency),
+            fifo=not args.no_fifo, batch1=not args.no_batch1, seed=args.seed,
+            command=_command(args), **kw)
+    except ValueError as e:
+        raise QwenTrtError(str(e)) from e
+
+    def save(result: dict) -> None:
+        text = json.dumps(result, indent=1)
+        for dest in filter(None, (args.out, "bench-results/last-serving.json")):
+            path = Path(dest)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text + "\n")
+
+    result = run_serving_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True),
+                               progress=save)
+    save(result)
+    print(_serving_summary(result))
+    return 0
+
+
+def _serving_summary(result: dict) -> str:
+    lines = [f"{result['model']['name']} · {result['env']['dtype']} · "
+             f"{result['env']['gpu'] or result['env']['device']} · token budget "
+             f"{result['config']['token_budget']}",
+             "", "| mode | N | agg decode tok/s | wall out tok/s | per-stream p50 | TTFT p50 ms "
+             "| TTFT p95 ms | ITL p95 ms | KV peak GB |", "|" + "---|" * 9]
+    for mode in ("burst", "poisson", "fifo"):
+        for n, r in result.get(mode, {}).items():
+            lines.append(f"| {mode} | {n} | {r['aggregate_decode_tok_s']} | "
+                         f"{r['wall_output_tok_s']} | {r['per_stream_tok_s_p50']} | "
+                         f"{r['ttft_ms_p50']} | {r['ttft_ms_p95']} | {r['itl_ms_p95']} | "
+                         f"{r['kv_peak_GB']} |")
+    for n, r in result.get("long_prompt", {}).items():
+        lines.append(f"- long prompt ({r['long_prompt']}) at N={n}: its TTFT "
+                     f"{r['long_ttft_ms']} ms, running streams' ITL p95 "
+                     f"{r['itl_ms_p95_during_prefill']} ms (max {r['itl_ms_max_during_prefill']})")
+    mt = result.get("multi_turn", {})
+    for k, v in mt.items():
+        lines.append(f"- multi-turn {k}: TTFT per turn {v['ttft_ms']} ms "
+                     f"(last/first {v['turn_last_over_first']})")
+    if "batch1_decoder" in result:
+        lines.append(f"- batch-1 decoder: {result['batch1_decoder']}; batched c=1 ratio "
+                     f"{result.get('batch1_ratio')}")
+    return "\n".join(lines)
 
 
 def run(args) -> int:
@@ -53,6 +134,8 @@ def run(args) -> int:
     from qwen_trt.bench import BenchConfig, run_bench
 
     cuda = torch.cuda.is_available() and args.device != "cpu"
+    if args.concurrency:
+        return run_serving(args, cuda)
     quick = args.quick or not cuda
     random_weights = args.random_weights or (not cuda and args.model is None)
     shape = args.shape or ("qwen3-4b" if cuda and not quick else "tiny")
@@ -91,7 +174,8 @@ def _command(args) -> str:
     parts = ["qwen-trt", "bench"]
     for name in ("model", "random_weights", "shape", "device", "dtype", "prompt_lens",
                  "new_tokens", "repeats", "slow_repeats", "paths", "max_seq_len", "quick", "seed",
-                 "out"):
+                 "concurrency", "token_budget", "max_batch", "long_prompt", "turns",
+                 "turn_tokens", "no_fifo", "no_batch1", "out"):
         value = getattr(args, name)
         if value in (None, False) or defaults.get(name) == value:
             continue
