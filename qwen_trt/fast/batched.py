@@ -28,7 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+import numpy as np
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
 from qwen_trt.fast.paged_kernels import (paged_attention_ref, paged_decode_attention,
@@ -37,6 +39,7 @@ from qwen_trt.fast.sampler import TOPK_CAP, pick
 from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class PagedKVCache(torch.nn.Module):
@@ -151,15 +154,20 @@ class BatchedModel:
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         if self.graphs:
             n, dev = self.buckets[-1], self.device
-            self.g_tok = torch.zeros(n, dtype=torch.long, device=dev)
-            self.g_pos = torch.zeros(n, dtype=torch.long, device=dev)
-            self.g_slot = torch.zeros(n, dtype=torch.long, device=dev)
-            self.g_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=dev)
-            self.g_lens = torch.ones(n, dtype=torch.int32, device=dev)
+            # One device buffer per dtype, filled by one host->device copy each step:
+            # rows tok | pos | slot (int64), then lens | block tables (int32).
+            self.g_meta = torch.zeros(3, n, dtype=torch.long, device=dev)
+            self.g_tok, self.g_pos, self.g_slot = self.g_meta[0], self.g_meta[1], self.g_meta[2]
+            self.g_i32 = torch.zeros(n * (1 + self.max_blocks), dtype=torch.int32, device=dev)
+            self.g_lens = self.g_i32[:n]
+            self.g_tables = self.g_i32[n:].view(n, self.max_blocks)
             self.g_logits = torch.zeros(n, self.cfg.vocab_size, dtype=model.dtype, device=dev)
-            # Host staging, one copy per step: tok, pos, slot, lens | tables.
-            self.h_meta = torch.zeros(4, n, dtype=torch.long, pin_memory=True)
-            self.h_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=True)
+            self.h_meta = torch.zeros(3, n, dtype=torch.long, pin_memory=True)
+            self.h_meta_np = self.h_meta.numpy()
+            self.h_i32 = torch.zeros(n * (1 + self.max_blocks), dtype=torch.int32,
+                                     pin_memory=True)
+            self.h_lens_np = self.h_i32[:n].numpy()
+            self.h_tables_np = self.h_i32[n:].view(n, self.max_blocks).numpy()
 
     # ---- shared pieces ---------------------------------------------------------------------
     def slot_of(self, table: Sequence[int], pos: int) -> int:
@@ -239,13 +247,16 @@ class BatchedModel:
         group = cfg.heads // cfg.kv_heads
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-        if c.n == c.ctx:
-            o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v,
-                                               is_causal=True)
-        else:
-            mask = torch.arange(c.ctx, device=q.device)[None, :] <= q_pos[:, None]
-            o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v,
-                                               attn_mask=mask)
+        # Not cuDNN's SDPA: it builds a plan per new shape (hundreds of ms the first time a
+        # chunk length appears, seen on the H200), and chunk shapes vary every step.
+        with sdpa_kernel(_SDPA_BACKENDS):
+            if c.n == c.ctx:
+                o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v,
+                                                   is_causal=True)
+            else:
+                mask = torch.arange(c.ctx, device=q.device)[None, :] <= q_pos[:, None]
+                o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v,
+                                                   attn_mask=mask)
         return o.squeeze(0).transpose(0, 1)
 
     # ---- decode-only steps: CUDA graphs per batch bucket ----------------------------------
@@ -260,24 +271,25 @@ class BatchedModel:
                       enumerate(zip(positions, tables))]
             return self.forward(tokens, positions, chunks, list(range(b)))
         bucket = next(x for x in self.buckets if x >= b)
-        meta, ht = self.h_meta, self.h_tables
-        meta[:, :bucket].zero_()
-        meta[3, :bucket] = 1
-        ht[:bucket].zero_()
-        for i, (t, p, row) in enumerate(zip(tokens, positions, tables)):
-            meta[0, i], meta[1, i], meta[2, i], meta[3, i] = t, p, self.slot_of(row, p), p + 1
-            ht[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
-        self._load_meta(bucket)
+        bs = self.block_size
+        # The pinned staging buffers are free again: the previous step's logits were read on
+        # the host after its copies. Padded rows: token 0 at position 0, length 1, scratch.
+        meta, lens, tabs = self.h_meta_np, self.h_lens_np, self.h_tables_np
+        meta.fill(0)
+        lens.fill(1)
+        tabs.fill(0)
+        pos = np.asarray(positions, dtype=np.int64)
+        meta[0, :b] = tokens
+        meta[1, :b] = pos
+        meta[2, :b] = [row[p // bs] * bs + p % bs for row, p in zip(tables, positions)]
+        meta[2, b:] = SCRATCH_BLOCK * bs
+        lens[:b] = pos + 1
+        for i, row in enumerate(tables):
+            tabs[i, :len(row)] = row
+        self.g_meta.copy_(self.h_meta, non_blocking=True)
+        self.g_i32.copy_(self.h_i32, non_blocking=True)
         self._graph(bucket).replay()
         return self.g_logits[:b]
-
-    def _load_meta(self, bucket: int) -> None:
-        meta = self.h_meta[:, :bucket].to(self.device, non_blocking=True)
-        self.g_tok[:bucket].copy_(meta[0])
-        self.g_pos[:bucket].copy_(meta[1])
-        self.g_slot[:bucket].copy_(meta[2])
-        self.g_lens[:bucket].copy_(meta[3])
-        self.g_tables[:bucket].copy_(self.h_tables[:bucket], non_blocking=True)
 
     def _decode_body(self, b: int) -> None:
         cfg, m = self.cfg, self.model
@@ -320,8 +332,7 @@ class BatchedModel:
                 self.g_lens[:bucket].fill_(1)
                 self.g_tables[:bucket].zero_()
 
-            saved = [t[:bucket].clone() for t in (self.g_tok, self.g_pos, self.g_slot,
-                                                  self.g_lens, self.g_tables)]
+            saved = [self.g_meta.clone(), self.g_i32.clone()]
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -333,9 +344,8 @@ class BatchedModel:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
                 self._decode_body(bucket)
-            for t, v in zip((self.g_tok, self.g_pos, self.g_slot, self.g_lens, self.g_tables),
-                            saved):
-                t[:bucket].copy_(v)
+            self.g_meta.copy_(saved[0])
+            self.g_i32.copy_(saved[1])
             self._graphs[bucket] = graph
         return graph
 

@@ -12,8 +12,10 @@ turn boundary, which at ~300 tokens per chat turn saves little and doubles table
 **Prefix reuse by chained block hashes** (vLLM's automatic prefix caching, serving.md §3):
 a *full* block is keyed by ``(key of the previous block, its token ids)``; the dict maps the
 key to the block that holds that KV. A chain key means a block is only reused when every token
-before it matches too (the KV of a token depends on all earlier ones). Keys hold the token ids
-themselves (Python tuples), so two different prefixes can never collide. We picked this over a
+before it matches too (the KV of a token depends on all earlier ones). Each registered key gets
+a fresh integer id that its children's keys name, so a key is O(block) to hash (not the whole
+prefix) and holds the token ids themselves: two different prefixes can never collide. Children
+of an evicted block become unreachable (lookups walk from the first block) and age out. We picked this over a
 radix tree (SGLang): a chat turn hits whole blocks of its history, the hash map is a few lines,
 and it is what the TensorRT-LLM backend does too (full blocks only).
 
@@ -36,7 +38,7 @@ from qwen_trt.errors import QwenTrtError
 DEFAULT_BLOCK_SIZE = 32
 SCRATCH_BLOCK = 0
 
-BlockKey = tuple  # (parent key or None, tuple of block_size token ids)
+BlockKey = tuple  # (id of the parent block's key, 0 for the first block; its token ids)
 
 
 class OutOfBlocksError(QwenTrtError):
@@ -48,6 +50,7 @@ class _Block:
     id: int
     refs: int = 0
     key: BlockKey | None = None     # set once the block is full and registered for reuse
+    key_id: int = 0                 # the id its children's keys name
 
 
 @dataclass
@@ -65,7 +68,7 @@ class SeqBlocks:
 
     table: list[int] = field(default_factory=list)
     hashed: int = 0                 # leading blocks registered in the prefix cache
-    last_key: BlockKey | None = None
+    last_key: int = 0               # key id of the last of them (0: none)
 
 
 class BlockAllocator:
@@ -87,6 +90,7 @@ class BlockAllocator:
         self._free: OrderedDict[int, None] = OrderedDict(
             (i, None) for i in range(1, num_blocks))
         self._cached: dict[BlockKey, int] = {}
+        self._next_key_id = 1
         self.hits = 0
         self.evictions = 0
 
@@ -124,15 +128,14 @@ class BlockAllocator:
             raise ValueError("match_prefix needs an empty block table")
         if not self.prefix_caching:
             return 0
-        key: BlockKey | None = None
+        key = 0
         for chunk in self._chunks(token_ids, (len(token_ids) - 1) // self.block_size):
-            nxt = (key, chunk)
-            block = self._cached.get(nxt)
+            block = self._cached.get((key, chunk))
             if block is None:
                 break
             self._take(block)
             seq.table.append(block)
-            key = nxt
+            key = self._blocks[block].key_id
         seq.hashed = len(seq.table)
         seq.last_key = key
         self.hits += len(seq.table)
@@ -149,10 +152,16 @@ class BlockAllocator:
         for i in range(seq.hashed, full):
             key = (seq.last_key, tuple(token_ids[i * bs:(i + 1) * bs]))
             block = self._blocks[seq.table[i]]
-            if key not in self._cached and block.key is None:
+            cached = self._cached.get(key)
+            if cached is not None:                 # an identical block exists: chain on it
+                seq.last_key = self._blocks[cached].key_id
+                continue
+            if block.key is None:
                 block.key = key
+                block.key_id = self._next_key_id
+                self._next_key_id += 1
                 self._cached[key] = block.id
-            seq.last_key = key
+            seq.last_key = block.key_id
         seq.hashed = max(seq.hashed, full)
 
     # ---- allocation ----------------------------------------------------------------------
@@ -203,4 +212,4 @@ class BlockAllocator:
                     self._free.move_to_end(block, last=False)
         seq.table = []
         seq.hashed = 0
-        seq.last_key = None
+        seq.last_key = 0
