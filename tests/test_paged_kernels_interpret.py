@@ -80,3 +80,30 @@ def test_paged_kernels_match_the_references():
     """)
     assert out["rope"] < 1e-5
     assert out["attn"] < 1e-5
+
+
+def test_small_batch_projections_match_the_unfused_ops():
+    out = interpret("""
+        import json, torch
+        import torch.nn.functional as F
+        torch.manual_seed(0)
+        from qwen_trt.fast.bgemm import bgemm, rms_rows, BgemmConfig
+        from qwen_trt.fast.model import rms_norm
+        res = {}
+        for m in (2, 5, 17):
+            x = torch.randn(m, 96)
+            g = torch.randn(96)
+            w = torch.randn(70, 96) / 10                 # ragged N and K vs the blocks
+            wgu = torch.randn(2 * 40, 96) / 10
+            r = torch.randn(m, 70)
+            cfg = BgemmConfig(block_n=16, block_k=32, warps=4, stages=2)
+            xn = rms_rows(x, g, 1e-6)
+            e1 = (xn - rms_norm(x, g, 1e-6)).abs().max().item()
+            e2 = (bgemm(w, xn, config=cfg) - F.linear(xn, w)).abs().max().item()
+            e3 = (bgemm(w, xn, residual=r, config=cfg) - (r + F.linear(xn, w))).abs().max().item()
+            gt, up = F.linear(xn, wgu).chunk(2, dim=-1)
+            e4 = (bgemm(wgu, xn, gate_up=True, config=cfg) - F.silu(gt) * up).abs().max().item()
+            res[m] = max(e1, e2, e3, e4)
+        print(json.dumps(res))
+    """)
+    assert all(v < 1e-4 for v in out.values()), out

@@ -97,6 +97,8 @@ class BatchedStats:
     attention: str = "math"
     buckets: tuple[int, ...] = ()
     warmup_s: float = 0.0
+    bucket_impl: dict[int, str] = field(default_factory=dict)   # gemv | bgemm | torch
+    bucket_ms: dict[int, dict[str, float]] = field(default_factory=dict)  # replay ms, warm-up
     notes: list[str] = field(default_factory=list)
 
 
@@ -291,63 +293,113 @@ class BatchedModel:
         self._graph(bucket).replay()
         return self.g_logits[:b]
 
-    def _decode_body(self, b: int) -> None:
+    def _decode_body(self, b: int, impl: str) -> None:
+        """One decode step of the first ``b`` rows of the static buffers. ``impl``: ``gemv``
+        (b == 1: the batch-1 decoder's fused GEMVs), ``bgemm`` (the small-batch Triton
+        projections of :mod:`qwen_trt.fast.bgemm`) or ``torch`` (cuBLAS + PyTorch ops)."""
         cfg, m = self.cfg, self.model
         eps = cfg.rms_eps
         pos, slots = self.g_pos[:b], self.g_slot[:b]
         tables, lens = self.g_tables[:b], self.g_lens[:b]
         x = F.embedding(self.g_tok[:b], m.embed)                    # [b, hidden]
-        gemv1 = self.gemv1 and b == 1
-        if gemv1:
+        if impl == "gemv":
             from qwen_trt.fast.gemv import gemv
+        elif impl == "bgemm":
+            from qwen_trt.fast.bgemm import bgemm, rms_rows
         for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
-            if gemv1:
+            if impl == "gemv":
                 qkv = gemv(layer.wqkv, x.view(cfg.hidden), ln=layer.ln_in, eps=eps).view(1, -1)
+            elif impl == "bgemm":
+                qkv = bgemm(layer.wqkv, rms_rows(x, layer.ln_in, eps))
             else:
                 qkv = F.linear(rms_norm(x, layer.ln_in, eps), layer.wqkv)
             q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
                                  kc, vc, eps, cfg.heads)
             o = paged_decode_attention(q, kc, vc, tables, lens, self.block_size)
-            if gemv1:
+            if impl == "gemv":
                 xv = gemv(layer.wo, o.view(cfg.q_size), residual=x.view(cfg.hidden))
                 act = gemv(layer.w_gate_up, xv, ln=layer.ln_post, eps=eps, gate_up=True)
                 x = gemv(layer.w_down, act, residual=xv).view(1, cfg.hidden)
+            elif impl == "bgemm":
+                x = bgemm(layer.wo, o.view(b, cfg.q_size), residual=x)
+                act = bgemm(layer.w_gate_up, rms_rows(x, layer.ln_post, eps), gate_up=True)
+                x = bgemm(layer.w_down, act, residual=x)
             else:
                 x = x + F.linear(o.view(b, cfg.q_size), layer.wo)
                 x = mlp(cfg, x, layer.ln_post, layer.w_gate_up, layer.w_down)
-        if gemv1:
+        if impl == "gemv":
             logits = gemv(m._head(), x.view(cfg.hidden), ln=m.ln_final, eps=eps).view(1, -1)
+        elif impl == "bgemm":
+            logits = bgemm(m._head(), rms_rows(x, m.ln_final, eps))
         else:
             logits = self._head(x)
         self.g_logits[:b].copy_(logits)
 
+    def _impls(self, bucket: int) -> tuple[str, ...]:
+        if not self.triton:
+            return ("torch",)
+        if bucket == 1:
+            return ("gemv",) if self.gemv1 else ("torch",)
+        return ("bgemm", "torch")
+
+    def _capture(self, bucket: int, impl: str) -> torch.cuda.CUDAGraph:
+        def reset() -> None:   # padded rows only: scratch block, length 1
+            self.g_tok[:bucket].zero_()
+            self.g_pos[:bucket].zero_()
+            self.g_slot[:bucket].fill_(SCRATCH_BLOCK * self.block_size)
+            self.g_lens[:bucket].fill_(1)
+            self.g_tables[:bucket].zero_()
+
+        saved = [self.g_meta.clone(), self.g_i32.clone()]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                reset()
+                self._decode_body(bucket, impl)
+        torch.cuda.current_stream().wait_stream(stream)
+        reset()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._decode_body(bucket, impl)
+        self.g_meta.copy_(saved[0])
+        self.g_i32.copy_(saved[1])
+        return graph
+
     def _graph(self, bucket: int) -> torch.cuda.CUDAGraph:
         graph = self._graphs.get(bucket)
         if graph is None:
-            def reset() -> None:   # padded rows only: scratch block, length 1
-                self.g_tok[:bucket].zero_()
-                self.g_pos[:bucket].zero_()
-                self.g_slot[:bucket].fill_(SCRATCH_BLOCK * self.block_size)
-                self.g_lens[:bucket].fill_(1)
-                self.g_tables[:bucket].zero_()
-
-            saved = [self.g_meta.clone(), self.g_i32.clone()]
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    reset()
-                    self._decode_body(bucket)
-            torch.cuda.current_stream().wait_stream(stream)
-            reset()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._decode_body(bucket)
-            self.g_meta.copy_(saved[0])
-            self.g_i32.copy_(saved[1])
+            impls = self._impls(bucket)
+            if len(impls) == 1:
+                best, graph = impls[0], self._capture(bucket, impls[0])
+            else:   # keep the faster of the Triton and cuBLAS projections for this bucket
+                timed = {}
+                for impl in impls:
+                    try:
+                        g = self._capture(bucket, impl)
+                    except Exception as e:  # noqa: BLE001 - a kernel that fails to build
+                        self.stats.notes.append(f"bucket {bucket} {impl}: {type(e).__name__}: "
+                                                f"{e}".splitlines()[0][:200])
+                        continue
+                    timed[impl] = (self._time_replay(g), g)
+                best = min(timed, key=lambda k: timed[k][0])
+                graph = timed[best][1]
+                self.stats.bucket_ms[bucket] = {k: round(v[0], 4) for k, v in timed.items()}
+            self.stats.bucket_impl[bucket] = best
             self._graphs[bucket] = graph
         return graph
+
+    @staticmethod
+    def _time_replay(graph: torch.cuda.CUDAGraph, n: int = 10) -> float:
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / n
 
     def warmup(self) -> BatchedStats:
         """Capture every bucket's decode graph (load time, not the first request)."""
@@ -359,21 +411,6 @@ class BatchedModel:
             torch.cuda.synchronize()
         self.stats.warmup_s = time.perf_counter() - t
         return self.stats
-
-
-def kv_blocks_for_memory(model: Qwen3Fast, block_size: int, fraction: float = 0.85,
-                         cap_tokens: int | None = None) -> int:
-    """How many KV blocks fit in ``fraction`` of the free device memory (CUDA), capped at
-    ``cap_tokens`` tokens when given."""
-    per_block = model.cfg.kv_bytes_per_token(model.dtype.itemsize) * block_size
-    if model.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(model.device)
-        n = int(free * fraction) // per_block
-    else:
-        n = (cap_tokens or 8192) // block_size
-    if cap_tokens is not None:
-        n = min(n, -(-cap_tokens // block_size))
-    return max(n, 2)
 
 
 def check_paged(device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,

@@ -1,0 +1,144 @@
+"""Small-batch projections for the batched decode step (2..32 rows): the batch-1 GEMVs of
+:mod:`qwen_trt.fast.gemv` generalised to M rows. Each program reads a ``BLOCK_N``-row strip of
+the weight once for all M activation rows (``tl.dot`` with M padded to 16), so the step stays
+bound by one pass over the weights, and the small ops are fused like the GEMVs':
+
+* ``bgemm(w, x)``                     ``y = x @ w.T``                 (``x [M, K]``)
+* ``bgemm(w, x, residual=r)``         ``y = r + x @ w.T``
+* ``bgemm(w, x, gate_up=True)``       ``w = [gate; up]``: ``silu(x @ gate.T) * (x @ up.T)``
+* ``rms_rows(x, g, eps)``             RMSNorm of every row (one program per row; the norm is a
+  separate tiny kernel here because every program of the projection would otherwise re-read
+  all M rows to get their statistics)
+
+Rounding follows the unfused PyTorch ops (the projection rounded to the model dtype before the
+residual add or the activation), as in :mod:`qwen_trt.fast.gemv`. float32 models use exact
+(IEEE) products, not tf32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+
+@dataclass(frozen=True)
+class BgemmConfig:
+    block_n: int = 32
+    block_k: int = 256
+    warps: int = 4
+    stages: int = 4
+
+
+def bgemm_config(n: int, k: int) -> BgemmConfig:
+    """Block sizes by shape (leads, not a sweep: the batched model times this path against
+    cuBLAS per batch bucket at warm-up and keeps the faster)."""
+    if n >= 65536:                       # LM head
+        return BgemmConfig(block_n=64, block_k=128, warps=4, stages=4)
+    if n <= 4096:                        # o / down: few rows, long K: thin strips, more programs
+        return BgemmConfig(block_n=16, block_k=256, warps=4, stages=4)
+    return BgemmConfig(block_n=32, block_k=256, warps=4, stages=4)
+
+
+if triton is not None:
+    @triton.jit
+    def _rms_rows_kernel(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, KP: tl.constexpr,
+                         PDL: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, KP)
+        ok = cols < K
+        g = tl.load(g_ptr + cols, mask=ok, other=0.0)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        dt = x_ptr.dtype.element_ty
+        x = tl.load(x_ptr + row * K + cols, mask=ok, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, 0) / K + eps)
+        y = (g.to(tl.float32) * (x * rstd).to(dt).to(tl.float32)).to(dt)
+        tl.store(out_ptr + row * K + cols, y, mask=ok)
+
+    @triton.jit
+    def _bgemm_kernel(w_ptr, x_ptr, out_ptr, res_ptr, M,
+                      N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RESIDUAL: tl.constexpr,
+                      GATE_UP: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+        pid = tl.program_id(0)
+        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < N
+        rm = tl.arange(0, BLOCK_M)
+        m_ok = rm < M
+        rk = tl.arange(0, BLOCK_K)
+        dt = x_ptr.dtype.element_ty
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < K
+            x = tl.load(x_ptr + rm[:, None] * K + kk[None, :],
+                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            wm = n_ok[:, None] & k_ok[None, :]
+            w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=wm, other=0.0)
+            if IEEE:
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
+            if GATE_UP:
+                w2 = tl.load(w_ptr + N * K + rn[:, None] * K + kk[None, :], mask=wm, other=0.0)
+                if IEEE:
+                    acc2 += tl.dot(x, tl.trans(w2), input_precision="ieee")
+                else:
+                    acc2 += tl.dot(x, tl.trans(w2))
+        y = acc.to(dt)
+        if GATE_UP:   # silu(gate) * up, each op rounded to the model dtype
+            up = acc2.to(dt).to(tl.float32)
+            gf = y.to(tl.float32)
+            act = (gf / (1.0 + tl.exp(-gf))).to(dt)
+            y = (act.to(tl.float32) * up).to(dt)
+        om = m_ok[:, None] & n_ok[None, :]
+        offs = rm[:, None] * N + rn[None, :]
+        if RESIDUAL:
+            r = tl.load(res_ptr + offs, mask=om, other=0.0)
+            y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
+        tl.store(out_ptr + offs, y, mask=om)
+
+
+def rms_rows(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each row of ``x [M, K]`` (the model's :func:`rms_norm` rounding)."""
+    m, k = x.shape
+    out = torch.empty_like(x)
+    pdl = pdl_enabled(x.device)
+    _rms_rows_kernel[(m,)](x, g, out, eps, K=k, KP=triton.next_power_of_2(k), PDL=pdl,
+                           num_warps=4, **launch_kwargs(pdl))
+    return out
+
+
+def bgemm(w: torch.Tensor, x: torch.Tensor, *, residual: torch.Tensor | None = None,
+          gate_up: bool = False, config: BgemmConfig | None = None) -> torch.Tensor:
+    """``x [M, K]`` (M <= 64) times ``w.T``, with the fusions of the module docstring."""
+    rows, k = w.shape
+    n = rows // 2 if gate_up else rows
+    m = x.shape[0]
+    if not (x.is_contiguous() and w.is_contiguous()) or x.shape[1] != k:
+        raise ValueError("bgemm needs contiguous w [N, K] and x [M, K]")
+    cfg = config or bgemm_config(n, k)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    res = residual if residual is not None else out
+    if residual is not None and not residual.is_contiguous():
+        raise ValueError("bgemm needs a contiguous residual")
+    pdl = pdl_enabled(x.device)
+    _bgemm_kernel[(triton.cdiv(n, cfg.block_n),)](
+        w, x, out, res, m, N=n, K=k, BLOCK_M=max(16, triton.next_power_of_2(m)),
+        BLOCK_N=cfg.block_n, BLOCK_K=min(cfg.block_k, triton.next_power_of_2(k)),
+        RESIDUAL=residual is not None, GATE_UP=gate_up, IEEE=x.dtype == torch.float32,
+        PDL=pdl, num_warps=cfg.warps, num_stages=cfg.stages, **launch_kwargs(pdl))
+    return out
