@@ -413,6 +413,21 @@ class BatchedModel:
         return self.stats
 
 
+def kv_blocks_for_memory(model: Qwen3Fast, block_size: int, fraction: float = 0.85,
+                         cap_tokens: int | None = None) -> int:
+    """How many KV blocks fit in ``fraction`` of the free device memory (CUDA), capped at
+    ``cap_tokens`` tokens when given (8192 tokens on CPU by default)."""
+    per_block = model.cfg.kv_bytes_per_token(model.dtype.itemsize) * block_size
+    if model.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(model.device)
+        n = int(free * fraction) // per_block
+    else:
+        n = (cap_tokens or 8192) // block_size
+    if cap_tokens is not None:
+        n = min(n, -(-cap_tokens // block_size))
+    return max(n, 2)
+
+
 def check_paged(device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
                 block_size: int, tol: float = 2e-2) -> str | None:
     """The paged Triton attention against the math reference on random data (ragged lengths,
