@@ -38,8 +38,9 @@ class BgemmConfig:
 
 
 def bgemm_config(n: int, k: int) -> BgemmConfig:
-    """Block sizes by shape (leads, not a sweep: the batched model times this path against
-    cuBLAS per batch bucket at warm-up and keeps the faster)."""
+    """Block sizes by shape for non-CUDA runs (the interpreter); on CUDA the kernel is tuned
+    per (shape, row bucket) at first use, and the batched model still times the whole step
+    against cuBLAS per batch bucket at warm-up and keeps the faster."""
     if n >= 65536:                       # LM head
         return BgemmConfig(block_n=64, block_k=128, warps=4, stages=4)
     if n <= 4096:                        # o / down: few rows, long K: thin strips, more programs
@@ -112,6 +113,21 @@ if triton is not None:
         tl.store(out_ptr + offs, y, mask=om)
 
 
+if triton is not None:
+    def _quick_bench(fn, quantiles=None, **_):
+        return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+    # Tuned at the first call of each (shape, row bucket): during the decoder's warm-up, before
+    # the graph capture. Configs that do not fit in shared memory are skipped by the tuner.
+    _TUNE_CONFIGS = [
+        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
+        for bn, bk, w, st in ((16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3),
+                              (32, 128, 4, 6), (64, 128, 4, 4), (64, 256, 8, 3),
+                              (16, 128, 2, 6), (128, 64, 4, 4))]
+    _bgemm_tuned = triton.autotune(configs=_TUNE_CONFIGS, key=["N", "K", "BLOCK_M"],
+                                   do_bench=_quick_bench)(_bgemm_kernel)
+
+
 def rms_rows(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each row of ``x [M, K]`` (the model's :func:`rms_norm` rounding)."""
     m, k = x.shape
@@ -136,8 +152,14 @@ def bgemm(w: torch.Tensor, x: torch.Tensor, *, residual: torch.Tensor | None = N
     if residual is not None and not residual.is_contiguous():
         raise ValueError("bgemm needs a contiguous residual")
     pdl = pdl_enabled(x.device)
+    block_m = max(16, triton.next_power_of_2(m))
+    if config is None and x.device.type == "cuda":
+        _bgemm_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
+            w, x, out, res, m, N=n, K=k, BLOCK_M=block_m, RESIDUAL=residual is not None,
+            GATE_UP=gate_up, IEEE=x.dtype == torch.float32, PDL=pdl, **launch_kwargs(pdl))
+        return out
     _bgemm_kernel[(triton.cdiv(n, cfg.block_n),)](
-        w, x, out, res, m, N=n, K=k, BLOCK_M=max(16, triton.next_power_of_2(m)),
+        w, x, out, res, m, N=n, K=k, BLOCK_M=block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=min(cfg.block_k, triton.next_power_of_2(k)),
         RESIDUAL=residual is not None, GATE_UP=gate_up, IEEE=x.dtype == torch.float32,
         PDL=pdl, num_warps=cfg.warps, num_stages=cfg.stages, **launch_kwargs(pdl))
