@@ -42,6 +42,19 @@ GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def _pre_attention(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float):
+    """RMSNorm + fused q/k/v projection of every row."""
+    return F.linear(rms_norm(x, ln, eps), w)
+
+
+def _post_attention(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torch.Tensor,
+                    w_gate_up: torch.Tensor, w_down: torch.Tensor, eps: float):
+    """o projection + residual, then the MLP block (the model's :func:`mlp`)."""
+    x = x + F.linear(o, wo)
+    gate, up = F.linear(rms_norm(x, ln, eps), w_gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, w_down)
+
+
 class PagedKVCache(torch.nn.Module):
     """Per layer K and V ``[kv_heads, num_blocks * block_size, head_dim]``: slot
     ``block * block_size + offset`` holds one token. Block 0 is scratch (padding rows)."""
@@ -152,6 +165,14 @@ class BatchedModel:
         self.stats.graphs, self.stats.gemv_bucket1 = self.graphs, self.gemv1
         self.stats.attention = "triton" if self.triton else "math"
         self.stats.buckets = self.buckets if self.graphs else ()
+        # Steps with prefill run eagerly; on CUDA the parts around attention are compiled once
+        # (dynamic row count) so a 1k-token step is not bound by ~1000 kernel launches.
+        self.compiled = on_cuda and (graphs is None or graphs)
+        if self.compiled:
+            self._pre = torch.compile(_pre_attention, dynamic=True, fullgraph=True)
+            self._post = torch.compile(_post_attention, dynamic=True, fullgraph=True)
+        else:
+            self._pre, self._post = _pre_attention, _post_attention
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         if self.graphs:
@@ -216,7 +237,7 @@ class BatchedModel:
         x = F.embedding(tok, m.embed)
         for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
-            qkv = F.linear(rms_norm(x, layer.ln_in, cfg.rms_eps), layer.wqkv)
+            qkv = self._pre(x, layer.ln_in, layer.wqkv, cfg.rms_eps)
             if self.triton:
                 q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
                                      kc, vc, cfg.rms_eps, cfg.heads)
@@ -232,8 +253,8 @@ class BatchedModel:
             for c, cs in zip(rest, ctx_slots):
                 qs = q[c.start:c.start + c.n]
                 o[c.start:c.start + c.n] = self._attend_chunk(qs, kc, vc, cs, c)
-            x = x + F.linear(o.reshape(-1, cfg.q_size), layer.wo)
-            x = mlp(cfg, x, layer.ln_post, layer.w_gate_up, layer.w_down)
+            x = self._post(x, o.reshape(-1, cfg.q_size), layer.wo, layer.ln_post,
+                           layer.w_gate_up, layer.w_down, cfg.rms_eps)
         rows = torch.tensor(list(logit_rows), dtype=torch.long, device=dev)
         return self._head(x.index_select(0, rows))
 
@@ -404,6 +425,13 @@ class BatchedModel:
     def warmup(self) -> BatchedStats:
         """Capture every bucket's decode graph (load time, not the first request)."""
         t = time.perf_counter()
+        if self.compiled:   # compile the eager step's pieces for any row count (2+ rows)
+            n = self.block_size + 3
+            with torch.inference_mode():
+                for rows in (1, n, 2 * n):
+                    self.forward([1] * rows, list(range(rows)),
+                                 [SeqChunk(0, rows, rows, tuple([SCRATCH_BLOCK] * self.max_blocks))],
+                                 [rows - 1])
         if self.graphs:
             with torch.inference_mode():
                 for b in self.buckets:
