@@ -128,6 +128,84 @@ if triton is not None:
                                    do_bench=_quick_bench)(_bgemm_kernel)
 
 
+if triton is not None:
+    @triton.jit
+    def _bgemv_kernel(w_ptr, x_ptr, out_ptr, res_ptr, M,
+                      N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RESIDUAL: tl.constexpr,
+                      GATE_UP: tl.constexpr, PDL: tl.constexpr):
+        """GEMV-style form for 2..8 rows: products accumulate elementwise in registers
+        (``[M, BLOCK_N, BLOCK_K]``) and are reduced once at the end, as in the batch-1 GEMV;
+        no tensor-core padding of M to 16."""
+        pid = tl.program_id(0)
+        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < N
+        rm = tl.arange(0, BLOCK_M)
+        m_ok = rm < M
+        rk = tl.arange(0, BLOCK_K)
+        dt = x_ptr.dtype.element_ty
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < K
+            x = tl.load(x_ptr + rm[:, None] * K + kk[None, :],
+                        mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            wm = n_ok[:, None] & k_ok[None, :]
+            w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=wm, other=0.0)
+            acc += w.to(tl.float32)[None, :, :] * x[:, None, :]
+            if GATE_UP:
+                w2 = tl.load(w_ptr + N * K + rn[:, None] * K + kk[None, :], mask=wm, other=0.0)
+                acc2 += w2.to(tl.float32)[None, :, :] * x[:, None, :]
+        y = tl.sum(acc, 2).to(dt)
+        if GATE_UP:
+            up = tl.sum(acc2, 2).to(dt).to(tl.float32)
+            gf = y.to(tl.float32)
+            act = (gf / (1.0 + tl.exp(-gf))).to(dt)
+            y = (act.to(tl.float32) * up).to(dt)
+        om = m_ok[:, None] & n_ok[None, :]
+        offs = rm[:, None] * N + rn[None, :]
+        if RESIDUAL:
+            r = tl.load(res_ptr + offs, mask=om, other=0.0)
+            y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
+        tl.store(out_ptr + offs, y, mask=om)
+
+    _bgemv_tuned = triton.autotune(
+        configs=[triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
+                 for bn, bk, w, st in ((2, 256, 4, 3), (4, 256, 4, 3), (4, 128, 4, 4),
+                                       (8, 128, 8, 3), (2, 512, 4, 2), (1, 512, 4, 3))],
+        key=["N", "K", "BLOCK_M"], do_bench=_quick_bench)(_bgemv_kernel)
+
+
+def bgemv(w: torch.Tensor, x: torch.Tensor, *, residual: torch.Tensor | None = None,
+          gate_up: bool = False, config: BgemmConfig | None = None) -> torch.Tensor:
+    """:func:`bgemm`'s function for 2..8 rows in the GEMV form (module docstring)."""
+    rows, k = w.shape
+    n = rows // 2 if gate_up else rows
+    m = x.shape[0]
+    if not (x.is_contiguous() and w.is_contiguous()) or x.shape[1] != k or m > 8:
+        raise ValueError("bgemv needs contiguous w [N, K] and x [M <= 8, K]")
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    res = residual if residual is not None else out
+    pdl = pdl_enabled(x.device)
+    block_m = triton.next_power_of_2(m)
+    if config is None and x.device.type == "cuda":
+        _bgemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
+            w, x, out, res, m, N=n, K=k, BLOCK_M=block_m, RESIDUAL=residual is not None,
+            GATE_UP=gate_up, PDL=pdl, **launch_kwargs(pdl))
+        return out
+    cfg = config or BgemmConfig(block_n=4, block_k=128, warps=4, stages=2)
+    _bgemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        w, x, out, res, m, N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=min(cfg.block_k, triton.next_power_of_2(k)), RESIDUAL=residual is not None,
+        GATE_UP=gate_up, PDL=pdl, num_warps=cfg.warps, num_stages=cfg.stages,
+        **launch_kwargs(pdl))
+    return out
+
+
 def rms_rows(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each row of ``x [M, K]`` (the model's :func:`rms_norm` rounding)."""
     m, k = x.shape
