@@ -58,7 +58,7 @@ class SchedulerConfig:
                              f"({self.max_batch}): every running sequence decodes each step")
 
 
-@dataclass
+@dataclass(eq=False)   # identity: list membership must not compare token lists
 class _Seq:
     rid: int
     tokens: list[int]              # prompt + generated
