@@ -40,6 +40,8 @@ from qwen_trt.fast.sampler import TOPK_CAP, pick
 from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
+PREFILL_N_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)      # rows of a one-sequence chunk
+PREFILL_CTX_BUCKETS = (1024, 2048, 4096)                    # captured at warm-up; larger lazily
 _SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -111,7 +113,8 @@ class BatchedStats:
     attention: str = "math"
     buckets: tuple[int, ...] = ()
     warmup_s: float = 0.0
-    bucket_impl: dict[int, str] = field(default_factory=dict)   # gemv | bgemm | torch
+    prefill_graphs: int = 0
+    bucket_impl: dict[int, str] = field(default_factory=dict)   # gemv | bgemv | bgemm | torch
     bucket_ms: dict[int, dict[str, float]] = field(default_factory=dict)  # replay ms, warm-up
     notes: list[str] = field(default_factory=list)
 
@@ -195,6 +198,22 @@ class BatchedModel:
                                      pin_memory=True)
             self.h_lens_np = self.h_i32[:n].numpy()
             self.h_tables_np = self.h_i32[n:].view(n, self.max_blocks).numpy()
+            # Prefill graphs: one sequence's chunk (n <= PREFILL_GRAPH_MAX rows, padded to a
+            # power of two) over a context padded to a power of two >= 1024 (<= the cache).
+            cap = self.max_blocks * block_size
+            self.p_n_buckets = tuple(b for b in PREFILL_N_BUCKETS)
+            self.p_ctx_buckets = tuple(sorted({min(cap, c) for c in PREFILL_CTX_BUCKETS
+                                               if c <= cap} | {cap}))
+            self.p_meta = torch.zeros(3, PREFILL_N_BUCKETS[-1], dtype=torch.long, device=dev)
+            self.p_ctx_slots = torch.zeros(cap, dtype=torch.long, device=dev)
+            self.p_last = torch.zeros(1, dtype=torch.long, device=dev)
+            self.p_keys = torch.arange(cap, device=dev)
+            self.p_logits = torch.zeros(1, self.cfg.vocab_size, dtype=model.dtype, device=dev)
+            self.h_p_meta = torch.zeros(3, PREFILL_N_BUCKETS[-1], dtype=torch.long,
+                                        pin_memory=True)
+            self.h_p_ctx = torch.zeros(cap + 1, dtype=torch.long, pin_memory=True)
+            self._p_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+            self.prefill_graphs = True
 
     # ---- shared pieces ---------------------------------------------------------------------
     def slot_of(self, table: Sequence[int], pos: int) -> int:
@@ -429,6 +448,111 @@ class BatchedModel:
         end.synchronize()
         return start.elapsed_time(end) / n
 
+    # ---- one-sequence prefill chunks: CUDA graphs per (rows, context) bucket -------------
+    def prefill_one(self, tokens: Sequence[int], start: int, table: Sequence[int]
+                    ) -> torch.Tensor | None:
+        """A step that is one chunk of one sequence (tokens at positions ``start ..``): a
+        graph replay; returns the last row's logits ``[1, vocab]``, or None when no graph
+        fits (the caller runs :meth:`forward`)."""
+        n = len(tokens)
+        ctx = start + n
+        if not (self.graphs and self.prefill_graphs) or n > self.p_n_buckets[-1]:
+            return None
+        nb = next(b for b in self.p_n_buckets if b >= n)
+        cb = next((c for c in self.p_ctx_buckets if c >= max(ctx, nb)), None)
+        if cb is None:
+            return None
+        bs = self.block_size
+        meta = self.h_p_meta.numpy()
+        meta[:, :nb] = 0
+        meta[0, :n] = tokens
+        pos = np.arange(start, ctx, dtype=np.int64)
+        meta[1, :n] = pos
+        tab = np.asarray(table, dtype=np.int64)
+        meta[2, :n] = tab[pos // bs] * bs + pos % bs
+        meta[2, n:nb] = SCRATCH_BLOCK * bs
+        hc = self.h_p_ctx.numpy()
+        allpos = np.arange(ctx, dtype=np.int64)
+        hc[:ctx] = tab[allpos // bs] * bs + allpos % bs
+        hc[ctx:cb] = SCRATCH_BLOCK * bs
+        hc[cb] = n - 1                                   # the row whose logits are kept
+        self.p_meta[:, :nb].copy_(self.h_p_meta[:, :nb], non_blocking=True)
+        self.p_ctx_slots[:cb].copy_(self.h_p_ctx[:cb], non_blocking=True)
+        self.p_last.copy_(self.h_p_ctx[cb:cb + 1], non_blocking=True)
+        self._prefill_graph(nb, cb).replay()
+        return self.p_logits
+
+    def _prefill_body(self, nb: int, cb: int) -> None:
+        cfg, m = self.cfg, self.model
+        eps = cfg.rms_eps
+        tok, pos, slots = self.p_meta[0, :nb], self.p_meta[1, :nb], self.p_meta[2, :nb]
+        ctx_slots = self.p_ctx_slots[:cb]
+        mask = self.p_keys[:cb][None, :] <= pos[:, None]            # causal, by position
+        group = cfg.heads // cfg.kv_heads
+        x = F.embedding(tok, m.embed)
+        for i, layer in enumerate(m.layers):
+            kc, vc = self.cache.kv(i)
+            qkv = _pre_attention(x, layer.ln_in, layer.wqkv, eps)
+            q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
+                                 kc, vc, eps, cfg.heads)
+            k = kc.index_select(1, ctx_slots).unsqueeze(0).repeat_interleave(group, dim=1)
+            v = vc.index_select(1, ctx_slots).unsqueeze(0).repeat_interleave(group, dim=1)
+            with sdpa_kernel(_SDPA_BACKENDS):
+                o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v,
+                                                   attn_mask=mask)
+            o = o.squeeze(0).transpose(0, 1).reshape(nb, cfg.q_size)
+            x = _post_attention(x, o, layer.wo, layer.ln_post, layer.w_gate_up, layer.w_down,
+                                eps)
+        self.p_logits.copy_(self._head(x.index_select(0, self.p_last)))
+
+    def _prefill_graph(self, nb: int, cb: int) -> torch.cuda.CUDAGraph:
+        graph = self._p_graphs.get((nb, cb))
+        if graph is None:
+            def reset() -> None:   # every row: scratch slot, position 0
+                self.p_meta.zero_()
+                self.p_meta[2].fill_(SCRATCH_BLOCK * self.block_size)
+                self.p_ctx_slots.fill_(SCRATCH_BLOCK * self.block_size)
+                self.p_last.zero_()
+
+            saved = [self.p_meta.clone(), self.p_ctx_slots.clone(), self.p_last.clone()]
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    reset()
+                    self._prefill_body(nb, cb)
+            torch.cuda.current_stream().wait_stream(stream)
+            reset()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._prefill_body(nb, cb)
+            for t, v in zip((self.p_meta, self.p_ctx_slots, self.p_last), saved):
+                t.copy_(v)
+            self._p_graphs[(nb, cb)] = graph
+        return graph
+
+    def _check_prefill_graphs(self) -> str | None:
+        """A chunk with a prefix through the graph and through :meth:`forward`: the same
+        logits (else the eager path is used, with a note)."""
+        bs = self.block_size
+        n_blocks = min(8, self.cache.num_blocks - 1)
+        table = tuple(range(1, n_blocks + 1)) + (SCRATCH_BLOCK,) * (self.max_blocks - n_blocks)
+        total = min(n_blocks * bs, 200)
+        g = torch.Generator().manual_seed(0)
+        toks = torch.randint(1, self.cfg.vocab_size, (total,), generator=g).tolist()
+        first = total // 2
+        self.forward(toks[:first], list(range(first)), [SeqChunk(0, first, first, table)],
+                     [first - 1])
+        ref = self.forward(toks[first:], list(range(first, total)),
+                           [SeqChunk(0, total - first, total, table)],
+                           [total - first - 1]).float()
+        got = self.prefill_one(toks[first:], first, table).float()
+        err = ((got - ref).norm() / ref.norm()).item()
+        tol = 1e-3 if self.model.dtype == torch.float32 else 1e-1
+        if not err < tol:
+            return f"prefill graphs differ from the eager step ({err:.2e}); prefill runs eagerly"
+        return None
+
     def warmup(self) -> BatchedStats:
         """Capture every bucket's decode graph (load time, not the first request)."""
         t = time.perf_counter()
@@ -443,6 +567,20 @@ class BatchedModel:
             with torch.inference_mode():
                 for b in self.buckets:
                     self._graph(b)
+                try:
+                    for cb in self.p_ctx_buckets:
+                        if cb <= PREFILL_CTX_BUCKETS[-1]:
+                            for nb in self.p_n_buckets:
+                                if nb <= cb:
+                                    self._prefill_graph(nb, cb)
+                    problem = self._check_prefill_graphs()
+                except Exception as e:  # noqa: BLE001 - the eager path still works
+                    problem = f"prefill graphs unavailable: {type(e).__name__}: {e}"
+                if problem:
+                    self.prefill_graphs = False
+                    self._p_graphs.clear()
+                    self.stats.notes.append(problem.splitlines()[0][:300])
+                self.stats.prefill_graphs = len(self._p_graphs)
             torch.cuda.synchronize()
         self.stats.warmup_s = time.perf_counter() - t
         return self.stats

@@ -244,9 +244,13 @@ class BatchRunner:
             if seq.computed + n == len(seq.tokens):
                 logit_rows.append(start + n - 1)
                 sampled.append(seq)
-        if prefill:
+        logits = None
+        if prefill and not decode and len(prefill) == 1:
+            seq, n = prefill[0]      # one sequence's chunk: a prefill graph when one fits
+            logits = self.model.prefill_one(tokens, seq.computed, seq.blocks.table)
+        if logits is None and prefill:
             logits = self.model.forward(tokens, positions, chunks, logit_rows)
-        else:
+        elif logits is None:
             logits = self.model.decode(tokens, positions, [c.table for c in chunks])
         rows = [self._row_sampling(s) for s in sampled]
         picked = sample_rows(logits, rows)
