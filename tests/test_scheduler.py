@@ -222,3 +222,101 @@ def test_fast_backend_exposes_the_runner(tiny_model_dir):
     assert runner.max_concurrency == 4
     assert list(backend.stream(ids, greedy(12))) == before       # stream now via the runner
     assert runner.stats().kv_blocks_total == 512 // 32
+
+
+class _ChainFake:
+    """A stand-in model with the chained-decode interface (what the CUDA graphs do: the step
+    picks its next token and advances on the device), so CPU CI checks the scheduler's
+    bookkeeping of steps launched before their tokens are read."""
+
+    V = 50
+    block_size = 4
+    max_seq_len = 512
+
+    class cache:  # noqa: N801 - attribute bag
+        num_blocks = 200
+
+    @staticmethod
+    def f(prev, pos):
+        return (prev * 7 + pos * 3 + 1) % _ChainFake.V
+
+    def __init__(self):
+        self.state, self.n, self.res, self.launched = None, 0, {}, 0
+
+    def _logits(self, toks, pos):
+        out = torch.full((len(toks), self.V), -1.0)
+        for i, (t, p) in enumerate(zip(toks, pos)):
+            out[i, self.f(t, p)] = 1.0
+        return out
+
+    def forward(self, toks, pos, chunks, rows):
+        return self._logits([toks[r] for r in rows], [pos[r] for r in rows])
+
+    def decode(self, toks, pos, tables):
+        return self._logits(toks, pos)
+
+    def prefill_one(self, *a):
+        return None
+
+    def can_chain(self, b):
+        return True
+
+    def decode_launch(self, toks, pos, tables):
+        self.state = (list(toks), list(pos))
+        return self._run()
+
+    def decode_chain(self, b, grown):
+        return self._run()
+
+    def _run(self):
+        toks, pos = self.state
+        nxt = [self.f(t, p) for t, p in zip(toks, pos)]
+        self.state = (nxt, [p + 1 for p in pos])
+        self.n += 1
+        self.launched += 1
+        self.res[self.n] = nxt
+        return self.n
+
+    def decode_result(self, h):
+        return self.res.pop(h)
+
+
+def test_chained_greedy_steps_keep_tokens_stops_and_aborts_right():
+    def ref(prompt, n, stop):
+        out, t, p = [], prompt[-1], len(prompt) - 1
+        for _ in range(n):
+            t = _ChainFake.f(t, p)
+            out.append(t)
+            p += 1
+            if t in stop:
+                break
+        return out
+
+    rng = random.Random(0)
+    fake = _ChainFake()
+    runner = BatchRunner(fake, SchedulerConfig(max_batch=4, token_budget=16))
+    reqs = {i: ([rng.randrange(50) for _ in range(rng.randrange(2, 30))], rng.randrange(1, 40),
+                (rng.randrange(50),) if i % 3 == 0 else ()) for i in range(10)}
+    out, fin = {i: [] for i in reqs}, {}
+    pending, step = dict(reqs), 0
+    while pending or runner.has_work():
+        for i in [k for k in pending if k * 5 <= step]:
+            p, n, stop = pending.pop(i)
+            runner.add(i, p, SamplingParams(max_new_tokens=n, temperature=0,
+                                            stop_token_ids=stop, ignore_eos=not stop))
+        if step == 30:
+            runner.abort(4)
+        for ev in runner.step():
+            out[ev.request_id] += ev.token_ids
+            if ev.finish:
+                fin[ev.request_id] = ev.finish
+        step += 1
+        assert step < 2000
+    assert runner.chained_steps > 5
+    for i, (p, n, stop) in reqs.items():
+        if i == 4:
+            assert fin[4] == "cancelled"
+            continue
+        assert out[i] == ref(p, n, stop), i
+        assert fin[i] == ("stop" if out[i][-1] in stop else "length")
+    assert runner.stats().kv_blocks_used == 0

@@ -186,13 +186,19 @@ class BatchedModel:
             n, dev = self.buckets[-1], self.device
             # One device buffer per dtype, filled by one host->device copy each step:
             # rows tok | pos | slot (int64), then lens | block tables (int32).
-            self.g_meta = torch.zeros(3, n, dtype=torch.long, device=dev)
+            self.g_meta = torch.zeros(4, n, dtype=torch.long, device=dev)
             self.g_tok, self.g_pos, self.g_slot = self.g_meta[0], self.g_meta[1], self.g_meta[2]
+            self.g_live = self.g_meta[3]                  # 1 for real rows, 0 for padding
             self.g_i32 = torch.zeros(n * (1 + self.max_blocks), dtype=torch.int32, device=dev)
             self.g_lens = self.g_i32[:n]
             self.g_tables = self.g_i32[n:].view(n, self.max_blocks)
             self.g_logits = torch.zeros(n, self.cfg.vocab_size, dtype=model.dtype, device=dev)
-            self.h_meta = torch.zeros(3, n, dtype=torch.long, pin_memory=True)
+            self.h_meta = torch.zeros(4, n, dtype=torch.long, pin_memory=True)
+            # chained greedy steps: next tokens come back through two pinned slots
+            self.h_next = torch.zeros(2, n, dtype=torch.long, pin_memory=True)
+            self._next_events = [torch.cuda.Event(), torch.cuda.Event()]
+            self._next_slot = 0
+            self._fgraphs: dict[int, torch.cuda.CUDAGraph] = {}
             self.h_meta_np = self.h_meta.numpy()
             self.h_i32 = torch.zeros(n * (1 + self.max_blocks), dtype=torch.int32,
                                      pin_memory=True)
@@ -329,6 +335,7 @@ class BatchedModel:
         meta[1, :b] = pos
         meta[2, :b] = [row[p // bs] * bs + p % bs for row, p in zip(tables, positions)]
         meta[2, b:] = SCRATCH_BLOCK * bs
+        meta[3, :b] = 1
         lens[:b] = pos + 1
         for i, row in enumerate(tables):
             tabs[i, :len(row)] = row
@@ -336,6 +343,88 @@ class BatchedModel:
         self.g_i32.copy_(self.h_i32, non_blocking=True)
         self._graph(bucket).replay()
         return self.g_logits[:b]
+
+    # ---- chained greedy decode: the step picks its tokens and advances on the device -------
+    def can_chain(self, b: int) -> bool:
+        """Whether a greedy decode step of ``b`` rows may use :meth:`decode_launch` (CUDA
+        graphs; ``QWEN_TRT_CHAIN=0`` turns it off)."""
+        return (self.graphs and b <= self.buckets[-1]
+                and os.environ.get("QWEN_TRT_CHAIN", "1") != "0")
+
+    @torch.inference_mode()
+    def decode_launch(self, tokens: Sequence[int], positions: Sequence[int],
+                      tables: Sequence[Sequence[int]]) -> tuple[int, int]:
+        """Like :meth:`decode` for greedy rows, but the graph also takes each row's argmax as
+        its next input token and advances its position, length and slot on the device, so
+        :meth:`decode_chain` can launch the next step before the host has seen these tokens.
+        Returns a handle for :meth:`decode_result`; nothing waits here."""
+        b = len(tokens)
+        bucket = next(x for x in self.buckets if x >= b)
+        if self._graphs.get(bucket) is None:
+            self._graph(bucket)
+        self.decode_meta(tokens, positions, tables, bucket)
+        return self._chain_replay(b, bucket)
+
+    def decode_meta(self, tokens, positions, tables, bucket: int) -> None:
+        bs = self.block_size
+        meta, lens, tabs = self.h_meta_np, self.h_lens_np, self.h_tables_np
+        b = len(tokens)
+        meta.fill(0)
+        lens.fill(1)
+        tabs.fill(0)
+        pos = np.asarray(positions, dtype=np.int64)
+        meta[0, :b] = tokens
+        meta[1, :b] = pos
+        meta[2, :b] = [row[p // bs] * bs + p % bs for row, p in zip(tables, positions)]
+        meta[2, b:] = SCRATCH_BLOCK * bs
+        meta[3, :b] = 1
+        lens[:b] = pos + 1
+        for i, row in enumerate(tables):
+            tabs[i, :len(row)] = row
+        self.g_meta.copy_(self.h_meta, non_blocking=True)
+        self.g_i32.copy_(self.h_i32, non_blocking=True)
+
+    @torch.inference_mode()
+    def decode_chain(self, b: int, table_rows: dict[int, Sequence[int]]) -> tuple[int, int]:
+        """The next step of the batch of the last launch (same rows), its inputs already on
+        the device; ``table_rows`` are rows whose block table grew (uploaded first)."""
+        bucket = next(x for x in self.buckets if x >= b)
+        for row, table in table_rows.items():   # pinned + async: no wait on the step in flight
+            src = torch.tensor(table, dtype=torch.int32).pin_memory()
+            self.g_tables[row, :len(table)].copy_(src, non_blocking=True)
+        return self._chain_replay(b, bucket)
+
+    def _chain_replay(self, b: int, bucket: int) -> tuple[int, int]:
+        graph = self._fgraphs.get(bucket)
+        if graph is None:
+            graph = self._fgraphs[bucket] = self._capture(
+                bucket, self.stats.bucket_impl[bucket], feedback=True)
+        graph.replay()
+        slot = self._next_slot
+        self._next_slot ^= 1
+        self.h_next[slot, :b].copy_(self.g_tok[:b], non_blocking=True)
+        self._next_events[slot].record()
+        return slot, b
+
+    def decode_result(self, handle: tuple[int, int]) -> list[int]:
+        slot, b = handle
+        self._next_events[slot].synchronize()
+        return self.h_next[slot, :b].tolist()
+
+    def _locate(self, b: int) -> None:
+        """Start of a chained step (inside the graph): each row's slot and length from its
+        position and block table, which the host may have grown since the last step."""
+        bs = self.block_size
+        pos = self.g_pos[:b]
+        blk = self.g_tables[:b].gather(1, (pos // bs).unsqueeze(1)).squeeze(1).long()
+        self.g_slot[:b].copy_(blk * bs + pos % bs)
+        self.g_lens[:b].copy_(pos + 1)
+
+    def _advance(self, b: int) -> None:
+        """End of a chained step (inside the graph): next token = argmax; live rows move one
+        position on (padding rows stay at position 0 of the scratch block)."""
+        self.g_tok[:b].copy_(torch.argmax(self.g_logits[:b], dim=-1))
+        self.g_pos[:b].add_(self.g_live[:b])
 
     def _decode_body(self, b: int, impl: str) -> None:
         """One decode step of the first ``b`` rows of the static buffers. ``impl``: ``gemv``
@@ -388,10 +477,13 @@ class BatchedModel:
             return ("torch",)
         if bucket == 1:
             return ("gemv",) if self.gemv1 else ("torch",)
-        return ("bgemv", "bgemm", "torch") if bucket <= 8 else ("bgemm", "torch")
+        # bgemv (the GEMV form) measured slower than bgemm at 2/4/8 rows on the H200
+        # (3.63/5.31/9.07 vs 3.50/3.69/3.80 ms per step): not a candidate by default.
+        return ("bgemm", "torch")
 
-    def _capture(self, bucket: int, impl: str) -> torch.cuda.CUDAGraph:
+    def _capture(self, bucket: int, impl: str, feedback: bool = False) -> torch.cuda.CUDAGraph:
         def reset() -> None:   # padded rows only: scratch block, length 1
+            self.g_live[:bucket].zero_()
             self.g_tok[:bucket].zero_()
             self.g_pos[:bucket].zero_()
             self.g_slot[:bucket].fill_(SCRATCH_BLOCK * self.block_size)
@@ -404,12 +496,20 @@ class BatchedModel:
         with torch.cuda.stream(stream):
             for _ in range(2):
                 reset()
+                if feedback:
+                    self._locate(bucket)
                 self._decode_body(bucket, impl)
+                if feedback:
+                    self._advance(bucket)
         torch.cuda.current_stream().wait_stream(stream)
         reset()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
+            if feedback:
+                self._locate(bucket)
             self._decode_body(bucket, impl)
+            if feedback:
+                self._advance(bucket)
         self.g_meta.copy_(saved[0])
         self.g_i32.copy_(saved[1])
         return graph
@@ -567,6 +667,7 @@ class BatchedModel:
             with torch.inference_mode():
                 for b in self.buckets:
                     self._graph(b)
+                    self._fgraphs[b] = self._capture(b, self.stats.bucket_impl[b], feedback=True)
                 try:
                     for cb in self.p_ctx_buckets:
                         if cb <= PREFILL_CTX_BUCKETS[-1]:

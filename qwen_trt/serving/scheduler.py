@@ -74,6 +74,14 @@ class _Seq:
     admitted: bool = False
 
 
+@dataclass(eq=False)
+class _Inflight:
+    """A chained greedy decode step launched but not yet read back."""
+
+    seqs: list[_Seq]
+    handle: tuple[int, int]
+
+
 class BatchRunner:
     """The continuous-batching runner of the fast path (module docstring)."""
 
@@ -88,6 +96,8 @@ class BatchRunner:
         self._running: list[_Seq] = []
         self._seqs: dict[int, _Seq] = {}
         self._events: list[TokenEvent] = []
+        self._inflight: _Inflight | None = None
+        self.chained_steps = 0
         self.steps = 0
         self.max_step_tokens = 0
         self.last_step_tokens = 0
@@ -126,7 +136,7 @@ class BatchRunner:
         self._finish(seq, "cancelled", ())
 
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running or self._events)
+        return bool(self._waiting or self._running or self._events or self._inflight)
 
     def stats(self) -> RunnerStats:
         a = self.alloc.stats()
@@ -137,14 +147,91 @@ class BatchRunner:
             extra={"steps": self.steps, "max_step_tokens": self.max_step_tokens,
                    "token_budget": self.config.token_budget, "block_size": self.alloc.block_size,
                    "kv_cached_free_blocks": a.cached_free, "kv_evictions": a.evictions,
-                   "preemptions": self.preemptions, "max_batch": self.config.max_batch})
+                   "preemptions": self.preemptions, "max_batch": self.config.max_batch,
+                   "chained_steps": self.chained_steps})
 
     def step(self) -> list[TokenEvent]:
         events, self._events = self._events, []
+        if self._inflight is not None:
+            events += self._drain_or_chain()
+            return events
         decode, prefill = self._schedule()
+        if (decode and not prefill and all(s.params.greedy for s in decode)
+                and self.model.can_chain(len(decode))):
+            # greedy decode on the GPU: launch now, read the tokens on the next call, by which
+            # time the next step is already queued behind this one (the host never stalls it)
+            handle = self.model.decode_launch(
+                [s.tokens[s.computed] for s in decode], [s.computed for s in decode],
+                [s.blocks.table for s in decode])
+            self._inflight = _Inflight(list(decode), handle)
+            self._count_step(len(decode))
+            return events
         if decode or prefill:
             events += self._run(decode, prefill)
         return events
+
+    def _count_step(self, tokens: int) -> None:
+        self.steps += 1
+        self.last_step_tokens = tokens
+        self.max_step_tokens = max(self.max_step_tokens, tokens)
+
+    def _chain_ok(self, inf: _Inflight) -> bool:
+        """Whether the next step may be launched before this one's tokens are read: the same
+        rows (nobody left, nobody waiting to join, no prefill running), none at its limit."""
+        if self._waiting or len(self._running) != len(inf.seqs):
+            return False
+        running = set(map(id, self._running))
+        for s in inf.seqs:
+            if id(s) not in running or s.computed != len(s.tokens) - 1:
+                return False
+            # the step in flight yields token generated+1; the chained one generated+2
+            if (s.generated + 2 > s.params.max_new_tokens
+                    or len(s.tokens) + 2 > self.max_seq_len):
+                return False
+            if not self.alloc.can_allocate(
+                    self.alloc.blocks_for(s.computed + 2) - len(s.blocks.table)):
+                return False
+        return True
+
+    def _drain_or_chain(self) -> list[TokenEvent]:
+        inf = self._inflight
+        nxt = None
+        if self._chain_ok(inf):
+            grown: dict[int, list[int]] = {}
+            for row, s in enumerate(inf.seqs):
+                before = len(s.blocks.table)
+                self.alloc.grow(s.blocks, s.computed + 2)   # the chained step's position
+                if len(s.blocks.table) != before:
+                    grown[row] = list(s.blocks.table)
+            nxt = _Inflight(list(inf.seqs), self.model.decode_chain(len(inf.seqs), grown))
+            self._count_step(len(inf.seqs))
+            self.chained_steps += 1
+        toks = self.model.decode_result(inf.handle)
+        self._inflight = nxt
+        running = set(map(id, self._running))
+        events: list[TokenEvent] = []
+        for seq, tok in zip(inf.seqs, toks):
+            if id(seq) not in running:     # left (stop, length or abort) while in flight
+                continue
+            seq.computed += 1
+            self.alloc.register_full(seq.blocks, seq.tokens, seq.computed)
+            events += self._emit(seq, tok)
+        events += self._events
+        self._events = []
+        return events
+
+    def _emit(self, seq: _Seq, tok: int) -> list[TokenEvent]:
+        seq.tokens.append(tok)
+        seq.generated += 1
+        finish: StepFinish | None = None
+        if tok in seq.stop:
+            finish = "stop"
+        elif seq.generated >= seq.params.max_new_tokens or len(seq.tokens) >= self.max_seq_len:
+            finish = "length"
+        if finish:
+            self._finish(seq, finish, (tok,))
+            return []
+        return [self._event(seq, (tok,), None)]
 
     # ---- scheduling ------------------------------------------------------------------------
     def _finish(self, seq: _Seq, finish: StepFinish, new: tuple[int, ...]) -> None:
@@ -254,9 +341,7 @@ class BatchRunner:
             logits = self.model.decode(tokens, positions, [c.table for c in chunks])
         rows = [self._row_sampling(s) for s in sampled]
         picked = sample_rows(logits, rows)
-        self.steps += 1
-        self.last_step_tokens = len(tokens)
-        self.max_step_tokens = max(self.max_step_tokens, len(tokens))
+        self._count_step(len(tokens))
         for seq in decode:
             seq.computed += 1
         for seq, n in prefill:
@@ -265,17 +350,7 @@ class BatchRunner:
             self.alloc.register_full(seq.blocks, seq.tokens, seq.computed)
         events: list[TokenEvent] = []
         for seq, tok in zip(sampled, picked):
-            seq.tokens.append(tok)
-            seq.generated += 1
-            finish: StepFinish | None = None
-            if tok in seq.stop:
-                finish = "stop"
-            elif seq.generated >= seq.params.max_new_tokens or len(seq.tokens) >= self.max_seq_len:
-                finish = "length"
-            if finish:
-                self._finish(seq, finish, (tok,))
-            else:
-                events.append(self._event(seq, (tok,), None))
+            events += self._emit(seq, tok)
         events += self._events
         self._events = []
         return events
