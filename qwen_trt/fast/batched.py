@@ -323,24 +323,7 @@ class BatchedModel:
                       enumerate(zip(positions, tables))]
             return self.forward(tokens, positions, chunks, list(range(b)))
         bucket = next(x for x in self.buckets if x >= b)
-        bs = self.block_size
-        # The pinned staging buffers are free again: the previous step's logits were read on
-        # the host after its copies. Padded rows: token 0 at position 0, length 1, scratch.
-        meta, lens, tabs = self.h_meta_np, self.h_lens_np, self.h_tables_np
-        meta.fill(0)
-        lens.fill(1)
-        tabs.fill(0)
-        pos = np.asarray(positions, dtype=np.int64)
-        meta[0, :b] = tokens
-        meta[1, :b] = pos
-        meta[2, :b] = [row[p // bs] * bs + p % bs for row, p in zip(tables, positions)]
-        meta[2, b:] = SCRATCH_BLOCK * bs
-        meta[3, :b] = 1
-        lens[:b] = pos + 1
-        for i, row in enumerate(tables):
-            tabs[i, :len(row)] = row
-        self.g_meta.copy_(self.h_meta, non_blocking=True)
-        self.g_i32.copy_(self.h_i32, non_blocking=True)
+        self.decode_meta(tokens, positions, tables, bucket)
         self._graph(bucket).replay()
         return self.g_logits[:b]
 
@@ -365,7 +348,11 @@ class BatchedModel:
         self.decode_meta(tokens, positions, tables, bucket)
         return self._chain_replay(b, bucket)
 
-    def decode_meta(self, tokens, positions, tables, bucket: int) -> None:
+    def decode_meta(self, tokens: Sequence[int], positions: Sequence[int],
+                    tables: Sequence[Sequence[int]], bucket: int) -> None:
+        """Stage one decode step's inputs and copy them to the graph's buffers (two copies).
+        The pinned staging is free: the previous step's results were read on the host since.
+        Padded rows: token 0 at position 0, length 1, the scratch block, not live."""
         bs = self.block_size
         meta, lens, tabs = self.h_meta_np, self.h_lens_np, self.h_tables_np
         b = len(tokens)

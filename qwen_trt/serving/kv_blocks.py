@@ -91,6 +91,7 @@ class BlockAllocator:
             (i, None) for i in range(1, num_blocks))
         self._cached: dict[BlockKey, int] = {}
         self._next_key_id = 1
+        self._cached_free = 0       # free blocks that still hold reusable KV
         self.hits = 0
         self.evictions = 0
 
@@ -110,9 +111,9 @@ class BlockAllocator:
         return self._blocks[block].refs
 
     def stats(self) -> AllocatorStats:
-        cached_free = sum(1 for b in self._free if self._blocks[b].key is not None)
         return AllocatorStats(total=self.num_usable, used=self.num_usable - self.num_free,
-                              cached_free=cached_free, hits=self.hits, evictions=self.evictions)
+                              cached_free=self._cached_free, hits=self.hits,
+                              evictions=self.evictions)
 
     # ---- prefix reuse --------------------------------------------------------------------
     def _chunks(self, token_ids: Sequence[int], n_blocks: int):
@@ -169,6 +170,8 @@ class BlockAllocator:
         b = self._blocks[block]
         if b.refs == 0:
             del self._free[block]
+            if b.key is not None:
+                self._cached_free -= 1
         b.refs += 1
 
     def can_allocate(self, n: int) -> bool:
@@ -187,6 +190,7 @@ class BlockAllocator:
                 if self._cached.get(b.key) == block:
                     del self._cached[b.key]
                 b.key = None
+                self._cached_free -= 1
                 self.evictions += 1
             b.refs = 1
             out.append(block)
@@ -210,6 +214,8 @@ class BlockAllocator:
                 self._free[block] = None
                 if b.key is None:                  # nothing to keep: reuse it first
                     self._free.move_to_end(block, last=False)
+                else:
+                    self._cached_free += 1
         seq.table = []
         seq.hashed = 0
         seq.last_key = 0
