@@ -191,6 +191,20 @@ def test_sampling_per_row_is_seeded_and_independent_of_the_batch(weights):
         mixed[1][0]
 
 
+def test_sampling_matches_the_batch1_decoder_seed_for_seed(weights):
+    """One sampler for both paths: the same seed gives the same tokens, penalties included."""
+    dec = FastDecoder(fresh_model(weights))
+    p = prompts(2, seed=12)
+    for sp in (SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.9, top_k=30, seed=7,
+                              ignore_eos=True),
+               SamplingParams(max_new_tokens=24, temperature=1.0, top_k=0, seed=8,
+                              repetition_penalty=1.3, presence_penalty=0.5, ignore_eos=True)):
+        ref = list(dec.generate(p[0], sp))
+        runner = make_runner(weights)
+        out = run_all(runner, {0: (p[0], sp), 1: (p[1], greedy(24))})
+        assert out[0][0] == ref
+
+
 def test_stop_ids_and_errors(weights):
     p = prompts(1, seed=11)[0]
     toks = alone(weights, p, greedy(30))
@@ -200,6 +214,12 @@ def test_stop_ids_and_errors(weights):
     out = run_all(runner, {0: (p, SamplingParams(max_new_tokens=30, temperature=0,
                                                   stop_token_ids=(stop,)))})
     assert out[0] == (toks[:first + 1], "stop", 0)
+    # the backend's stop ids apply to every request, unless it ignores EOS
+    bm = BatchedModel(fresh_model(weights), num_blocks=64, block_size=16)
+    with_default = BatchRunner(bm, SchedulerConfig(), stop_ids=(stop,))
+    out = run_all(with_default, {0: (p, SamplingParams(max_new_tokens=30, temperature=0)),
+                                 1: (p, greedy(30))})
+    assert out[0][:2] == (toks[:first + 1], "stop") and out[1][:2] == (toks, "length")
     runner.add(1, [], greedy(3))
     runner.add(2, p, greedy(MAX_SEQ))
     evs = runner.step()
@@ -232,6 +252,10 @@ class _ChainFake:
     V = 50
     block_size = 4
     max_seq_len = 512
+    device = torch.device("cpu")
+
+    class cfg:  # noqa: N801 - attribute bag
+        vocab_size = 50
 
     class cache:  # noqa: N801 - attribute bag
         num_blocks = 200

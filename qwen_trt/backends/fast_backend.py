@@ -63,7 +63,7 @@ class FastBackend(Backend):
             dec._decode_graphs.clear()      # they replay the static cache, freed below
             dec._prefill_graphs.clear()
             self._runner = make_batch_runner(dec.model, config, kv_tokens=kv_tokens,
-                                             checked=True)
+                                             checked=True, stop_ids=self.info.stop_token_ids)
         return self._runner
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:

@@ -14,8 +14,9 @@ On CUDA a step of decode rows only replays a CUDA graph captured per batch-size 
 (1, 2, 4, 8, 16, 32; the batch is padded up, padded rows write the scratch block). Bucket 1
 keeps the batch-1 decoder's fused Triton GEMVs (``model.decode_impl == "triton"``); larger
 buckets use cuBLAS through ``F.linear`` (one weight read for all rows). Token choice runs on the
-device after the step, per row, with each row's own temperature / top-p / top-k and uniforms
-drawn from its request's seeded generator (:func:`sample_rows`).
+device after the step, per row, with each row's own settings, by the one sampler of both torch
+paths (:mod:`qwen_trt.backends.sampling`, driven by the runner); greedy decode steps pick their
+argmax inside the graph and chain (:meth:`BatchedModel.decode_launch`).
 
 The weights are the :class:`~qwen_trt.fast.model.Qwen3Fast` ones; its static batch-1 cache is
 not used (``make_batched`` shrinks it).
@@ -36,7 +37,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
 from qwen_trt.fast.paged_kernels import (paged_attention_ref, paged_decode_attention,
                                          paged_rope_cache, triton)
-from qwen_trt.fast.sampler import TOPK_CAP, pick
 from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -96,17 +96,6 @@ class SeqChunk:
 
 
 @dataclass
-class RowSampling:
-    """How one row picks its token (built by the scheduler from the request's params)."""
-
-    greedy: bool
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    uniform: float = 0.0
-
-
-@dataclass
 class BatchedStats:
     graphs: bool = False
     gemv_bucket1: bool = False
@@ -117,31 +106,6 @@ class BatchedStats:
     bucket_impl: dict[int, str] = field(default_factory=dict)   # gemv | bgemv | bgemm | torch
     bucket_ms: dict[int, dict[str, float]] = field(default_factory=dict)  # replay ms, warm-up
     notes: list[str] = field(default_factory=list)
-
-
-def sample_rows(logits: torch.Tensor, rows: Sequence[RowSampling]) -> list[int]:
-    """One token per row of ``logits [R, vocab]``: greedy rows take the argmax, the others
-    temperature / top-k / top-p with their own pre-drawn uniform (the batch-1 sampler's math,
-    :func:`qwen_trt.fast.sampler.pick`, with per-row settings)."""
-    dev = logits.device
-    greedy = torch.argmax(logits, dim=-1)
-    if all(r.greedy for r in rows):
-        return greedy.tolist()
-    vocab = logits.shape[-1]
-    kind = "topk" if all(r.greedy or 0 < r.top_k <= TOPK_CAP for r in rows) else "full"
-
-    class _State:   # per-row settings shaped [R, 1] for pick()'s broadcasting
-        pass
-
-    st = _State()
-    st.temperature = torch.tensor([[max(r.temperature, 1e-6)] for r in rows], device=dev)
-    st.top_p = torch.tensor([[r.top_p] for r in rows], device=dev)
-    st.top_k = torch.tensor([[r.top_k if r.top_k > 0 else vocab] for r in rows], device=dev)
-    st.uniforms = torch.tensor([r.uniform for r in rows], device=dev)
-    st.step = torch.arange(len(rows), device=dev)
-    sampled = pick(logits, kind, st)
-    is_greedy = torch.tensor([r.greedy for r in rows], device=dev)
-    return torch.where(is_greedy, greedy, sampled).tolist()
 
 
 class BatchedModel:

@@ -25,13 +25,14 @@ Thread-confined like every runner: one thread calls every method.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from qwen_trt.backends.sampling import make_generator
-from qwen_trt.fast.batched import BatchedModel, RowSampling, SeqChunk, sample_rows
+from qwen_trt.backends.sampling import (PENALTIES, TOPK_CAP, SamplerState, pick,
+                                        sampler_kind)
+from qwen_trt.fast.batched import BatchedModel, SeqChunk
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
 from qwen_trt.serving.runner import RunnerStats, StepFinish, TokenEvent
@@ -65,13 +66,13 @@ class _Seq:
     prompt_len: int
     params: SamplingParams
     stop: frozenset[int]
-    gen: torch.Generator | None
     blocks: SeqBlocks = field(default_factory=SeqBlocks)
     computed: int = 0              # tokens whose KV is in the cache
     cached: int = 0                # prompt tokens served by the prefix cache
     generated: int = 0
     reported: bool = False         # first event sent (it carries cached_tokens)
     admitted: bool = False
+    row: int = -1                  # its row of the sampler state (kept through preemption)
 
 
 @dataclass(eq=False)
@@ -85,9 +86,18 @@ class _Inflight:
 class BatchRunner:
     """The continuous-batching runner of the fast path (module docstring)."""
 
-    def __init__(self, model: BatchedModel, config: SchedulerConfig | None = None) -> None:
+    def __init__(self, model: BatchedModel, config: SchedulerConfig | None = None, *,
+                 stop_ids: Collection[int] = ()) -> None:
+        """``stop_ids``: the backend's stop ids (``BackendInfo.stop_token_ids``), added to each
+        request's own unless it sets ``ignore_eos``."""
         self.model = model
         self.config = config or SchedulerConfig()
+        self.stop_ids = frozenset(stop_ids)
+        # One sampler row per sequence in flight (a preempted one keeps its row: its step and
+        # generated-token set go on after the recompute).
+        self.sampler = SamplerState(model.max_seq_len, model.cfg.vocab_size, model.device,
+                                    rows=self.config.max_batch)
+        self._free_rows = list(range(self.config.max_batch - 1, -1, -1))
         self.max_concurrency = self.config.max_batch
         self.max_seq_len = model.max_seq_len
         self.alloc = BlockAllocator(model.cache.num_blocks, model.block_size,
@@ -123,8 +133,9 @@ class BatchRunner:
         if problem:
             self._events.append(TokenEvent(request_id, finish="error", error=problem))
             return
-        stop = frozenset(params.stop_token_ids) if not params.ignore_eos else frozenset()
-        seq = _Seq(request_id, list(prompt_ids), n, params, stop, make_generator(params, "cpu"))
+        stop = (self.stop_ids | frozenset(params.stop_token_ids) if not params.ignore_eos
+                else frozenset())
+        seq = _Seq(request_id, list(prompt_ids), n, params, stop)
         self._seqs[request_id] = seq
         self._waiting.append(seq)
         self.prompt_tokens += n
@@ -156,8 +167,8 @@ class BatchRunner:
             events += self._drain_or_chain()
             return events
         decode, prefill = self._schedule()
-        if (decode and not prefill and all(s.params.greedy for s in decode)
-                and self.model.can_chain(len(decode))):
+        if (decode and not prefill and self.model.can_chain(len(decode))
+                and all(sampler_kind(s.params) == "greedy" for s in decode)):
             # greedy decode on the GPU: launch now, read the tokens on the next call, by which
             # time the next step is already queued behind this one (the host never stalls it)
             handle = self.model.decode_launch(
@@ -236,6 +247,9 @@ class BatchRunner:
     # ---- scheduling ------------------------------------------------------------------------
     def _finish(self, seq: _Seq, finish: StepFinish, new: tuple[int, ...]) -> None:
         self.alloc.free(seq.blocks)
+        if seq.row >= 0:
+            self._free_rows.append(seq.row)
+            seq.row = -1
         if seq in self._running:
             self._running.remove(seq)
         else:
@@ -283,7 +297,8 @@ class BatchRunner:
             if budget <= 0:
                 break
             if not seq.admitted:
-                if len(self._running) >= self.config.max_batch:
+                if len(self._running) >= self.config.max_batch or (
+                        seq.row < 0 and not self._free_rows):
                     break
                 hit = self.alloc.match_prefix(seq.blocks, seq.tokens)
                 if not self.alloc.can_allocate(
@@ -296,6 +311,9 @@ class BatchRunner:
                     seq.cached = hit
                     self.prefix_hit_tokens += hit
                 seq.admitted = True
+                if seq.row < 0:                         # a new request: its sampler row
+                    seq.row = self._free_rows.pop()
+                    self.sampler.set(seq.params, seq.row)
                 self._waiting.remove(seq)
                 self._running.append(seq)
             n = min(len(seq.tokens) - seq.computed, budget)
@@ -339,8 +357,7 @@ class BatchRunner:
             logits = self.model.forward(tokens, positions, chunks, logit_rows)
         elif logits is None:
             logits = self.model.decode(tokens, positions, [c.table for c in chunks])
-        rows = [self._row_sampling(s) for s in sampled]
-        picked = sample_rows(logits, rows)
+        picked = self._pick(logits, sampled)
         self._count_step(len(tokens))
         for seq in decode:
             seq.computed += 1
@@ -355,18 +372,42 @@ class BatchRunner:
         self._events = []
         return events
 
-    def _row_sampling(self, seq: _Seq) -> RowSampling:
-        p = seq.params
-        if p.greedy:
-            return RowSampling(greedy=True)
-        u = float(torch.rand(1, generator=seq.gen).item())
-        return RowSampling(False, p.temperature, p.top_p, p.top_k, u)
+    def _pick(self, logits: torch.Tensor, seqs: list[_Seq]) -> list[int]:
+        """One token per row of ``logits`` with each sequence's settings: the shared sampler
+        (:mod:`qwen_trt.backends.sampling`) over those sequences' rows of the sampler state."""
+        if not seqs:
+            return []
+        kinds = [sampler_kind(s.params) for s in seqs]
+        if all(k == "greedy" for k in kinds):
+            return torch.argmax(logits, dim=-1).tolist()
+        base = [k.removesuffix(PENALTIES) for k in kinds]
+        kind = "topk" if all(b in ("greedy", "topk") for b in base) else "full"
+        if any(k.endswith(PENALTIES) for k in kinds):
+            kind += PENALTIES
+        st = self.sampler
+        idx = torch.tensor([s.row for s in seqs], device=st.step.device)
+        view = _RowsView(st, idx)
+        toks = pick(logits, kind, view)
+        st.seen[idx, toks] = True           # SamplerState.advance for these rows
+        st.step[idx] += 1
+        return toks.tolist()
+
+
+class _RowsView:
+    """Some rows of a :class:`SamplerState`, in the order of a step's logits rows."""
+
+    def __init__(self, st: SamplerState, idx: torch.Tensor) -> None:
+        for name in ("temperature", "top_p", "top_k", "presence", "repetition", "uniforms",
+                     "step", "seen"):
+            setattr(self, name, getattr(st, name).index_select(0, idx))
+
+    penalize = SamplerState.penalize
 
 
 def make_batch_runner(model, config: SchedulerConfig | None = None, *,
                       kv_tokens: int | None = None, block_size: int | None = None,
                       graphs: bool | None = None, warmup: bool = True,
-                      checked: bool = False) -> BatchRunner:
+                      checked: bool = False, stop_ids: Collection[int] = ()) -> BatchRunner:
     """A :class:`BatchRunner` over the weights of ``model`` (a
     :class:`~qwen_trt.fast.model.Qwen3Fast`); its batch-1 static cache is freed. ``kv_tokens``
     caps the paged cache (default: what fits in free GPU memory; 8192 tokens on CPU)."""
@@ -375,7 +416,7 @@ def make_batch_runner(model, config: SchedulerConfig | None = None, *,
 
     bm = make_batched(model, block_size=block_size or DEFAULT_BLOCK_SIZE, kv_tokens=kv_tokens,
                       graphs=graphs, warmup=warmup, checked=checked)
-    return BatchRunner(bm, config)
+    return BatchRunner(bm, config, stop_ids=stop_ids)
 
 
 def generate(runner: BatchRunner, prompt_ids: Sequence[int], params: SamplingParams,
