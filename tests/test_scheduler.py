@@ -239,6 +239,9 @@ def test_fast_backend_exposes_the_runner(tiny_model_dir):
     before = list(backend.stream(ids, greedy(12)))
     runner = backend.runner(SchedulerConfig(max_batch=4, token_budget=64), kv_tokens=512)
     assert isinstance(runner, BatchRunner) and runner is backend.runner()
+    from qwen_trt.serving.worker import make_runner
+
+    assert make_runner(backend) is runner                        # what the worker process runs
     assert runner.max_concurrency == 4
     assert list(backend.stream(ids, greedy(12))) == before       # stream now via the runner
     assert runner.stats().kv_blocks_total == 512 // 32
