@@ -37,3 +37,23 @@ def test_serving_bench_smoke(tmp_path, monkeypatch):
     # turn 2's prompt starts with turn 1's prompt + reply (20 + 20 tokens): 2 full blocks
     assert mt["reuse"]["cached_tokens"][1] == 32 and mt["reuse"]["cached_tokens"][2] >= 64
     assert res["batch1_decoder"]["decode_tok_s_p50"] > 0 and "batch1_ratio" in res
+
+
+def test_serving_bench_cli_quick(tmp_path, monkeypatch, capsys):
+    from qwen_trt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rc = main(["bench", "--random-weights", "--shape", "tiny", "--device", "cpu", "--quick",
+                   "--concurrency", "2", "--no-fifo", "--turns", "2", "--out",
+                   str(tmp_path / "s.json")])
+    finally:
+        torch.set_num_threads(n)
+    assert rc == 0
+    res = json.loads((tmp_path / "s.json").read_text())
+    assert "--concurrency 2" in res["command"] and res["config"]["token_budget"] == 32
+    assert res["fifo"] == {} and res["burst"]["2"]["tokens_ok"]
+    assert "| burst | 2 |" in capsys.readouterr().out
+    assert main(["bench", "--device", "cpu", "--concurrency", "0"]) == 2   # one clear line
