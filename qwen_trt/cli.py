@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "qwen_trt.commands.bench",
     "qwen_trt.commands.build",
     "qwen_trt.commands.export_onnx",
+    "qwen_trt.commands.serve",
 )
 
 

@@ -1,0 +1,81 @@
+"""Prometheus metrics of one server (its own registry, so several apps can live in one process).
+
+Counted here: requests by outcome, tokens, time to first token (HTTP receive -> first text, so
+queueing is included) and decode tokens/s per request. Read from the service at scrape time:
+queue depth, running requests and KV-cache use, when its ``status()`` reports them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TOKS_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 400, 800, 1600, 3200)
+
+
+class _ServiceCollector:
+    """Gauges read from ``status()`` on every scrape (whatever fields it has)."""
+
+    def __init__(self, status: Callable[[], object], api_waiting: Callable[[], int],
+                 api_running: Callable[[], int]) -> None:
+        self._status, self._waiting, self._running = status, api_waiting, api_running
+
+    def collect(self):
+        yield _gauge("qwen_trt_requests_waiting", "API requests not yet started by the engine",
+                     self._waiting())
+        yield _gauge("qwen_trt_requests_running", "API requests the engine is generating",
+                     self._running())
+        try:
+            st = self._status()
+        except Exception:  # a dead engine: /health says so; metrics stay scrapeable
+            return
+        queued = getattr(st, "queued", None)
+        if queued is None:
+            queued = getattr(st, "waiting", None)
+        if queued is not None:
+            yield _gauge("qwen_trt_engine_queue_depth", "requests queued in the engine", queued)
+        busy = getattr(st, "busy", None)
+        running = getattr(st, "running", None)
+        if running is None and busy is not None:
+            running = int(bool(busy))
+        if running is not None:
+            yield _gauge("qwen_trt_engine_running", "requests the engine runs now", running)
+        used = getattr(st, "kv_blocks_used", None)
+        total = getattr(st, "kv_blocks_total", None)
+        usage = getattr(st, "kv_usage", None)
+        if usage is None and used is not None and total:
+            usage = used / total
+        if usage is not None:
+            yield _gauge("qwen_trt_kv_cache_usage_ratio", "KV-cache blocks in use (0-1)", usage)
+
+
+def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc)
+    g.add_metric([], float(value))
+    return g
+
+
+class ServerMetrics:
+    def __init__(self, status: Callable[[], object], api_waiting: Callable[[], int],
+                 api_running: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("qwen_trt_requests", "chat completion requests by outcome",
+                                ["outcome"], registry=r)
+        self.prompt_tokens = Counter("qwen_trt_prompt_tokens", "prompt tokens received",
+                                     registry=r)
+        self.generation_tokens = Counter("qwen_trt_generation_tokens", "tokens generated",
+                                         registry=r)
+        self.ttft = Histogram("qwen_trt_time_to_first_token_seconds",
+                              "request received -> first text sent (queueing included)",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.tok_s = Histogram("qwen_trt_decode_tokens_per_second",
+                               "decode rate of each finished request", buckets=TOKS_BUCKETS,
+                               registry=r)
+        r.register(_ServiceCollector(status, api_waiting, api_running))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
