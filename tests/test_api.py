@@ -1,0 +1,258 @@
+"""``qwen-trt serve`` on the tiny model, driven by the official ``openai`` client (one server
+for the module): streaming and whole replies, usage, every error case, concurrency, a dropped
+stream, auth."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from servers import start_serve  # noqa: E402
+
+KEY = "test-key-123"
+CTX = 256
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    s = start_serve(tiny_model_dir, tmp_path_factory.mktemp("serve"), "--api-key", KEY,
+                    "--max-seq-len", str(CTX), "--served-model-name", "tiny")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def ask(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def post(server, body, key=KEY, raw: bytes | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if raw is not None:
+        return httpx.post(f"{server.url}/v1/chat/completions", content=raw, headers=headers,
+                          timeout=30)
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def metric(server, name: str, labels: str = "") -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    m = re.search(rf"^{re.escape(name + labels)} ([0-9.e+-]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_stream_equals_non_stream_greedy_with_usage(client):
+    kw = dict(model="tiny", messages=ask("Tell me a story"), temperature=0, max_tokens=24)
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert whole.object == "chat.completion"
+    assert whole.choices[0].message.role == "assistant"
+    assert text == whole.choices[0].message.content and text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [whole.choices[0].finish_reason]
+    assert finals[0] in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    u = whole.usage
+    assert u.prompt_tokens > 5 and 1 <= u.completion_tokens <= 24
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+
+
+def test_length_finish_and_no_usage_chunk_without_include_usage(client):
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=ask("hi"), max_tokens=3, stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.usage is None for c in chunks)
+    whole = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=3,
+                                           extra_body={"ignore_eos": True})
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 3
+
+
+def test_raw_sse_ends_with_done(server):
+    body = {"messages": ask("hi"), "stream": True, "max_tokens": 4, "temperature": 0}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [ln for ln in r.iter_lines() if ln]
+    assert events[-1] == "data: [DONE]"
+    first = json.loads(events[0][6:])
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+def test_seed_makes_sampling_repeatable_and_neutral_fields_pass(client):
+    kw = dict(model="tiny", messages=ask("Say something"), temperature=1.0, top_p=0.9, seed=7,
+              max_tokens=12, n=1, presence_penalty=0, frequency_penalty=0, logprobs=False,
+              tools=None, user="someone", extra_body={"top_k": 50, "repetition_penalty": 1.0})
+    a = client.chat.completions.create(**kw).choices[0].message.content
+    b = client.chat.completions.create(**kw).choices[0].message.content
+    assert a == b
+
+
+def test_stop_string_trims_and_finishes_with_stop(client):
+    base = client.chat.completions.create(model="tiny", messages=ask("Tell me a story"),
+                                          temperature=0, max_tokens=24,
+                                          extra_body={"ignore_eos": True})
+    text = base.choices[0].message.content
+    assert len(text) > 4
+    stop = text[3:5]
+    cut = text.index(stop)
+    for stream in (False, True):
+        r = client.chat.completions.create(model="tiny", messages=ask("Tell me a story"),
+                                           temperature=0, max_tokens=24, stop=[stop],
+                                           stream=stream, extra_body={"ignore_eos": True})
+        if stream:
+            chunks = list(r)
+            got = "".join(c.choices[0].delta.content or "" for c in chunks)
+            reason = chunks[-1].choices[0].finish_reason
+        else:
+            got, reason = r.choices[0].message.content, r.choices[0].finish_reason
+        assert got == text[:cut]
+        assert reason == "stop"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": ask("x"), "temperature": "hot"}, "temperature"),
+    ({"messages": ask("x"), "temperature": 3}, "temperature"),
+    ({"messages": ask("x"), "top_p": 0}, "top_p"),
+    ({"messages": ask("x"), "max_tokens": 0}, "max_tokens"),
+    ({"messages": ask("x"), "max_tokens": 1.5}, "max_tokens"),
+    ({"messages": ask("x"), "seed": "x"}, "seed"),
+    ({"messages": ask("x"), "stream": "yes"}, "stream"),
+    ({"messages": ask("x"), "stop": 5}, "stop"),
+    ({"messages": ask("x"), "top_k": -2}, "top_k"),
+    ({"messages": ask("x"), "n": 2}, "n"),
+    ({"messages": ask("x"), "logprobs": True}, "logprobs"),
+    ({"messages": ask("x"), "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": ask("x"), "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": ask("x"), "presence_penalty": 5}, "presence_penalty"),
+])
+def test_bad_requests_get_400_in_openai_shape(server, body, param):
+    r = post(server, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error"
+    assert err["param"] == param
+    assert err["message"] and "\n" not in err["message"]
+
+
+def test_invalid_json_and_non_object(server):
+    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
+        r = post(server, None, raw=raw)
+        assert r.status_code == 400 and r.json()["error"]["message"]
+
+
+def test_openai_client_raises_bad_request_with_message(client):
+    with pytest.raises(openai.BadRequestError, match="not supported"):
+        client.chat.completions.create(model="tiny", messages=ask("x"), n=3)
+
+
+def test_prompt_too_long_says_the_token_counts(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=ask("word " * 400), max_tokens=4)
+    msg = str(e.value)
+    assert "maximum context length is 256 tokens" in msg
+    assert re.search(r"resulted in \d{3,} tokens", msg)
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError, match=r"requested \d+ tokens \(\d+ in the messages, "
+                                                     r"250 in the completion\)"):
+        client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=250)
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError, match="serves 'tiny'"):
+        client.chat.completions.create(model="gpt-4o", messages=ask("x"))
+
+
+def test_auth(server):
+    for key in (None, "wrong"):
+        r = post(server, {"messages": ask("x")}, key=key)
+        assert r.status_code == 401
+        assert r.json()["error"]["code"] == "invalid_api_key"
+    bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    assert httpx.get(f"{server.url}/health").status_code == 200   # probes need no key
+
+
+def test_models_lists_the_context_limit(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny"]
+    assert models[0].model_extra["max_model_len"] == CTX
+
+
+def test_sixteen_concurrent_streams(client, server):
+    results: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            stream = client.chat.completions.create(
+                model="tiny", messages=ask(f"request number {i}"), temperature=0, max_tokens=8,
+                stream=True)
+            chunks = list(stream)
+            assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+            results[i] = "".join(c.choices[0].delta.content or "" for c in chunks)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert len(results) == 16
+    for i in (0, 9):   # each stream got its own reply: the same as asking alone
+        alone = client.chat.completions.create(model="tiny", messages=ask(f"request number {i}"),
+                                               temperature=0, max_tokens=8)
+        assert results[i] == alone.choices[0].message.content
+
+
+def test_dropped_stream_cancels_its_request(client, server):
+    before = metric(server, "qwen_trt_requests_total", '{outcome="cancelled"}')
+    stream = client.chat.completions.create(model="tiny", messages=ask("go on"), max_tokens=200,
+                                            stream=True, extra_body={"ignore_eos": True})
+    it = iter(stream)
+    for _ in range(3):
+        next(it)
+    stream.close()          # the client goes away mid-reply
+    for _ in range(100):    # bounded: the server notices within a few tokens
+        if metric(server, "qwen_trt_requests_total", '{outcome="cancelled"}') > before:
+            break
+        threading.Event().wait(0.1)
+    assert metric(server, "qwen_trt_requests_total", '{outcome="cancelled"}') == before + 1
+    assert metric(server, "qwen_trt_requests_running") == 0
+    # the engine is free for the next request
+    r = client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=2)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_metrics_count_requests_and_tokens(client, server):
+    client.chat.completions.create(model="tiny", messages=ask("hi"), max_tokens=2)
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in ("qwen_trt_requests_total", "qwen_trt_time_to_first_token_seconds_count",
+                 "qwen_trt_generation_tokens_total", "qwen_trt_requests_waiting",
+                 "qwen_trt_engine_queue_depth"):
+        assert name in text
+    assert metric(server, "qwen_trt_generation_tokens_total") >= 2
