@@ -51,6 +51,7 @@ class PromptPlan:
     dropped_turns: int          # oldest turns left out of this prompt to fit the limit
     used_turns: int             # history turns included
     token_budget: int           # the prompt limit it was fitted to
+    messages: list[dict] = field(default_factory=list)   # the same prompt as chat messages
 
 
 def render_prompt_text(tokenizer, messages: list[dict]) -> str:
@@ -315,7 +316,8 @@ class ChatSession:
             else:
                 hi = mid - 1
         self._encoder.keep_used_only()
-        return PromptPlan(ids=best, dropped_turns=len(turns) - lo, used_turns=lo, token_budget=budget)
+        return PromptPlan(ids=best, dropped_turns=len(turns) - lo, used_turns=lo, token_budget=budget,
+                          messages=self._template_messages(turns[-lo:] if lo else [], user_text))
 
     def add_exchange(self, user_text: str, reply_text: str, interrupted: bool = False,
                      reply_ids: Sequence[int] | None = None) -> None:
