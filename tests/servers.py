@@ -39,6 +39,13 @@ class Served:
         except OSError:
             return ""
 
+    def wait(self) -> None:
+        try:
+            wait_healthy(self.url, self.proc, what=f"qwen-trt serve on {self.port}")
+        except RuntimeError as e:
+            self.stop()
+            raise RuntimeError(f"{e}\n{self.log_tail()}") from None
+
     def stop(self, sig=signal.SIGTERM, timeout: float = 15) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -50,11 +57,11 @@ class Served:
 
 
 def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float = 90,
-                 what: str = "server", log: str = "") -> None:
+                 what: str = "server") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}: {log}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
@@ -65,7 +72,7 @@ def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float = 90,
 
 
 def start_serve(model_dir, tmp: Path, *args: str, port: int | None = None,
-                env: dict | None = None) -> Served:
+                env: dict | None = None, wait: bool = True) -> Served:
     port = port or free_port()
     log = tmp / f"serve-{port}.log"
     cmd = [sys.executable, "-m", "qwen_trt.cli", "serve", "--model", str(model_dir),
@@ -74,9 +81,73 @@ def start_serve(model_dir, tmp: Path, *args: str, port: int | None = None,
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
     served = Served(proc, port, log)
-    try:
-        wait_healthy(served.url, proc, what=f"qwen-trt serve on {port}", log="")
-    except RuntimeError as e:
-        served.stop()
-        raise RuntimeError(f"{e}\n{served.log_tail()}") from None
+    if wait:
+        served.wait()
     return served
+
+
+NGINX_CONF = ROOT / "deploy" / "nginx.conf"
+
+
+def nginx_binary() -> str | None:
+    import shutil
+
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
+
+
+@dataclass
+class Nginx:
+    proc: subprocess.Popen
+    port: int
+    prefix: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def access_log(self) -> str:
+        try:
+            return (self.prefix / "logs" / "access.log").read_text()
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)     # graceful: the master stops its workers
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def start_nginx(prefix: Path, upstream_ports: list[int], port: int | None = None) -> Nginx:
+    """deploy/nginx.conf itself, with these ports, in the foreground under ``prefix``."""
+    import re
+
+    port = port or free_port()
+    conf = NGINX_CONF.read_text()
+    conf = conf.replace("listen 127.0.0.1:8000;", f"listen 127.0.0.1:{port};")
+    servers = iter(upstream_ports)
+    conf = re.sub(r"server 127\.0\.0\.1:800[12] ", lambda _m: f"server 127.0.0.1:{next(servers)} ",
+                  conf)
+    conf = conf.replace("worker_processes auto;", "worker_processes 1;\ndaemon off;")
+    if os.geteuid() == 0:   # workers would otherwise run as nobody, locked out of a 0700 tmp dir
+        conf = "user root;\n" + conf
+    for d in ("logs", "tmp"):
+        (prefix / d).mkdir(parents=True, exist_ok=True)
+    path = prefix / "nginx.conf"
+    path.write_text(conf)
+    log = open(prefix / "logs" / "stderr.log", "wb")
+    proc = subprocess.Popen([nginx_binary(), "-p", str(prefix), "-c", str(path), "-e",
+                             str(prefix / "logs" / "error.log")], stdout=log,
+                            stderr=subprocess.STDOUT)
+    ng = Nginx(proc, port, prefix)
+    try:
+        wait_healthy(ng.url, proc, timeout=20, what="nginx")
+    except RuntimeError as e:
+        ng.stop()
+        err = (prefix / "logs" / "error.log")
+        raise RuntimeError(f"{e}: {err.read_text()[-2000:] if err.exists() else ''}") from None
+    return ng
