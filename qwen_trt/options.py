@@ -1,7 +1,7 @@
 """The backend options, one home for the app and the CLI.
 
 ``add_backend_args(parser)`` adds ``--model --engine --backend --device --dtype --max-seq-len
---fast`` to any argparse parser; ``config_from(args, environ)`` turns the parsed flags plus the
+--fast --base-url --api-key`` to any argparse parser; ``config_from(args, environ)`` turns the parsed flags plus the
 ``QWEN_TRT_*`` environment variables into a checked :class:`BackendConfig` (a flag wins over its
 variable; an empty variable counts as unset; with nothing given the backend's ``auto`` choice
 applies). The values themselves are checked once, in ``BackendConfig.__post_init__``.
@@ -47,6 +47,10 @@ OPTIONS: tuple[BackendOption, ...] = (
     BackendOption("--fast", "QWEN_TRT_FAST",
                   f"torch backend: compiled CUDA-graph fast path: {' | '.join(FAST_MODES)} "
                   "(default auto = on CUDA)"),
+    BackendOption("--base-url", "QWEN_TRT_BASE_URL",
+                  "openai backend: an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"),
+    BackendOption("--api-key", "QWEN_TRT_API_KEY",
+                  "openai backend: the key to send; qwen-trt serve: the key clients must send"),
 )
 
 
@@ -75,7 +79,8 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = No
         max_seq_len = int(max_seq_len)     # anything else is refused by BackendConfig
     return BackendConfig(backend=v["backend"] or "auto", model=v["model"], engine=v["engine"],
                          device=v["device"] or "auto", dtype=v["dtype"] or "auto",
-                         max_seq_len=max_seq_len, fast=v["fast"] or "auto")
+                         max_seq_len=max_seq_len, fast=v["fast"] or "auto",
+                         base_url=v["base_url"], api_key=v["api_key"])
 
 
 class _AppParser(argparse.ArgumentParser):

@@ -40,4 +40,4 @@ def test_no_engine_means_torch(monkeypatch):
     monkeypatch.setattr(trt, "auto_engine_dir", lambda: None)
     assert choose_backend(BackendConfig()) == "torch"
     assert choose_backend(BackendConfig(engine="engines/a10")) == "trtllm"
-    assert backends.BACKENDS == ("auto", "torch", "trtllm")
+    assert backends.BACKENDS == ("auto", "torch", "trtllm", "openai")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.errors import ConfigError
 
-BACKENDS = ("auto", "torch", "trtllm")
+BACKENDS = ("auto", "torch", "trtllm", "openai")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 FAST_MODES = ("auto", "on", "off")
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -32,6 +32,8 @@ class BackendConfig:
     max_seq_len: int | None = None  # torch only: context limit (prompt + reply)
     warmup: bool = True
     fast: str = "auto"              # torch only: compiled fast path; auto = on CUDA, off on CPU
+    base_url: str | None = None     # openai only: an OpenAI-compatible server (.../v1)
+    api_key: str | None = None      # openai: the key sent; qwen-trt serve: the key required
 
     def __post_init__(self) -> None:
         for what, flag, value, allowed in (("backend", "backend", self.backend, BACKENDS),
@@ -48,6 +50,9 @@ class BackendConfig:
             raise ConfigError(f"{_where('max-seq-len')} must be a whole number of tokens >= "
                               f"{MIN_MAX_SEQ_LEN} (the chat template alone takes about 10), "
                               f"got '{n}'.")
+        if self.backend == "openai" and not self.base_url:
+            raise ConfigError(f"--backend openai needs {_where('base-url')}, e.g. "
+                              "http://127.0.0.1:8000/v1.")
 
 
 def _where(flag: str) -> str:
@@ -92,6 +97,9 @@ def engine_built_from(engine_dir, model: str) -> bool:
 
 def load_backend(cfg: BackendConfig) -> Backend:
     name = choose_backend(cfg)
+    if name == "openai":
+        raise ConfigError("The openai backend streams chats, not token ids: start it with "
+                          "qwen_trt.backends.openai_backend.start_service_for().")
     if name == "trtllm":
         from qwen_trt.backends.trtllm_backend import TrtllmBackend
 
