@@ -12,6 +12,7 @@ from contextlib import closing
 
 import streamlit as st
 
+from qwen_trt.backends.openai_backend import start_service_for, submit_plan
 from qwen_trt.serving import service as serving
 from qwen_trt.options import app_parser, config_from, config_key
 from qwen_trt.chat.session import ChatSession
@@ -32,7 +33,7 @@ st.set_page_config(page_title="qwen-trt chat", page_icon="💬")
                                 "compiles CUDA graphs: a few minutes)…")
 def engine_service(key: str, _cfg) -> serving.InferenceService:
     """One engine per server process, shared by every browser session."""
-    return serving.start_service(_cfg)
+    return start_service_for(_cfg)    # this machine's engine, or an OpenAI-compatible server
 
 
 def sidebar() -> SamplingParams:
@@ -70,7 +71,7 @@ def stream_reply(service: serving.InferenceService, state: ChatState, text: str,
     info = service.info
     plan = state.chat.prepare(text, max_input_len=info.max_input_len, max_seq_len=info.max_seq_len,
                               max_new_tokens=params.max_new_tokens)
-    pending = state.start(text, service.submit(plan.ids, params, plan.dropped_turns))
+    pending = state.start(text, submit_plan(service, plan, params))
     handle = pending.handle
     with st.chat_message("assistant"):
         if plan.dropped_turns:
@@ -101,7 +102,10 @@ def stream_reply(service: serving.InferenceService, state: ChatState, text: str,
                             blocks.markdown(block)
                         tail.markdown(update.tail)
                     case serving.Failed(error=error):
-                        state.discard(pending)
+                        if handle.text:        # e.g. the server went away: keep the partial reply
+                            state.commit_pending(pending)
+                        else:
+                            state.discard(pending)
                         raise error
                     case serving.Finished():
                         reply = state.commit_pending(pending)

@@ -31,7 +31,7 @@ from qwen_trt.api.prompt import encode_messages
 from qwen_trt.api.protocol import ChatRequest, ChunkWriter, completion, parse_chat_request
 from qwen_trt.api.stops import StopScanner
 from qwen_trt.errors import ConfigError, QwenTrtError
-from qwen_trt.serving.service import Delta, Failed, Finished, Started, Waiting
+from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
 
 log = logging.getLogger("qwen_trt.api")
 

@@ -19,18 +19,17 @@ import itertools
 import json
 import logging
 import math
-import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from qwen_trt.backends.base import BackendInfo
 from qwen_trt.errors import BackendUnavailableError, ConfigError, QwenTrtError
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
-from qwen_trt.serving.service import (Delta, Failed, Finished, ServiceClosedError, ServiceStatus,
-                                      Started, Waiting)
+from qwen_trt.serving.events import (Delta, Failed, Finished, RequestHandle, ServiceClosedError,
+                                     ServiceStatus, Started)
 
 log = logging.getLogger(__name__)
 
@@ -132,91 +131,16 @@ def _local_tokenizer(name: str | None):
         return None
 
 
-class RemoteHandle:
-    """One request streaming from the server; the surface of ``RequestHandle``."""
+class RemoteHandle(RequestHandle):
+    """One request streaming from the server: the engine's handle, with messages for a prompt."""
 
     def __init__(self, service: "OpenAIService", request_id: int, messages: Sequence[dict],
                  params: SamplingParams, dropped_turns: int) -> None:
-        self.id = request_id
-        self.messages = [dict(m) for m in messages]
-        self.params = params
-        self.dropped_turns = dropped_turns
-        self.submitted_at = time.monotonic()
-        self.started_at: float | None = None
-        self.state = "queued"
-        self._service = service
-        self._events: queue.Queue = queue.Queue()
-        self._cancel = threading.Event()
-        self._done = threading.Event()
-        self._text: list[str] = []
-        self._result: Reply | QwenTrtError | None = None
+        super().__init__(service, request_id, (), params, dropped_turns)
+        # role and content only: other servers may refuse fields they do not know (token_ids)
+        self.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
         self._response = None
         self._lock = threading.Lock()
-
-    position = 0
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    @property
-    def text(self) -> str:
-        return "".join(self._text)
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    @property
-    def waited_s(self) -> float:
-        end = self.started_at if self.started_at is not None else time.monotonic()
-        return end - self.submitted_at
-
-    def cancel(self) -> None:
-        """Close the stream: the server sees the client go and drops the request."""
-        self._cancel.set()
-        with self._lock:
-            resp = self._response
-        if resp is not None:
-            try:
-                resp.close()
-            except Exception:  # noqa: BLE001 - the reader thread ends either way
-                pass
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
-
-    def result(self, timeout: float | None = None) -> Reply:
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.id} still running after {timeout} s")
-        if isinstance(self._result, QwenTrtError):
-            raise self._result
-        return self._result
-
-    def events(self, poll_s: float = 0.1) -> Iterator:
-        try:
-            while True:
-                try:
-                    ev = self._events.get(timeout=poll_s)
-                except queue.Empty:
-                    yield Waiting(position=0, waited_s=time.monotonic() - self.submitted_at)
-                    continue
-                yield ev
-                if isinstance(ev, (Finished, Failed)):
-                    return
-        finally:
-            if not self._done.is_set():
-                self.cancel()
-
-    def _emit(self, ev) -> None:
-        if isinstance(ev, Delta):
-            self._text.append(ev.text)
-        elif isinstance(ev, (Finished, Failed)):
-            self._result = ev.reply if isinstance(ev, Finished) else ev.error
-            self.state = "done"
-        self._events.put(ev)
-        if isinstance(ev, (Finished, Failed)):
-            self._done.set()
 
 
 class OpenAIService:
@@ -298,6 +222,20 @@ class OpenAIService:
         threading.Thread(target=self._run, args=(handle,), name=f"openai-{handle.id}",
                          daemon=True).start()
         return handle
+
+    # the handle's owner: nothing queues here (the server queues); cancel closes the stream,
+    # which the server sees as the client going away
+    def _position(self, handle: RemoteHandle) -> int:
+        return 0
+
+    def _cancel(self, handle: RemoteHandle) -> None:
+        with handle._lock:
+            resp = handle._response
+        if resp is not None:
+            try:
+                resp.close()
+            except Exception:  # noqa: BLE001 - the reader thread ends either way
+                pass
 
     def status(self) -> ServiceStatus:
         with self._lock:
@@ -449,5 +387,13 @@ def submit_plan(service, plan, params: SamplingParams):
     return service.submit(plan.ids, params, plan.dropped_turns)
 
 
-def start_openai_service(cfg: OpenAIConfig) -> OpenAIService:
-    return OpenAIService(cfg)
+def start_service_for(cfg):
+    """The service a :class:`~qwen_trt.backends.BackendConfig` names: a remote OpenAI-compatible
+    server for ``backend="openai"``, else this machine's engine (``serving.start_service``)."""
+    if cfg.backend == "openai":       # BackendConfig made sure it has a base_url
+        return OpenAIService(OpenAIConfig(base_url=cfg.base_url, api_key=cfg.api_key,
+                                          model=cfg.model, max_seq_len=cfg.max_seq_len))
+    from qwen_trt.serving.service import start_service
+
+    return start_service(cfg)
+

@@ -12,6 +12,7 @@ import threading
 from qwen_trt.chat.session import ChatSession, check_message, check_room, valid_text
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.ui.text import user_error
+from qwen_trt.backends.openai_backend import submit_plan
 from qwen_trt.options import add_backend_args, config_from
 from qwen_trt.params import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K,
                              DEFAULT_TOP_P, SamplingParams)
@@ -51,13 +52,17 @@ def reply_once(service, session: ChatSession, text: str, params: SamplingParams,
     info = service.info
     plan = session.prepare(text, max_input_len=info.max_input_len, max_seq_len=info.max_seq_len,
                            max_new_tokens=params.max_new_tokens)
-    handle = service.submit(plan.ids, params, plan.dropped_turns)
+    handle = submit_plan(service, plan, params)    # ids to our engine, messages to a server
     try:
         for ev in handle.events(poll_s=1.0):
             if isinstance(ev, Delta) and not as_json:
                 out.write(ev.text)
                 out.flush()
             elif isinstance(ev, Failed):
+                if handle.text:       # e.g. the server went away mid-reply: keep what came
+                    session.add_exchange(text, handle.text, interrupted=True)
+                    if not as_json:
+                        out.write("\n")
                 raise ev.error
     except KeyboardInterrupt:
         handle.cancel()
@@ -135,12 +140,12 @@ def run(args) -> int:
         check_room(cfg.max_seq_len, cfg.max_seq_len, params.max_new_tokens)
     if not args.json:
         print("loading model...", file=sys.stderr)
-    from qwen_trt.serving.service import start_service
+    from qwen_trt.backends.openai_backend import start_service_for
 
     service = None
     try:
         with interrupts_not_lost():
-            service = start_service(cfg)      # the engine process (QWEN_TRT_WORKER)
+            service = start_service_for(cfg)  # the engine process, or an OpenAI-compatible server
         return _serve(args, service, params, system, prompt)
     finally:
         if service is not None:
