@@ -256,3 +256,17 @@ def test_metrics_count_requests_and_tokens(client, server):
                  "qwen_trt_engine_queue_depth"):
         assert name in text
     assert metric(server, "qwen_trt_generation_tokens_total") >= 2
+
+
+def test_http_bench_reports_every_level(server, tmp_path):
+    from qwen_trt.bench.http_bench import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--url", server.url, "--api-key", KEY, "--concurrency", "1,3", "--requests", "4",
+                 "--input-words", "10", "--output-tokens", "5", "--warmup", "0",
+                 "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["model"] == "tiny" and [lv["concurrency"] for lv in res["levels"]] == [1, 3]
+    for lv in res["levels"]:
+        assert lv["requests"] == 4 and lv["errors"] == 0 and lv["output_tokens_mean"] == 5
+        assert lv["output_token_throughput"] > 0
