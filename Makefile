@@ -12,7 +12,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test test-compat test-kernels tiny chat engine bench onnx clean
+.PHONY: setup demo test test-compat test-kernels tiny chat engine bench onnx serve loadtest clean
 
 setup: $(VENV)/.installed
 
@@ -61,6 +61,27 @@ TRITON_SPEC ?= triton==3.5.0
 test-kernels: setup
 	test -d $(TRITON_DIR)/triton || $(PIP) install -q --target $(TRITON_DIR) --no-deps "$(TRITON_SPEC)"
 	QWEN_TRT_TRITON_PATH=$(TRITON_DIR) $(PY) -m pytest -q -p no:cacheprovider tests/test_fast_kernels_interpret.py tests/test_paged_kernels_interpret.py
+
+# The OpenAI-compatible API on 127.0.0.1:8000 (the tiny model when there is no GPU and no MODEL);
+# SERVE_ARGS="--port 9000 --api-key KEY ..." passes more flags (qwen-trt serve --help).
+serve: setup
+	@if [ -z "$(MODEL)" ] && [ -z "$(HAS_GPU)" ]; then \
+	  $(MAKE) --no-print-directory tiny; \
+	  echo "No GPU here: serving the offline tiny demo model ($(TINY)); its replies are gibberish by design."; \
+	  $(VENV)/bin/qwen-trt serve --model $(TINY) $(SERVE_ARGS); \
+	else \
+	  $(VENV)/bin/qwen-trt serve $(if $(MODEL),--model $(MODEL)) $(SERVE_ARGS); \
+	fi
+
+# aiperf (NVIDIA's load tester) against qwen-trt serve on the tiny model, offline, on CPU, in its
+# own venv (aiperf needs Python >= 3.11 and pins huggingface-hub < 2). Figures: docs/benchmarks.md.
+AIPERF_VENV ?= .venv-aiperf
+AIPERF_PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3.13 || echo python3)
+AIPERF_SPEC ?= aiperf==0.13.0 "huggingface-hub<2"
+loadtest: setup tiny
+	test -x $(AIPERF_VENV)/bin/aiperf || { $(AIPERF_PYTHON) -m venv $(AIPERF_VENV) && \
+	  $(AIPERF_VENV)/bin/pip install -q $(AIPERF_SPEC); }
+	AIPERF=$(AIPERF_VENV)/bin/aiperf SERVE=$(VENV)/bin/qwen-trt scripts/loadtest.sh $(if $(MODEL),$(MODEL),$(TINY))
 
 engine: setup
 	$(VENV)/bin/qwen-trt build --gpu $(GPU) $(if $(MODEL),--model $(MODEL))
