@@ -15,6 +15,8 @@
 #   CONCURRENCY  levels for the bench (default 1,8,32); REQUESTS per level (default 64)
 #   INPUT_WORDS / OUTPUT_TOKENS  synthetic prompt words / forced reply tokens (default 400 / 256)
 #   SERVE_ARGS   extra `qwen-trt serve` flags; OUT  results folder (default build/out/replicas)
+# Results: $OUT/replicas.json (one vs two replicas per concurrency), one.json / two.json (the
+# http_bench runs), http_overhead.json (the HTTP layer's cost on GPU 0), gpus.csv, logs.
 # Every wait is bounded; servers are stopped by their PIDs on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +49,11 @@ if [ -z "${MODEL:-}" ]; then
   [ -f "$MODEL/config.json" ] || "$PY" -m qwen_trt.cli tiny-model "$MODEL" --layers 36 --hidden 2560 \
     --heads 32 --kv-heads 8 --head-dim 128 --intermediate 9728
 fi
+
+# -- the HTTP layer's own cost on one GPU (in process vs over loopback, same requests) -----------
+CUDA_VISIBLE_DEVICES=0 "$PY" -m qwen_trt.bench.http_overhead --model "$MODEL" --requests 30 \
+  --input-words "$INPUT_WORDS" --output-tokens 64 --out "$OUT/http_overhead.json" >/dev/null \
+  2>"$OUT/http_overhead.log" || echo "http_overhead failed (see $OUT/http_overhead.log)"
 
 # -- two replicas, one per GPU -------------------------------------------------------------------
 start_replica() {  # GPU PORT

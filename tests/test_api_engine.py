@@ -203,3 +203,16 @@ def test_serve_refuses_a_public_host_without_a_key(capsys, monkeypatch):
     assert len(err) == 1 and "Refusing to listen on 0.0.0.0 without a key" in err[0]
     assert main(["serve", "--port", "http", "--model", "/nonexistent"]) == 2
     assert "--port must be a whole number" in capsys.readouterr().err
+
+
+def test_http_overhead_bench_measures_both_paths(tiny_model_dir, tmp_path):
+    import json
+
+    from qwen_trt.bench.http_overhead import main
+
+    out = tmp_path / "o.json"
+    assert main(["--model", str(tiny_model_dir), "--device", "cpu", "--requests", "2",
+                 "--input-words", "5", "--output-tokens", "4", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["in_process_ttft_ms_p50"] > 0 and res["http_ttft_ms_p50"] > 0
+    assert res["http_total_ms_p50"] >= res["http_ttft_ms_p50"]

@@ -151,6 +151,15 @@ async def run_level(url: str, model: str, concurrency: int, args) -> LevelResult
         first_error=errs[0] if errs else "")
 
 
+def tok_free_port() -> int:
+    """A free loopback port (for benches that start their own server)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def discover_model(url: str, api_key: str | None) -> str:
     import httpx
 
