@@ -216,3 +216,16 @@ def test_http_overhead_bench_measures_both_paths(tiny_model_dir, tmp_path):
     res = json.loads(out.read_text())
     assert res["in_process_ttft_ms_p50"] > 0 and res["http_ttft_ms_p50"] > 0
     assert res["http_total_ms_p50"] >= res["http_ttft_ms_p50"]
+
+
+def test_whole_reply_client_leaving_while_running_cancels(gated):
+    backend, service, client, url = gated
+    t = threading.Thread(target=lambda: pytest.raises(
+        httpx.ReadTimeout, httpx.post, f"{url}/v1/chat/completions", json={"messages": ask()},
+        timeout=httpx.Timeout(10, read=1.0)))
+    t.start()
+    assert wait_until(lambda: service.status().busy)
+    handle = service.handles[-1]
+    t.join(15)
+    assert wait_until(lambda: handle.cancelled and handle.done, 10)
+    assert wait_until(lambda: not service.status().busy)

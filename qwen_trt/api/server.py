@@ -36,6 +36,7 @@ from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
 log = logging.getLogger("qwen_trt.api")
 
 LOOPBACK_NAMES = ("localhost",)
+DISCONNECT_CHECK_S = 0.2
 DEAD_STATES = {"dead", "failed", "restarting", "starting", "closed", "stopped"}
 
 
@@ -266,11 +267,17 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         state = "waiting"
         first = True
         outcome = "cancelled"
+        checked = time.monotonic()
         try:
             async for ev in _events(handle):
-                if isinstance(ev, Waiting):
-                    if request is not None and await request.is_disconnected():
+                # A whole-reply client that leaves is noticed within DISCONNECT_CHECK_S (a
+                # streaming one at once: Starlette cancels its response task).
+                if request is not None and time.monotonic() - checked >= DISCONNECT_CHECK_S:
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
                         return
+                if isinstance(ev, Waiting):
+                    pass
                 elif isinstance(ev, Started):
                     if state == "waiting":
                         counts.waiting -= 1
