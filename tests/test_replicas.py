@@ -119,3 +119,23 @@ def test_killing_a_replica_mid_stream_then_the_survivor_serves(cluster):
             {"role": "user", "content": f"after {i}"}])
         assert r.choices[0].finish_reason in ("stop", "length")
     assert served_count(survivor.url) == before + 4
+
+
+def test_compose_runs_the_tested_nginx_conf_against_its_replicas():
+    yaml = pytest.importorskip("yaml")
+    from servers import NGINX_CONF, ROOT
+
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    services = compose["services"]
+    ports = {}
+    for name, svc in services.items():
+        assert svc["network_mode"] == "host", name
+        if name.startswith("serve-"):
+            cmd = svc["command"]
+            ports[name] = cmd[cmd.index("--port") + 1]
+            assert ports[name] in " ".join(svc["healthcheck"]["test"])
+            assert svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+    conf = NGINX_CONF.read_text()
+    assert sorted(re.findall(r"server 127\.0\.0\.1:(\d+) ", conf)) == sorted(ports.values())
+    assert "./nginx.conf:/etc/qwen-trt/nginx.conf:ro" in services["nginx"]["volumes"]
+    assert set(services["nginx"]["depends_on"]) == set(ports)
