@@ -16,7 +16,7 @@ ENV_HOST, ENV_PORT, ENV_KEY, ENV_QUEUE = ("QWEN_TRT_HOST", "QWEN_TRT_PORT", "QWE
 
 
 def register(sub) -> None:
-    from qwen_trt.commands.chat import add_backend_args
+    from qwen_trt.options import add_backend_args
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP API (/v1/chat/completions, ...)")
     add_backend_args(p)
@@ -58,10 +58,10 @@ def settings_from(args, environ=None):
 
 
 def run(args) -> int:
-    from qwen_trt.commands.chat import backend_config
+    from qwen_trt.options import config_from
 
     settings = settings_from(args)        # a bad --host/--key refuses before the model loads
-    cfg = backend_config(args)
+    cfg = config_from(args)
     if cfg.backend == "openai":
         raise ConfigError("qwen-trt serve runs a local engine: --backend openai is for the app "
                           "and chat (use auto, torch or trtllm here).")
