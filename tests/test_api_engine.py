@@ -229,3 +229,13 @@ def test_whole_reply_client_leaving_while_running_cancels(gated):
     t.join(15)
     assert wait_until(lambda: handle.cancelled and handle.done, 10)
     assert wait_until(lambda: not service.status().busy)
+
+
+def test_penalties_reach_the_engine(env):
+    _, service, client, _ = env
+    client.chat.completions.create(model="fake", messages=ask(), presence_penalty=0.5,
+                                   extra_body={"repetition_penalty": 1.2})
+    p = service.handles[-1].params
+    assert (p.presence_penalty, p.repetition_penalty) == (0.5, 1.2)
+    with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
+        client.chat.completions.create(model="fake", messages=ask(), frequency_penalty=1.0)

@@ -170,7 +170,8 @@ class OpenAIService:
         self.exact_tokens = local is not None
         self._tokenizer = local if local is not None else EstimatingTokenizer()
         self._info = BackendInfo(name="openai", model=f"{model} @ {cfg.v1}", device="remote",
-                                 dtype="-", max_input_len=ctx - 1, max_seq_len=ctx)
+                                 dtype="-", max_input_len=ctx - 1, max_seq_len=ctx,
+                                 stop_token_ids=())      # the server stops at its own
 
     # -- discovery -----------------------------------------------------------------------------
     def _discover(self) -> tuple[str, int]:
@@ -261,6 +262,10 @@ class OpenAIService:
             body["top_k"] = p.top_k        # vLLM / SGLang / qwen-trt extra field
         if p.seed is not None:
             body["seed"] = p.seed
+        if getattr(p, "presence_penalty", 0):
+            body["presence_penalty"] = p.presence_penalty
+        if getattr(p, "repetition_penalty", 1) != 1:
+            body["repetition_penalty"] = p.repetition_penalty   # vLLM / SGLang extra field
         return body
 
     def _run(self, handle: RemoteHandle) -> None:
