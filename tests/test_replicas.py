@@ -125,17 +125,26 @@ def test_compose_runs_the_tested_nginx_conf_against_its_replicas():
     yaml = pytest.importorskip("yaml")
     from servers import NGINX_CONF, ROOT
 
-    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
     services = compose["services"]
     ports = {}
     for name, svc in services.items():
-        assert svc["network_mode"] == "host", name
-        if name.startswith("serve-"):
+        if name.startswith("serve"):
+            assert svc["network_mode"] == "host", name     # loopback stays the host's loopback
             cmd = svc["command"]
-            ports[name] = cmd[cmd.index("--port") + 1]
-            assert ports[name] in " ".join(svc["healthcheck"]["test"])
-            assert svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+            assert cmd[:2] == ["qwen-trt", "serve"]
+            port = cmd[cmd.index("--port") + 1]
+            assert port in " ".join(svc["healthcheck"]["test"])
+            if name != "serve":
+                ports[name] = port
+                (dev,) = svc["deploy"]["resources"]["reservations"]["devices"]
+                assert dev["device_ids"] == [name.split("-")[1]] and "count" not in dev
+    assert services["serve"]["command"][-1] == "8000"
     conf = NGINX_CONF.read_text()
     assert sorted(re.findall(r"server 127\.0\.0\.1:(\d+) ", conf)) == sorted(ports.values())
-    assert "./nginx.conf:/etc/qwen-trt/nginx.conf:ro" in services["nginx"]["volumes"]
-    assert set(services["nginx"]["depends_on"]) == set(ports)
+    assert "listen 127.0.0.1:8000;" in conf
+    nginx = services["nginx"]
+    assert nginx["network_mode"] == "host" and set(nginx["depends_on"]) == set(ports)
+    assert "../deploy/nginx.conf:/etc/qwen-trt/nginx.conf:ro" in nginx["volumes"]
+    assert {s for s, svc in services.items() if "replicas" in svc.get("profiles", [])} \
+        == set(ports) | {"nginx"}
