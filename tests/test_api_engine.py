@@ -239,3 +239,36 @@ def test_penalties_reach_the_engine(env):
     assert (p.presence_penalty, p.repetition_penalty) == (0.5, 1.2)
     with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
         client.chat.completions.create(model="fake", messages=ask(), frequency_penalty=1.0)
+
+
+def test_metrics_read_whatever_the_service_status_reports():
+    from dataclasses import dataclass, field
+
+    from qwen_trt.api.metrics import ServerMetrics
+
+    @dataclass
+    class Status:       # the engine-process client's shape
+        busy: bool = True
+        queued: int = 3
+        running: int = 2
+        cached_tokens: int = 30
+        prompt_tokens: int = 120
+        restarts: int = 1
+        runner: dict = field(default_factory=lambda: {"kv_blocks_used": 5, "kv_blocks_total": 20})
+
+    text = ServerMetrics(Status, lambda: 1, lambda: 2).render().decode()
+    for line in ("qwen_trt_engine_queue_depth 3.0", "qwen_trt_engine_running 2.0",
+                 "qwen_trt_kv_cache_usage_ratio 0.25", "qwen_trt_prefix_cache_hit_ratio 0.25",
+                 "qwen_trt_engine_restarts 1.0", "qwen_trt_requests_waiting 1.0"):
+        assert line in text, line
+
+
+def test_health_follows_the_engine_state():
+    from types import SimpleNamespace
+
+    from qwen_trt.api.server import engine_alive
+
+    for state, ok in (("ready", True), ("loading", False), ("restarting", False),
+                      ("failed", False), ("closed", False)):
+        svc = SimpleNamespace(status=lambda s=state: SimpleNamespace(state=s))
+        assert engine_alive(svc) is ok, state

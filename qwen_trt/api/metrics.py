@@ -43,13 +43,23 @@ class _ServiceCollector:
             running = int(bool(busy))
         if running is not None:
             yield _gauge("qwen_trt_engine_running", "requests the engine runs now", running)
-        used = getattr(st, "kv_blocks_used", None)
-        total = getattr(st, "kv_blocks_total", None)
+        runner = getattr(st, "runner", None) or {}     # the worker's RunnerStats, as a dict
+        used = getattr(st, "kv_blocks_used", runner.get("kv_blocks_used"))
+        total = getattr(st, "kv_blocks_total", runner.get("kv_blocks_total"))
         usage = getattr(st, "kv_usage", None)
         if usage is None and used is not None and total:
             usage = used / total
         if usage is not None:
             yield _gauge("qwen_trt_kv_cache_usage_ratio", "KV-cache blocks in use (0-1)", usage)
+        cached, prompt = getattr(st, "cached_tokens", None), getattr(st, "prompt_tokens", None)
+        if cached is not None and prompt:
+            yield _gauge("qwen_trt_prefix_cache_hit_ratio",
+                         "prompt tokens served from the prefix cache, since start (0-1)",
+                         cached / prompt)
+        restarts = getattr(st, "restarts", None)
+        if restarts is not None:
+            yield _gauge("qwen_trt_engine_restarts", "engine process restarts after a crash",
+                         restarts)
 
 
 def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:

@@ -37,7 +37,7 @@ log = logging.getLogger("qwen_trt.api")
 
 LOOPBACK_NAMES = ("localhost",)
 DISCONNECT_CHECK_S = 0.2
-DEAD_STATES = {"dead", "failed", "restarting", "starting", "closed", "stopped"}
+DEAD_STATES = {"dead", "failed", "restarting", "starting", "loading", "closed", "stopped"}
 
 
 def is_loopback(host: str) -> bool:
@@ -213,9 +213,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             raise ApiError(404, f"The model '{req.model}' does not exist here; this server serves "
                                 f"'{name}' (see /v1/models).", param="model",
                            code="model_not_found")
-        if not engine_alive(service):
-            raise ApiError(503, "The engine is not running (dead or restarting): retry shortly.",
-                           headers={"Retry-After": str(settings.retry_after_s)})
+        # No liveness gate here: a service whose engine process died restarts it on the next
+        # submit (the request waits meanwhile); a closed service refuses the submit (503).
         tokenizer = service.tokenizer
 
         def encode():
