@@ -75,6 +75,7 @@ serve: setup
 
 # aiperf (NVIDIA's load tester) against qwen-trt serve on the tiny model, offline, on CPU, in its
 # own venv (aiperf needs Python >= 3.11 and pins huggingface-hub < 2). Figures: docs/benchmarks.md.
+# Knobs (environment, see scripts/loadtest.sh): CONCURRENCY=1,4 REQUESTS=16 ISL OSL TURNS=1.
 AIPERF_VENV ?= .venv-aiperf
 AIPERF_PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3.13 || echo python3)
 AIPERF_SPEC ?= aiperf==0.13.0 "huggingface-hub<2"

@@ -5,7 +5,9 @@
 # (HF_HUB_OFFLINE=1), stops the server by its PID, prints the summary. Knobs (environment):
 #   AIPERF (binary), CONCURRENCY (default 1,4), REQUESTS (default 16 per level),
 #   ISL / OSL (synthetic input / output tokens, default 128 / 64), OUT (artifact folder),
-#   SERVE (the qwen-trt binary), SERVE_ARGS (extra serve flags, e.g. --device cuda).
+#   SERVE (the qwen-trt binary), SERVE_ARGS (extra serve flags, e.g. --device cuda),
+#   TURNS (> 1: aiperf's multi-turn mode, conversations of TURNS turns whose history grows, the
+#   workload that exercises prefix reuse; then REQUESTS counts conversations).
 set -euo pipefail
 MODEL=${1:?usage: scripts/loadtest.sh MODEL_DIR [PORT]}
 PORT=${2:-8765}
@@ -17,6 +19,12 @@ ISL=${ISL:-128}
 OSL=${OSL:-64}
 OUT=${OUT:-build/out/aiperf}
 NAME=${NAME:-qwen-trt}
+TURNS=${TURNS:-1}
+COUNT_ARGS=(--request-count "$REQUESTS")
+if [ "$TURNS" -gt 1 ]; then
+  COUNT_ARGS=(--conversation-num "$REQUESTS" --conversation-turn-mean "$TURNS"
+              --conversation-turn-delay-mean 0)
+fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 mkdir -p "$OUT"
@@ -44,21 +52,26 @@ printf local >"$OUT/hf-cache/models--qwen-trt--tokenizer/refs/main"
 start=$(date +%s)
 HF_HUB_CACHE="$OUT/hf-cache" \
 "$AIPERF" profile --model "$NAME" --tokenizer qwen-trt/tokenizer --url "127.0.0.1:$PORT" \
-  --endpoint-type chat --streaming --concurrency "$CONCURRENCY" --request-count "$REQUESTS" \
+  --endpoint-type chat --streaming --concurrency "$CONCURRENCY" "${COUNT_ARGS[@]}" \
   --synthetic-input-tokens-mean "$ISL" --synthetic-input-tokens-stddev 0 \
   --output-tokens-mean "$OSL" --output-tokens-stddev 0 --extra-inputs ignore_eos:true \
-  --warmup-request-count 2 --random-seed 0 --ui-type none --artifact-dir "$OUT" \
+  --use-server-token-count --warmup-request-count 2 --random-seed 0 --ui-type none \
+  --artifact-dir "$OUT" \
   >"$OUT/aiperf.out" 2>&1 || { echo "aiperf failed:"; tail -20 "$OUT/aiperf.out"; exit 1; }
 echo "aiperf took $(( $(date +%s) - start )) s; artifacts in $OUT"
 # One JSON line per concurrency level, from aiperf's own exports.
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "$CONCURRENCY" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 rows = []
-for f in sorted(out.glob("concurrency_*/profile_export_aiperf.json")):
+files = sorted(out.glob("concurrency_*/profile_export_aiperf.json"))
+if not files:   # a single level: aiperf writes straight into the artifact folder
+    files = [out / "profile_export_aiperf.json"]
+for f in files:
     d = json.loads(f.read_text())
     g = lambda k, s="avg": round((d.get(k) or {}).get(s) or 0.0, 2)
-    rows.append({"concurrency": int(f.parent.name.split("_")[1]),
+    level = f.parent.name.split("_")[1] if f.parent != out else sys.argv[2]
+    rows.append({"concurrency": int(level),
                  "requests": int((d.get("request_count") or {}).get("avg") or 0),
                  "ttft_ms_p50": g("time_to_first_token", "p50"),
                  "ttft_ms_p99": g("time_to_first_token", "p99"),
