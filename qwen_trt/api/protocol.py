@@ -232,9 +232,12 @@ def new_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:       # prompt tokens served from the engine's prefix cache
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 @dataclass
@@ -254,15 +257,17 @@ class ChunkWriter:
             out["usage"] = None
         return out
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
+                    cached_tokens: int | None = None) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+                "model": self.model, "choices": [],
+                "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def completion(model: str, text: str, finish_reason: str, prompt_tokens: int,
-               completion_tokens: int) -> dict:
+               completion_tokens: int, cached_tokens: int | None = None) -> dict:
     return {"id": new_id(), "object": "chat.completion", "created": int(time.time()),
             "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "logprobs": None, "finish_reason": finish_reason}],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}

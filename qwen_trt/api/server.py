@@ -101,6 +101,7 @@ class _Result:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | None = None    # when the engine reports prefix-cache hits per request
 
 
 class _Counts:
@@ -256,7 +257,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         if result is None:     # the client went away
             return Response(status_code=499)
         return completion(name, "".join(parts), result.finish_reason, result.prompt_tokens,
-                          result.completion_tokens)
+                          result.completion_tokens, result.cached_tokens)
 
     async def _generate(handle, req: ChatRequest, n_prompt: int, t0: float,
                         request: Request | None = None) -> AsyncIterator[str | _Result]:
@@ -310,7 +311,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                     if m.decode_tok_s > 0:
                         metrics.tok_s.observe(m.decode_tok_s)
                     outcome = reason
-                    yield _Result(reason, n_prompt, m.tokens)
+                    yield _Result(reason, n_prompt, m.tokens, getattr(m, "cached_tokens", None))
                 elif isinstance(ev, Failed):
                     outcome = "error"
                     raise _EngineError(str(ev.error))
@@ -331,7 +332,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                 else:
                     yield _data(w.chunk({}, item.finish_reason))
                     if req.include_usage:
-                        yield _data(w.usage_chunk(item.prompt_tokens, item.completion_tokens))
+                        yield _data(w.usage_chunk(item.prompt_tokens, item.completion_tokens,
+                                                  item.cached_tokens))
         except _EngineError as e:
             yield _data(error_body(str(e), e.status))
         yield "data: [DONE]\n\n"
