@@ -1,18 +1,21 @@
-"""Messages -> prompt ids through the model's own chat template (the code the app uses).
-
-One function, so the prompt path has a single place to change."""
+"""Messages -> prompt ids through the model's own chat template, contents as plain text (a
+``<|im_start|>`` typed into a message is text, never a control token): the same encoder the
+app uses (:func:`qwen_trt.chat.session.encode_messages`), behind one function here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from qwen_trt.api.errors import ApiError
+from qwen_trt.errors import QwenTrtError
 
 
 def encode_messages(tokenizer, messages: Sequence[dict]) -> list[int]:
-    from qwen_trt.chat.session import render_prompt_ids
+    from qwen_trt.chat.session import encode_messages as encode
 
     try:
-        return render_prompt_ids(tokenizer, [dict(m) for m in messages])
+        return encode(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+    except QwenTrtError as e:   # a message the template has no place for
+        raise ApiError(400, str(e), param="messages") from e
     except Exception as e:  # the template rejects an odd conversation (no user message, ...)
         if type(e).__name__ not in ("TemplateError", "UndefinedError", "ValueError",
                                     "TemplateSyntaxError"):
