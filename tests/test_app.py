@@ -2,7 +2,9 @@
 safety of rendered model output. Most tests use a scripted backend so the reply text is known."""
 from __future__ import annotations
 
+import json
 import sys
+import time
 import threading
 from pathlib import Path
 
@@ -78,8 +80,9 @@ def test_sidebar_controls_ranges_and_defaults(scripted):
     scripted("hi")
     at = run_app()
     sliders = {s.key: s for s in at.sidebar.slider}
-    assert set(sliders) == {"max_new_tokens", "temperature", "top_p"}
+    assert {"max_new_tokens", "temperature", "top_p", "top_k"} <= set(sliders)
     mx, temp, top_p = sliders["max_new_tokens"], sliders["temperature"], sliders["top_p"]
+    assert (sliders["top_k"].min, sliders["top_k"].value) == (0, 20)
     assert (mx.min, mx.max, mx.value) == (128, 4096, 512)
     assert (temp.min, temp.max, temp.value) == (0.0, 1.5, 0.7)
     assert (top_p.max, top_p.value) == (1.0, 0.8) and top_p.min > 0
@@ -284,3 +287,232 @@ def test_tiny_model_end_to_end(monkeypatch, tiny_model_dir):
     assert (role_u, u, role_a) == ("user", "Hello, how are you today?", "assistant")
     assert a.strip()
     assert at.session_state["chat_state"].notes[0].footer.count("tokens") == 2
+
+
+# -- stop, regenerate, edit, downloads, reload (issue 15) ---------------------------------------
+
+def slow_stream(backend, delay_s: float = 0.02):
+    """Make ``backend`` yield one token every ``delay_s`` (a reply long enough to stop)."""
+    orig = backend.stream
+
+    def stream(prompt_ids, params):
+        for tok in orig(prompt_ids, params):
+            time.sleep(delay_s)
+            yield tok
+
+    backend.stream = stream
+
+
+def test_stop_mid_reply_keeps_the_partial_marked_stopped_and_frees_the_engine(scripted):
+    made = scripted(" ".join(f"word{i}" for i in range(400)))
+    at = run_app()
+    slow_stream(made[0])
+    at.chat_input[0].set_value("talk a lot")
+    with pytest.raises(RuntimeError, match="timed out"):    # AppTest stops the run like Stop does
+        at.run(timeout=1.5)
+    state = at.session_state["chat_state"]
+    (u, a), = state.chat.turns()
+    assert u.content == "talk a lot"
+    assert a.interrupted and a.content.startswith("word0 word1")
+    assert len(a.content) < len(made[0].text)               # cut short, not finished
+    assert state.notes[0].metrics["finish_reason"] == "stopped"
+    assert "stopped" in state.notes[0].footer
+    assert state.pending is None
+    at.run()                                                 # the next view shows it marked
+    assert "stopped" in at.chat_message[1].caption[0].value
+    assert at.chat_message[1].markdown[0].value == a.content.strip()
+
+
+def test_stop_button_of_a_regenerated_reply(scripted):
+    made = scripted(" ".join(f"w{i}" for i in range(300)))
+    at = run_app()
+    at.sidebar.slider(key="max_new_tokens").set_value(128).run()
+    send(at, "first")
+    slow_stream(made[0], 0.05)
+    made[0].gate.clear()             # the regenerated reply stalls after its first tokens...
+    at.button(key="regenerate").click()
+    threading.Timer(0.3, made[0].gate.set).start()
+    with pytest.raises(RuntimeError, match="timed out"):
+        at.run(timeout=1.0)
+    state = at.session_state["chat_state"]
+    assert len(state.chat.turns()) == 1 and state.chat.turns()[-1][1].interrupted
+    # the chat box shows Stop only for a message it sent, a regenerated reply gets a Stop
+    # button; its callback sets stop_requested and the next run keeps the partial, "stopped"
+    from qwen_trt.ui.state import PendingReply
+    made[0].gate.clear()
+    svc = InferenceService(made[0])
+    try:
+        handle = svc.submit([1, 2, 3], SamplingParams(max_new_tokens=64, temperature=0))
+        state.pending = PendingReply("again", handle)
+        at.session_state["stop_requested"] = True
+        at.run()
+        assert "stopped" in at.chat_message[-1].caption[0].value
+        assert handle.cancelled and state.pending is None
+    finally:
+        made[0].gate.set()
+        svc.close()
+
+
+def test_regenerate_replaces_the_last_reply_with_a_new_sample(scripted, tiny_tokenizer):
+    made = scripted("first answer")
+    at = run_app()
+    send(at, "one")
+    send(at, "two")
+    made[0].text = "second answer"
+    at.button(key="regenerate").click().run()
+    assert not at.exception
+    assert history(at) == [("user", "one"), ("assistant", "first answer"),
+                           ("user", "two"), ("assistant", "second answer")]
+    assert len(at.session_state["chat_state"].notes) == 2
+    assert [m.name for m in at.chat_message] == ["user", "assistant"] * 2
+    # the same prompt as the reply it replaces
+    assert made[0].prompts[-1] == made[0].prompts[-2]
+
+
+def test_edit_the_last_message_and_resend(scripted, tiny_tokenizer):
+    made = scripted("reply")
+    at = run_app()
+    send(at, "one")
+    send(at, "tow")
+    at.button(key="edit").click().run()
+    box = at.text_area(key="edit_text")
+    assert box.value == "tow"
+    box.set_value("two")
+    made[0].text = "edited reply"
+    next(b for b in at.get("button") if b.label == "Send").click().run()
+    assert history(at) == [("user", "one"), ("assistant", "reply"),
+                           ("user", "two"), ("assistant", "edited reply")]
+    assert tiny_tokenizer.decode(made[0].prompts[-1]).endswith(
+        "<|im_start|>user\ntwo<|im_end|>\n<|im_start|>assistant\n")
+    assert "tow" not in tiny_tokenizer.decode(made[0].prompts[-1])
+    # Cancel leaves the conversation as it is
+    at.button(key="edit").click().run()
+    next(b for b in at.get("button") if b.label == "Cancel").click().run()
+    assert len(history(at)) == 4 and not at.session_state["editing"]
+
+
+def test_download_holds_the_conversation_and_settings(scripted):
+    from qwen_trt.ui.transcript import to_json, to_markdown
+
+    scripted("The answer is **42**.")
+    at = run_app()
+    at.sidebar.slider(key="temperature").set_value(0.3).run()
+    send(at, "What is the answer?")
+    labels = [b.label for b in at.sidebar.get("download_button")]
+    assert labels == ["Download chat (Markdown)", "Download chat (JSON)"]
+    state = at.session_state["chat_state"]
+    doc = json.loads(to_json(state.snapshot(), {"temperature": 0.3}, "scripted"))
+    assert [m["content"] for m in doc["messages"]] == ["What is the answer?", "The answer is **42**."]
+    reply = doc["replies"][0]
+    assert reply["metrics"]["tokens"] > 0 and reply["metrics"]["finish_reason"] == "stop"
+    assert reply["params"]["temperature"] == 0.3
+    md = to_markdown(state.snapshot(), {"temperature": 0.3}, "scripted")
+    assert "What is the answer?" in md and "The answer is **42**." in md
+
+
+def test_moving_a_slider_does_not_rerun_the_page(scripted):
+    """The settings panel is a fragment: its widgets rerun only it (a reply keeps streaming)."""
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: F401 - streamlit present
+
+    scripted("x")
+    at = run_app()
+    src = Path(APP).read_text()
+    assert "@st.fragment\ndef settings_panel" in src
+    at.sidebar.slider(key="top_k").set_value(5).run()
+    assert at.session_state["top_k"] == 5
+
+
+def test_reload_keeps_the_chat_and_unknown_ids_are_not_adopted(scripted):
+    from qwen_trt.ui.store import process_store
+
+    scripted("remembered")
+    at = run_app()
+    at.sidebar.text_area(key="system_prompt").set_value("Be kind.").run()
+    at.sidebar.slider(key="top_k").set_value(3).run()
+    send(at, "remember me")
+    sid = at.query_params["chat"]
+    sid = sid[0] if isinstance(sid, list) else sid
+    assert len(sid) >= 20
+    again = AppTest.from_file(APP, default_timeout=TIMEOUT)   # a reload: a new session
+    again.query_params["chat"] = sid
+    again.run()
+    assert history(again) == [("user", "remember me"), ("assistant", "remembered")]
+    assert again.sidebar.text_area(key="system_prompt").value == "Be kind."
+    assert again.sidebar.slider(key="top_k").value == 3
+    assert "first token" in again.chat_message[1].caption[0].value
+    stranger = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    stranger.query_params["chat"] = "A" * len(sid)            # unknown (or guessed) id
+    stranger.run()
+    assert history(stranger) == []
+    new = stranger.query_params["chat"]
+    assert (new[0] if isinstance(new, list) else new) != "A" * len(sid)
+    # Clear memory clears the saved copy too
+    at.sidebar.button(key="clear").click().run()
+    assert process_store().get(sid)["messages"] == []
+
+
+def test_long_chats_draw_the_newest_turns_and_show_the_rest_on_request(scripted):
+    from qwen_trt.ui.stream import HISTORY_WINDOW
+
+    scripted("ok")
+    at = run_app()
+    send(at, "first")
+    state = at.session_state["chat_state"]
+    for i in range(HISTORY_WINDOW + 3):                # a long history, committed directly
+        state.chat.add_exchange(f"q{i}", f"a{i}")
+    at.run()
+    total = len(state.chat.turns())
+    assert len(at.chat_message) == 2 * HISTORY_WINDOW
+    assert at.chat_message[-1].markdown[0].value == f"a{HISTORY_WINDOW + 2}"
+    more = at.button(key="show_all")
+    assert more.label == f"Show {total - HISTORY_WINDOW} earlier turns"
+    more.click().run()
+    assert len(at.chat_message) == 2 * total
+    assert at.chat_message[0].markdown[0].value == "first"
+
+
+def test_sampling_sliders_and_penalties_reach_the_backend(scripted):
+    made = scripted("fine")
+    at = run_app()
+    seen = []
+    orig = made[0].stream
+
+    def spy(prompt_ids, params):
+        seen.append(params)
+        return orig(prompt_ids, params)
+
+    made[0].stream = spy
+    sliders = {s.key for s in at.sidebar.slider}
+    assert {"presence_penalty", "repetition_penalty"} <= sliders
+    at.sidebar.slider(key="top_k").set_value(7).run()
+    at.sidebar.slider(key="presence_penalty").set_value(1.5).run()
+    at.sidebar.slider(key="repetition_penalty").set_value(1.2).run()
+    send(at, "hello")
+    (p,) = seen
+    assert (p.top_k, p.presence_penalty, p.repetition_penalty) == (7, 1.5, 1.2)
+    assert at.session_state["chat_state"].notes[0].params["presence_penalty"] == 1.5
+
+
+def test_a_slow_load_shows_its_progress_then_the_chat(monkeypatch, tiny_tokenizer):
+    from tqdm import tqdm
+
+    seen = []
+
+    def slow_load(cfg):
+        with tqdm(total=4, desc="Capturing CUDA graphs", unit="graph") as bar:
+            for _ in range(4):
+                time.sleep(0.2)
+                bar.update(1)
+        seen.append(cfg)
+        return ScriptedBackend(tiny_tokenizer, "ready")
+
+    monkeypatch.setattr(serving, "load_backend", slow_load)
+    monkeypatch.setattr(sys, "argv", ["app.py"])
+    at = run_app()
+    (box,) = at.status
+    assert box.label.startswith("Model loaded in") and box.state == "complete"
+    assert len(seen) == 1 and len(at.chat_input) == 1
+    send(at, "hi")
+    assert history(at)[1] == ("assistant", "ready")
+    at.run()
+    assert len(at.status) == 0                       # loaded once: no status box any more

@@ -1,8 +1,11 @@
 """End to end in a real browser: ``streamlit run app.py`` on the tiny model, driven by headless
-Debian Chromium through Playwright. Two messages, both replies, a slider, clear, a reply interrupted by the next message,
-a second session waiting for the shared engine; screenshots go to test-artifacts/ (gitignored)."""
+Debian Chromium through Playwright. One server for the module. Two messages, both replies, a
+slider, clear, Stop, a slider moved mid-reply, a second session waiting for the shared engine,
+regenerate, edit, the transcript download, a reload; screenshots go to test-artifacts/
+(gitignored)."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -50,11 +53,14 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> None:
     raise AssertionError(f"streamlit did not become healthy:\n{log.read_text()[-2000:]}")
 
 
-@pytest.fixture
-def app_url(tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def app_server(tiny_model_dir, tmp_path_factory):
+    """One ``streamlit run app.py`` for the module: (url, seed folder of its reload store)."""
     port = _free_port()
-    log = tmp_path / "streamlit.log"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", QWEN_TRT_WORKER="process")   # the default
+    log = tmp_path_factory.mktemp("streamlit") / "streamlit.log"
+    seed_dir = tmp_path_factory.mktemp("seed")          # the latency smoke seeds chats here
+    env = dict(os.environ, PYTHONUNBUFFERED="1", QWEN_TRT_WORKER="process",   # the default
+               QWEN_TRT_APP_SEED_DIR=str(seed_dir))
     cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
            "--server.headless", "true", "--server.address", "127.0.0.1", "--server.port", str(port),
            "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false",
@@ -64,7 +70,7 @@ def app_url(tiny_model_dir, tmp_path):
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(proc, url, log)
-        yield url
+        yield url, str(seed_dir)
     finally:
         proc.terminate()
         try:
@@ -72,6 +78,11 @@ def app_url(tiny_model_dir, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def app_url(app_server):
+    return app_server[0]
 
 
 def _wait_idle(page) -> None:
@@ -144,7 +155,7 @@ def test_chat_in_a_real_browser(app_url):
             page.screenshot(path=str(ARTIFACTS / "app-cleared.png"))
 
             # A long greedy reply (the tiny model never stops by itself at temperature 0),
-            # interrupted by the next message: the partial reply stays, marked interrupted.
+            # stopped with the chat box's Stop: the partial reply stays, marked stopped.
             temp.get_by_role("slider").focus()
             page.keyboard.press("Home")
             expect(temp).to_contain_text("0.00")
@@ -158,9 +169,12 @@ def test_chat_in_a_real_browser(app_url):
             expect(messages).to_have_count(2)
             expect(messages.nth(1)).to_contain_text(CURSOR)       # still streaming
             page.screenshot(path=str(ARTIFACTS / "app-streaming.png"))
-            _send(page, "Stop, shorter please")
+            page.get_by_test_id("stChatInputStopButton").click()
+            _wait_idle(page)
+            page.screenshot(path=str(ARTIFACTS / "app-stopped.png"))
+            _send(page, "Another long one")
             expect(messages).to_have_count(4)
-            expect(messages.nth(1)).to_contain_text("interrupted")
+            expect(messages.nth(1)).to_contain_text("stopped")
             expect(messages.nth(1)).not_to_contain_text(CURSOR)
             expect(messages.nth(3)).to_contain_text(CURSOR)
 
@@ -186,3 +200,114 @@ def test_chat_in_a_real_browser(app_url):
             _wait_idle(other)
         finally:
             browser.close()
+
+
+def _markdown_text(message) -> str:
+    return message.get_by_test_id("stMarkdownContainer").first.inner_text()
+
+
+def test_stop_slider_mid_reply_regenerate_edit_download_reload(app_url):
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    expect.set_options(timeout=STEP_TIMEOUT_MS)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(STEP_TIMEOUT_MS)
+            page.goto(app_url)
+            expect(page.get_by_test_id("stChatInput")).to_be_visible()
+            _wait_idle(page)
+            assert "chat=" in page.url                 # the reload key is in the URL
+            sidebar = page.get_by_test_id("stSidebar")
+            max_len, temp = (sidebar.get_by_test_id("stSlider").nth(i) for i in (0, 1))
+            temp.get_by_role("slider").focus()
+            page.keyboard.press("Home")
+            expect(temp).to_contain_text("0.00")
+            max_len.get_by_role("slider").focus()
+            page.keyboard.press("End")
+            page.keyboard.press("ArrowLeft")
+            expect(max_len).to_contain_text("4032")
+            _wait_idle(page)
+
+            messages = page.get_by_test_id("stChatMessage")
+            _send(page, "Write a very long story")
+            expect(messages.nth(1)).to_contain_text(CURSOR)
+            # Moving a slider mid-reply reruns only the settings panel: the reply goes on.
+            before = len(_markdown_text(messages.nth(1)))
+            top_p = sidebar.get_by_test_id("stSlider").nth(2)
+            top_p.get_by_role("slider").focus()
+            page.keyboard.press("ArrowLeft")
+            expect(top_p).to_contain_text("0.75")
+            page.wait_for_function(
+                "n => document.querySelectorAll('[data-testid=\"stChatMessage\"]')[1]"
+                ".innerText.length > n + 20", arg=before)
+            expect(messages.nth(1)).to_contain_text(CURSOR)
+            expect(messages.nth(1)).not_to_contain_text("interrupted")
+            page.get_by_test_id("stChatInputStopButton").click()
+            _wait_idle(page)
+            partial = _markdown_text(messages.nth(1)).replace(CURSOR, "").strip()
+            assert partial
+
+            # Reload: the same chat comes back, the reply marked stopped.
+            page.reload()
+            expect(page.get_by_test_id("stChatInput")).to_be_visible()
+            _wait_idle(page)
+            expect(messages).to_have_count(2)
+            expect(messages.nth(1)).to_contain_text("stopped")
+            # the kept reply is what was shown, plus any tokens still in flight at the Stop
+            assert _markdown_text(messages.nth(1)).strip().startswith(partial)
+            page.screenshot(path=str(ARTIFACTS / "app-reloaded.png"))
+
+            max_len.get_by_role("slider").focus()       # short replies from here on
+            page.keyboard.press("Home")
+            expect(max_len).to_contain_text("128")
+            _wait_idle(page)
+            page.get_by_role("button", name="Regenerate").click()
+            expect(messages.nth(1)).not_to_contain_text("stopped")
+            _wait_idle(page)
+            expect(messages.nth(1)).to_contain_text("tokens/s")
+            expect(messages).to_have_count(2)           # replaced, not added
+
+            page.get_by_role("button", name="Edit").click()
+            box = page.get_by_test_id("stTextArea").filter(
+                has_text="Edit your last message").locator("textarea")
+            expect(box).to_have_value("Write a very long story")
+            box.fill("A short poem instead")
+            page.get_by_role("button", name="Send", exact=True).click()
+            expect(messages.nth(0)).to_contain_text("A short poem instead")
+            _wait_idle(page)
+            expect(messages.nth(1)).to_contain_text("tokens/s")
+            expect(messages).to_have_count(2)
+            reply = _markdown_text(messages.nth(1)).strip()
+
+            with page.expect_download() as info:
+                sidebar.get_by_role("button", name="Download chat (JSON)").click()
+            doc = json.loads(Path(info.value.path()).read_text())
+            assert [m["content"] for m in doc["messages"]][0] == "A short poem instead"
+            assert " ".join(doc["messages"][1]["content"].split()) == " ".join(reply.split())
+            assert doc["settings"]["max_new_tokens"] == 128 and doc["replies"][0]["metrics"]["tokens"]
+            with page.expect_download() as info:
+                sidebar.get_by_role("button", name="Download chat (Markdown)").click()
+            assert "A short poem instead" in Path(info.value.path()).read_text()
+            page.screenshot(path=str(ARTIFACTS / "app-edited.png"), full_page=True)
+        finally:
+            browser.close()
+
+
+def test_on_screen_latency_benchmark_smoke(app_server):
+    """``make bench-ui`` in miniature (CI): turn 1 and 3 of a chat, one short reply each. Checks
+    that every figure is measured; the figures themselves are for docs/app.md, not asserted."""
+    from qwen_trt.bench.ui_latency import run
+
+    result = run(None, [1, 3], 128, 1, timeout_ms=STEP_TIMEOUT_MS * 3,
+                 server=app_server)
+    assert set(result["summary"]) == {"1", "3"}
+    for turn in result["summary"].values():
+        assert turn["first_char_ms"] > 0 and turn["engine_ttft_ms"] >= 0
+        assert turn["visible_chars_s"] > 0 and turn["engine_chars_s"] > 0
+        assert 0 <= turn["cpu_busy_pct"] <= 100
+    assert set(result["targets"]) == {"first_char_within_ttft_plus_150ms",
+                                      "visible_cps_at_least_90pct",
+                                      "last_turn_first_char_within_1.5x_turn_1"}

@@ -9,7 +9,7 @@ from fakes import ScriptedBackend
 from qwen_trt.chat.session import ChatSession
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
 from qwen_trt.serving.service import Delta, InferenceService, Finished, Started, Waiting
-from qwen_trt.ui.state import ChatState
+from qwen_trt.ui.state import ChatState, TurnNote
 from qwen_trt.ui.stream import StreamView, coalesce
 from qwen_trt.errors import PromptTooLongError
 from qwen_trt.ui.text import (CURSOR, dropped_note, reply_footer, sanitize_markdown,
@@ -328,3 +328,126 @@ def test_sanitize_is_fast_on_deep_nesting():
     deep = "> " * 5000 + "![x](u)\n" + "- a\n  " * 2000 + "$x$"
     out = sanitize_markdown(deep)                          # no RecursionError, nothing live
     assert _live_images_outside_top_fences(out) == []
+# -- reload store, transcript, progress, settings (issue 15) ------------------------------------
+
+def test_session_store_is_bounded_expiring_and_copies():
+    from qwen_trt.ui.store import SessionStore, looks_like_session_id, new_session_id
+
+    now = [0.0]
+    store = SessionStore(max_chats=2, ttl_s=10, clock=lambda: now[0])
+    a, b, c = new_session_id(), new_session_id(), new_session_id()
+    assert len({a, b, c}) == 3 and all(map(looks_like_session_id, (a, b, c)))
+    assert not looks_like_session_id("../etc") and not looks_like_session_id(None)
+    snap = {"messages": [{"role": "user", "content": "hi"}]}
+    store.put(a, snap)
+    snap["messages"].clear()                          # the store kept its own copy
+    assert store.get(a)["messages"][0]["content"] == "hi"
+    store.get(a)["messages"].clear()                  # and hands out copies
+    assert store.get(a)["messages"]
+    store.put(b, {})
+    now[0] = 5
+    assert store.get(a) is not None                   # a used last: b is the LRU one
+    store.put(c, {})
+    assert store.get(b) is None and store.get(a) is not None and len(store) == 2
+    now[0] = 14.9
+    assert store.get(a) is not None                   # used at 5: still fresh
+    now[0] = 30
+    assert store.get(a) is None and store.get(c) is None and len(store) == 0
+    with pytest.raises(ValueError):
+        SessionStore(max_chats=0)
+
+
+def test_chat_state_pop_snapshot_restore(tiny_tokenizer):
+    state = ChatState(ChatSession(tiny_tokenizer))
+    assert state.pop_last_turn() is None
+    state.chat.add_exchange("q1", "a1")
+    state.chat.add_exchange("q2", "a2", interrupted=True)
+    state.notes += [TurnNote("f1"), TurnNote("f2", metrics={"tokens": 3})]
+    snap = state.snapshot()
+    assert state.pop_last_turn() == "q2"
+    assert [m.content for m in state.chat.messages] == ["q1", "a1"] and len(state.notes) == 1
+    other = ChatState(ChatSession(tiny_tokenizer))
+    other.restore(snap)
+    assert [(m.content, m.interrupted) for m in other.chat.messages][-1] == ("a2", True)
+    assert other.notes[1].metrics == {"tokens": 3}
+
+
+def test_transcript_markdown_quotes_messages_and_json_has_metrics():
+    import json
+
+    from qwen_trt.ui.transcript import to_json, to_markdown
+
+    snap = {"system_prompt": "be brief",
+            "messages": [{"role": "user", "content": "show ```code```", "interrupted": False},
+                         {"role": "assistant", "content": "<b>x</b>", "interrupted": True}],
+            "notes": [{"footer": "first token 5 ms", "dropped_turns": 0,
+                       "metrics": {"tokens": 2, "finish_reason": "stopped"},
+                       "params": {"temperature": 0.5}}]}
+    md = to_markdown(snap, {"temperature": 0.5}, "torch · tiny")
+    assert "````text\nshow ```code```\n````" in md     # a fence longer than any run inside
+    assert "<b>x</b>" in md and "be brief" in md and "first token 5 ms" in md
+    doc = json.loads(to_json(snap, {"temperature": 0.5}, "torch · tiny"))
+    assert doc["settings"] == {"temperature": 0.5, "system_prompt": "be brief"}
+    assert doc["messages"][1] == {"role": "assistant", "content": "<b>x</b>", "interrupted": True}
+    assert doc["replies"] == [{"turn": 1, "metrics": {"tokens": 2, "finish_reason": "stopped"},
+                               "params": {"temperature": 0.5}, "footer": "first token 5 ms",
+                               "dropped_turns": 0}]
+
+
+def test_background_load_reports_tqdm_bars_stages_and_errors():
+    import threading
+
+    from tqdm import tqdm
+
+    from qwen_trt.ui.progress import BackgroundLoad
+
+    go, halfway = threading.Event(), threading.Event()
+
+    def load(report):
+        report("Fetching weights", None, "model.safetensors")
+        with tqdm(total=8_000_000, unit="B", desc="Downloading", disable=False) as bar:
+            bar.update(2_000_000)
+            halfway.set()
+            go.wait(5)
+        return "service"
+
+    job = BackgroundLoad(load)
+    assert halfway.wait(5)
+    events = job.events()
+    assert events[0].stage == "Fetching weights" and "model.safetensors" in events[0].detail
+    bar = next(e for e in events if e.stage == "Downloading")
+    assert bar.fraction == pytest.approx(0.25) and bar.detail == "2.0 MB of 8.0 MB"
+    assert not job.done
+    go.set()
+    assert job.result() == "service" and job.done and not job.failed
+
+    def broken(report):
+        raise PromptTooLongError("nope")
+
+    bad = BackgroundLoad(broken)
+    assert bad.wait(5) and bad.failed
+    with pytest.raises(PromptTooLongError):
+        bad.result()
+
+
+def test_settings_make_validated_sampling_params():
+    from qwen_trt.ui.settings import SLIDERS, params_from, settings_dict, slider_args
+
+    keys = [s.key for s in SLIDERS]
+    assert keys[:4] == ["max_new_tokens", "temperature", "top_p", "top_k"]
+    p = params_from({"max_new_tokens": 256.0, "temperature": 0.2, "top_k": 7})
+    assert (p.max_new_tokens, p.temperature, p.top_k, p.top_p) == (256, 0.2, 7, 0.8)
+    assert isinstance(slider_args(SLIDERS[0])["value"], int)
+    assert set(settings_dict(p)) == set(keys)
+    with pytest.raises(ValueError):
+        params_from({"top_p": 0.0})                  # checked once, by SamplingParams
+
+
+def test_stage_writer_turns_printed_lines_into_stages():
+    from qwen_trt.ui.progress import StageWriter
+
+    got = []
+    w = StageWriter(lambda stage, *a: got.append(stage), prefix="[qwen-trt engine]")
+    w.write("[qwen-trt engine] loading weights (1.2 s)\n[qwen-trt engine] capt")
+    w.write("uring graphs\n\n")
+    assert got == ["loading weights (1.2 s)", "capturing graphs"]

@@ -395,7 +395,7 @@ def submit_plan(service, plan, params: SamplingParams):
     return service.submit(plan.ids, params, plan.dropped_turns)
 
 
-def start_service_for(cfg):
+def start_service_for(cfg, echo=None):
     """The service a :class:`~qwen_trt.backends.BackendConfig` names: a remote OpenAI-compatible
     server for ``backend="openai"``, else this machine's engine (``serving.start_service``)."""
     if cfg.backend == "openai":       # BackendConfig made sure it has a base_url
@@ -403,5 +403,5 @@ def start_service_for(cfg):
                                           model=cfg.model, max_seq_len=cfg.max_seq_len))
     from qwen_trt.serving.service import start_service
 
-    return start_service(cfg)
+    return start_service(cfg, echo=echo)     # echo: where the engine's stage lines go
 

@@ -58,6 +58,10 @@ def register(sub) -> None:
     g.add_argument("--no-fifo", action="store_true", help="skip the one-at-a-time baseline")
     g.add_argument("--no-batch1", action="store_true",
                    help="skip today's batch-1 decoder measured first")
+    p.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
+                   help="also draw TTFT and tok/s per path and prompt length (needs the `plot` "
+                        "extra); default file: the --out JSON's name with .png, else "
+                        "bench-results/last.png")
     p.set_defaults(func=run)
 
 
@@ -161,6 +165,11 @@ def run(args) -> int:
 
     result = run_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True), progress=save)
     save(result)
+    if args.plot is not None:
+        from qwen_trt.bench.plot import default_png, plot_result
+
+        png = args.plot or default_png(args.out or "bench-results/last.json")
+        print(f"plot: {plot_result(result, png)}", file=sys.stderr)
     print(_summary(result))
     return 0
 

@@ -175,7 +175,7 @@ def worker_mode(mode: str | None = None) -> str:
     return mode
 
 
-def start_service(cfg: BackendConfig, *, mode: str | None = None):
+def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None):
     """Load the backend ``cfg`` names and serve it; blocks until it is ready (load errors are
     raised as one-line :class:`QwenTrtError`). The app caches one per process.
 
@@ -191,5 +191,5 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None):
         if _current is not None and not _current.closed:
             log.info("stopping the previous engine process before starting another")
             _current.close()
-        _current = EngineClient(WorkerSpec(cfg))
+        _current = EngineClient(WorkerSpec(cfg), echo=echo)   # echo: where stage lines go
         return _current

@@ -9,10 +9,11 @@ interrupted. Streamlit may run the old and the new script thread at the same tim
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 from qwen_trt.chat.session import ChatSession, Message
-from qwen_trt.params import Reply, ReplyMetrics
+from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
 from qwen_trt.serving.service import RequestHandle
 from qwen_trt.ui.text import reply_footer
 
@@ -21,12 +22,18 @@ from qwen_trt.ui.text import reply_footer
 CANCEL_WAIT_S = 2.0
 
 
+# Why a reply ended early: the user pressed Stop, or a new message / click reran the page.
+EndedBy = Literal["stopped", "interrupted"]
+
+
 @dataclass
 class TurnNote:
-    """What is shown under one assistant reply."""
+    """What is shown under one assistant reply, and what the transcript records about it."""
 
     footer: str
     dropped_turns: int = 0
+    metrics: dict = field(default_factory=dict)    # Reply.to_json() minus the text
+    params: dict = field(default_factory=dict)     # the SamplingParams it was generated with
 
 
 @dataclass
@@ -55,12 +62,14 @@ class ChatState:
             self.pending = pending
         return pending
 
-    def commit_pending(self, pending: PendingReply | None = None) -> Reply | None:
+    def commit_pending(self, pending: PendingReply | None = None,
+                       ended_by: EndedBy = "interrupted") -> Reply | None:
         """Commit ``pending`` (default: the current one) to the history, once.
 
         If its request is still queued or running it is cancelled first and the partial reply
-        is kept, marked interrupted. Returns the committed reply, or None if there was nothing
-        to commit (already committed, or cleared).
+        is kept, marked ``ended_by`` ("stopped" for the Stop button, "interrupted" for a rerun).
+        Returns the committed reply, or None if there was nothing to commit (already
+        committed, or cleared).
         """
         with self._lock:
             pending = pending or self.pending
@@ -83,8 +92,39 @@ class ChatState:
             self.chat.add_exchange(pending.user_text, reply.text, interrupted=interrupted,
                                    reply_ids=reply.token_ids)
             waited = handle.waited_s if handle.started_at is not None else 0.0
-            self.notes.append(TurnNote(reply_footer(reply, waited), reply.dropped_turns))
+            metrics = {k: v for k, v in reply.to_json().items() if k != "text"}
+            if interrupted:
+                metrics["finish_reason"] = ended_by
+            metrics["waited_s"] = round(waited, 3)
+            self.notes.append(TurnNote(reply_footer(reply, waited, ended_by), reply.dropped_turns,
+                                       metrics, _params_dict(handle.params)))
         return reply
+
+    def pop_last_turn(self) -> str | None:
+        """Remove the newest completed turn (for regenerate / edit) and return its user text;
+        None when there is none, or a reply is still streaming."""
+        with self._lock:
+            if self.pending is not None or not self.chat.turns():
+                return None
+            user = self.chat.messages[-2].content
+            del self.chat.messages[-2:]
+            if len(self.notes) > len(self.chat.turns()):
+                self.notes.pop()
+            return user
+
+    def snapshot(self) -> dict:
+        """The committed conversation as plain data (for the reload store and the transcript)."""
+        with self._lock:
+            return {"system_prompt": self.chat.system_prompt,
+                    "messages": [asdict(m) for m in self.chat.messages],
+                    "notes": [asdict(n) for n in self.notes]}
+
+    def restore(self, snap: dict) -> None:
+        """Replace the conversation with ``snap`` (from :meth:`snapshot`)."""
+        with self._lock:
+            self.pending = None
+            self.chat.messages[:] = [Message(**m) for m in snap.get("messages", [])]
+            self.notes[:] = [TurnNote(**n) for n in snap.get("notes", [])]
 
     def discard(self, pending: PendingReply) -> None:
         """Drop ``pending`` without committing it (its request failed)."""
@@ -101,3 +141,12 @@ class ChatState:
             self.notes.clear()
         if pending is not None:
             pending.handle.cancel()
+
+
+def _params_dict(params: SamplingParams | None) -> dict:
+    if params is None:
+        return {}
+    out = asdict(params)
+    out.pop("stop_token_ids", None)
+    out.pop("ignore_eos", None)
+    return out

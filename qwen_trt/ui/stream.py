@@ -16,6 +16,14 @@ from qwen_trt.serving.service import Delta, Event, Waiting
 from qwen_trt.ui.text import CURSOR, sanitize_markdown, stable_prefix_end
 
 DEFAULT_INTERVAL_S = 0.03
+# Turns drawn on every rerun; older ones wait behind a "Show earlier turns" button, so the
+# work per message (and the time to the first token on screen) does not grow with the chat.
+HISTORY_WINDOW = 20
+
+
+def hidden_turns(total: int, show_all: bool, window: int = HISTORY_WINDOW) -> int:
+    """How many of the oldest ``total`` turns to leave out of the page."""
+    return 0 if show_all else max(0, total - window)
 
 
 def coalesce(events: Iterable[Event], interval_s: float = DEFAULT_INTERVAL_S,

@@ -197,11 +197,12 @@ def format_ms(ms: float) -> str:
     return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.0f} ms"
 
 
-def reply_footer(reply: Reply, waited_s: float = 0.0) -> str:
-    """The line under a reply: time to first token, tokens, tokens/s, and how it ended."""
+def reply_footer(reply: Reply, waited_s: float = 0.0, ended_by: str = "interrupted") -> str:
+    """The line under a reply: time to first token, tokens, tokens/s, and how it ended
+    (a cancelled reply says ``ended_by``: "stopped" by the Stop button, or "interrupted")."""
     m = reply.metrics
     if m.tokens == 0:
-        parts = ["interrupted before the first token" if m.finish_reason == "cancelled"
+        parts = [f"{ended_by} before the first token" if m.finish_reason == "cancelled"
                  else "no tokens"]
     else:
         parts = [f"first token {format_ms(m.ttft_ms)}", f"{m.tokens} tokens",
@@ -209,7 +210,7 @@ def reply_footer(reply: Reply, waited_s: float = 0.0) -> str:
         if m.finish_reason == "length":
             parts.append("stopped at max length")
         elif m.finish_reason == "cancelled":
-            parts.append("interrupted")
+            parts.append(ended_by)
     if waited_s >= 0.1:
         parts.append(f"waited {waited_s:.1f} s for the engine")
     return " · ".join(parts)
