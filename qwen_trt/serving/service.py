@@ -191,5 +191,6 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None):
         if _current is not None and not _current.closed:
             log.info("stopping the previous engine process before starting another")
             _current.close()
-        _current = EngineClient(WorkerSpec(cfg), echo=echo)   # echo: where stage lines go
+        # echo: where the engine's stage lines go (stderr by default; the app also shows them)
+        _current = EngineClient(WorkerSpec(cfg), **({"echo": echo} if echo is not None else {}))
         return _current
