@@ -402,7 +402,8 @@ def test_download_holds_the_conversation_and_settings(scripted):
     assert labels == ["Download chat (Markdown)", "Download chat (JSON)"]
     state = at.session_state["chat_state"]
     doc = json.loads(to_json(state.snapshot(), {"temperature": 0.3}, "scripted"))
-    assert [m["content"] for m in doc["messages"]] == ["What is the answer?", "The answer is **42**."]
+    assert [m["content"] for m in doc["messages"]] == ["What is the answer?",
+                                                        "The answer is **42**."]
     reply = doc["replies"][0]
     assert reply["metrics"]["tokens"] > 0 and reply["metrics"]["finish_reason"] == "stop"
     assert reply["params"]["temperature"] == 0.3
@@ -412,8 +413,6 @@ def test_download_holds_the_conversation_and_settings(scripted):
 
 def test_moving_a_slider_does_not_rerun_the_page(scripted):
     """The settings panel is a fragment: its widgets rerun only it (a reply keeps streaming)."""
-    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # noqa: F401 - streamlit present
-
     scripted("x")
     at = run_app()
     src = Path(APP).read_text()

@@ -287,7 +287,8 @@ def test_stop_slider_mid_reply_regenerate_edit_download_reload(app_url):
             doc = json.loads(Path(info.value.path()).read_text())
             assert [m["content"] for m in doc["messages"]][0] == "A short poem instead"
             assert " ".join(doc["messages"][1]["content"].split()) == " ".join(reply.split())
-            assert doc["settings"]["max_new_tokens"] == 128 and doc["replies"][0]["metrics"]["tokens"]
+            assert doc["settings"]["max_new_tokens"] == 128
+            assert doc["replies"][0]["metrics"]["tokens"] > 0
             with page.expect_download() as info:
                 sidebar.get_by_role("button", name="Download chat (Markdown)").click()
             assert "A short poem instead" in Path(info.value.path()).read_text()

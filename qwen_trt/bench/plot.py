@@ -42,7 +42,7 @@ def plot_result(result: dict, out: str | Path) -> Path:
         raise QwenTrtError("the bench result has no rows to plot")
     env, model = result.get("env", {}), result.get("model", {})
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
-    lens = sorted({x for xs, _ in ttft.values() for x in xs} | {x for xs, _ in tok_s.values() for x in xs})
+    lens = sorted({x for series in (ttft, tok_s) for xs, _ in series.values() for x in xs})
     for path, (xs, ys) in ttft.items():
         left.plot(xs, ys, marker="o", label=LABELS.get(path, path))
     left.set(xscale="log", yscale="log", xlabel="prompt length (tokens)",

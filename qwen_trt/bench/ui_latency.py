@@ -228,7 +228,7 @@ def measure_turn(browser, url: str, sid: str | None, turn: int, max_new: int,
         raise RuntimeError(f"could not read the reply footer / Enter time: {footer!r}")
     ttft_s, tokens, tok_s = _seconds(m[1], m[2]), int(m[3]), float(m[4])
     samples = [(t, n) for t, n in lat["samples"] if n > 0]
-    if not samples or lat.get("nocursor"):                       # an empty reply: nothing to time but the echo
+    if not samples or lat.get("nocursor"):   # an empty reply: nothing to time but the echo
         return {"engine_tokens": tokens, "engine_ttft_ms": round(ttft_s * 1000, 1),
                 "user_echo_ms": round(lat["echo"] - lat["t0"], 1) if lat["echo"] else None,
                 "footer": footer}
