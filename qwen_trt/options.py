@@ -44,6 +44,9 @@ OPTIONS: tuple[BackendOption, ...] = (
                   f"torch backend: {' | '.join(DTYPES)} (default auto)"),
     BackendOption("--max-seq-len", "QWEN_TRT_MAX_SEQ_LEN",
                   "torch backend: context limit in tokens, prompt + reply (default: the model's)"),
+    BackendOption("--max-batch", "QWEN_TRT_MAX_BATCH",
+                  "fast path: sequences decoded together (continuous batching); 1 = one request "
+                  "at a time on the batch-1 decoder, the lowest single-user latency (default 32)"),
     BackendOption("--fast", "QWEN_TRT_FAST",
                   f"torch backend: compiled CUDA-graph fast path: {' | '.join(FAST_MODES)} "
                   "(default auto = on CUDA)"),
@@ -77,9 +80,12 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = No
     max_seq_len = v["max_seq_len"]
     if max_seq_len is not None and max_seq_len.lstrip("-").isdigit():
         max_seq_len = int(max_seq_len)     # anything else is refused by BackendConfig
+    max_batch = v["max_batch"]
+    if max_batch is not None and max_batch.lstrip("-").isdigit():
+        max_batch = int(max_batch)
     return BackendConfig(backend=v["backend"] or "auto", model=v["model"], engine=v["engine"],
                          device=v["device"] or "auto", dtype=v["dtype"] or "auto",
-                         max_seq_len=max_seq_len, fast=v["fast"] or "auto",
+                         max_seq_len=max_seq_len, max_batch=max_batch, fast=v["fast"] or "auto",
                          base_url=v["base_url"], api_key=v["api_key"])
 
 

@@ -59,7 +59,7 @@ def test_config_key_differs_per_config_and_table_lists_every_env_var():
     assert config_key(BackendConfig(model="a")) != config_key(BackendConfig(model="b"))
     envs = [o.env for o in OPTIONS]
     assert envs == ["QWEN_TRT_MODEL", "QWEN_TRT_ENGINE", "QWEN_TRT_BACKEND", "QWEN_TRT_DEVICE",
-                    "QWEN_TRT_DTYPE", "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_FAST", "QWEN_TRT_BASE_URL",
+                    "QWEN_TRT_DTYPE", "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_MAX_BATCH", "QWEN_TRT_FAST", "QWEN_TRT_BASE_URL",
                     "QWEN_TRT_API_KEY"]
 
 
@@ -90,3 +90,31 @@ def test_cli_parser_gets_the_same_options_and_checks():
 def test_backend_config_checks_each_value_once(field, value, words):
     with pytest.raises(ConfigError, match=words):
         BackendConfig(**{field: value})
+
+
+def test_max_batch_from_flag_and_environment():
+    assert parse_app_config(["--max-batch", "8"], {}).max_batch == 8
+    assert parse_app_config([], {"QWEN_TRT_MAX_BATCH": "1"}).max_batch == 1
+    assert parse_app_config([], {}).max_batch is None
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "1000", "eight", "2.5"])
+def test_max_batch_out_of_range_is_one_line(bad):
+    with pytest.raises(ConfigError, match="--max-batch / QWEN_TRT_MAX_BATCH"):
+        parse_app_config(["--max-batch", bad], {})
+
+
+def test_max_batch_picks_the_runner():
+    from qwen_trt.serving.scheduler import SchedulerConfig
+    from qwen_trt.serving.serial import SerialRunner
+    from qwen_trt.serving.worker import make_runner
+
+    class Batching:                     # a backend with a continuous-batching runner
+        info = None
+
+        def runner(self, config=None):
+            return ("batched", config)
+
+    assert make_runner(Batching()) == ("batched", None)
+    assert make_runner(Batching(), max_batch=4) == ("batched", SchedulerConfig(max_batch=4))
+    assert isinstance(make_runner(Batching(), max_batch=1), SerialRunner)

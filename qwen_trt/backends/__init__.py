@@ -18,6 +18,9 @@ __all__ = ["Backend", "BackendInfo", "BackendConfig", "BACKENDS", "DTYPES", "FAS
            "load_backend", "choose_backend"]
 
 
+MAX_MAX_BATCH = 256   # the largest decode-graph bucket worth capturing for a 4B model on one GPU
+
+
 @dataclass(frozen=True)
 class BackendConfig:
     """Everything needed to load a backend; the CLI and the app both build one of these
@@ -32,6 +35,7 @@ class BackendConfig:
     max_seq_len: int | None = None  # torch only: context limit (prompt + reply)
     warmup: bool = True
     fast: str = "auto"              # torch only: compiled fast path; auto = on CUDA, off on CPU
+    max_batch: int | None = None    # fast path: continuous-batching width; 1 = batch-1 decoder
     base_url: str | None = None     # openai only: an OpenAI-compatible server (.../v1)
     api_key: str | None = None      # openai: the key sent; qwen-trt serve: the key required
 
@@ -50,6 +54,10 @@ class BackendConfig:
             raise ConfigError(f"{_where('max-seq-len')} must be a whole number of tokens >= "
                               f"{MIN_MAX_SEQ_LEN} (the chat template alone takes about 10), "
                               f"got '{n}'.")
+        b = self.max_batch
+        if b is not None and (type(b) is not int or not 1 <= b <= MAX_MAX_BATCH):
+            raise ConfigError(f"{_where('max-batch')} must be a whole number from 1 to "
+                              f"{MAX_MAX_BATCH}, got '{b}'.")
         if self.backend == "openai" and not self.base_url:
             raise ConfigError(f"--backend openai needs {_where('base-url')}, e.g. "
                               "http://127.0.0.1:8000/v1.")

@@ -57,12 +57,20 @@ class Ready:
     pid: int
 
 
-def make_runner(backend):
-    """The runner for ``backend``: its own (``backend.make_runner()``: the TensorRT-LLM executor,
-    continuous batching in the fast path), else :class:`SerialRunner` (one at a time)."""
-    own = getattr(backend, "make_runner", None) or getattr(backend, "runner", None)
+def make_runner(backend, max_batch: int | None = None):
+    """The runner for ``backend``: its own (``backend.make_runner()``: the TensorRT-LLM executor;
+    ``backend.runner()``: continuous batching in the fast path, ``max_batch`` wide), else, or
+    with ``max_batch == 1``, :class:`SerialRunner` (one at a time on the backend's own stream)."""
+    own = getattr(backend, "make_runner", None)
     if callable(own):
         return own()
+    batched = getattr(backend, "runner", None)
+    if callable(batched) and max_batch != 1:
+        if max_batch is None:
+            return batched()
+        from qwen_trt.serving.scheduler import SchedulerConfig
+
+        return batched(SchedulerConfig(max_batch=max_batch))
     from qwen_trt.serving.serial import SerialRunner
 
     return SerialRunner(backend)
@@ -137,7 +145,8 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         timings["load_and_warmup_s"] = time.monotonic() - t
         stage("starting the runner")
         t = time.monotonic()
-        runner = runner_factory(backend)
+        runner = (runner_factory(backend) if spec.runner
+                  else make_runner(backend, max_batch=spec.cfg.max_batch))
         timings["runner_s"] = time.monotonic() - t
     except BaseException as e:  # noqa: BLE001 - the parent shows one line; the trace goes here
         from qwen_trt.errors import QwenTrtError
