@@ -35,7 +35,8 @@ from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, EngineState,
                                      EngineStoppedError, Failed, Finished, RequestHandle,
-                                     ServiceClosedError, ServiceStatus, Started, cancelled_reply)
+                                     ServiceClosedError, ServiceStatus, Started, cancelled_reply,
+                                     queue_position)
 from qwen_trt.serving.ipc import pair
 from qwen_trt.serving.worker import Ready, WorkerSpec, worker_command
 
@@ -204,11 +205,7 @@ class EngineClient:
     # -- handles call these --------------------------------------------------------------------
     def _position(self, handle: RequestHandle) -> int:
         with self._lock:
-            if handle not in self._waiting:
-                return 0
-            i = self._waiting.index(handle)
-            ahead = sum(1 for h in self._waiting[:i] if not h.cancelled)
-            return ahead + (1 if self._active else 0)
+            return queue_position(self._waiting, handle, bool(self._active))
 
     def _cancel(self, handle: RequestHandle) -> None:
         with self._lock:

@@ -195,3 +195,13 @@ def cancelled_reply(handle: RequestHandle) -> Reply:
     return Reply(text="", metrics=ReplyMetrics(prompt_tokens=len(handle.prompt_ids),
                                                finish_reason="cancelled"),
                  dropped_turns=handle.dropped_turns)
+
+
+def queue_position(waiting: Sequence[RequestHandle], handle: RequestHandle, running: bool) -> int:
+    """:attr:`RequestHandle.position` for a service holding ``waiting`` in order (under its
+    lock): the requests still queued ahead (cancelled ones skipped), plus one while the engine
+    runs any; 0 once ``handle`` has left the queue."""
+    if handle not in waiting:
+        return 0
+    ahead = sum(1 for h in waiting[:waiting.index(handle)] if not h.cancelled)
+    return ahead + (1 if running else 0)

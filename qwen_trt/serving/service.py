@@ -31,7 +31,7 @@ from qwen_trt.params import SamplingParams
 from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError,  # noqa: F401
                                      EngineStoppedError, Event, Failed, Finished, RequestHandle,
                                      RequestState, ServiceClosedError, ServiceStatus, Started,
-                                     Waiting, cancelled_reply)
+                                     Waiting, cancelled_reply, queue_position)
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +97,7 @@ class InferenceService:
     # -- internals -----------------------------------------------------------------------------
     def _position(self, handle: RequestHandle) -> int:
         with self._lock:
-            if handle not in self._waiting:
-                return 0
-            ahead = [h for h in self._waiting[:self._waiting.index(handle)] if not h.cancelled]
-            return len(ahead) + (1 if self._running is not None else 0)
+            return queue_position(self._waiting, handle, self._running is not None)
 
     def _cancel(self, handle: RequestHandle) -> None:
         """A running request: stop the backend. A queued one: finish it now, never run it."""
