@@ -1,36 +1,9 @@
 """The paged-KV Triton kernels of the batched decode step, in Triton's CPU interpreter (float32),
 against the PyTorch references. Skips without Triton (``make test-kernels`` installs a copy;
-see tests/test_fast_kernels_interpret.py); the GPU run is tests/test_batched_cuda.py."""
+see tests/triton_interp.py); the GPU run is tests/test_batched_cuda.py."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-TRITON_PATH = os.environ.get("QWEN_TRT_TRITON_PATH", str(ROOT / ".venv-triton"))
-
-
-def interpret(code: str) -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([TRITON_PATH, str(ROOT)]))
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def triton_interpreter():
-    env = dict(os.environ, PYTHONPATH=TRITON_PATH)
-    r = subprocess.run([sys.executable, "-c", "import triton"], env=env, capture_output=True)
-    if r.returncode:
-        pytest.skip("Triton is not installed here (make test-kernels installs a copy)")
+from triton_interp import interpret, triton_interpreter  # noqa: F401 (autouse fixture)
 
 
 def test_paged_kernels_match_the_references():
