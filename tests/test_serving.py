@@ -9,6 +9,9 @@ from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.chat.session import ChatSession
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import SamplingParams
+from service_checks import (check_cancel_mid_reply_leaves_engine_clean,
+                            check_threads_get_their_own_replies)
+
 from qwen_trt.serving.service import (Delta, EngineFailedError, InferenceService, Failed, Finished,
                               ServiceClosedError, Started, Waiting)
 
@@ -106,38 +109,13 @@ def test_concurrent_requests_get_complete_separate_replies(tiny_service, tiny_to
 
 def test_requests_from_many_threads_each_get_their_own_reply(tiny_service, tiny_tokenizer):
     texts = ["one", "two two", "three three three", "The quick brown fox"]
-    expected = [tiny_service.submit(_prompt(tiny_tokenizer, t), GREEDY).result(TIMEOUT).text
-                for t in texts]
-    got: list[str | None] = [None] * len(texts)
-
-    def worker(i: int) -> None:
-        got[i] = tiny_service.submit(_prompt(tiny_tokenizer, texts[i]), GREEDY).result(TIMEOUT).text
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(texts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT)
-    assert got == expected
-    assert tiny_service.status().served == 2 * len(texts)
+    check_threads_get_their_own_replies(tiny_service, [_prompt(tiny_tokenizer, t) for t in texts],
+                                        GREEDY, TIMEOUT)
 
 
 def test_cancel_mid_reply_leaves_engine_clean_for_next_request(tiny_service, tiny_tokenizer):
     ids = _prompt(tiny_tokenizer, "Please explain how a GPU reads weights")
-    expected = tiny_service.submit(ids, GREEDY).result(TIMEOUT)
-    long = SamplingParams(max_new_tokens=4000, temperature=0, ignore_eos=True)
-    handle = tiny_service.submit(ids, long)
-    for ev in handle.events(poll_s=0.01):
-        if isinstance(ev, Delta):
-            handle.cancel()
-            break
-    cancelled = handle.result(TIMEOUT)
-    assert cancelled.metrics.finish_reason == "cancelled"
-    assert 1 <= cancelled.metrics.tokens < 4000
-    # The next request runs to its normal end: no cancel flag leaked into it.
-    again = tiny_service.submit(ids, GREEDY).result(TIMEOUT)
-    assert again.text == expected.text
-    assert again.metrics.finish_reason == expected.metrics.finish_reason
+    check_cancel_mid_reply_leaves_engine_clean(tiny_service, ids, GREEDY, TIMEOUT)
 
 
 def test_cancel_frees_a_blocked_engine_at_once(gated, tiny_tokenizer):

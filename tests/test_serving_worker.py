@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from service_checks import (check_cancel_mid_reply_leaves_engine_clean,
+                            check_threads_get_their_own_replies)
+
 from qwen_trt.backends import BackendConfig
 from qwen_trt.chat.generation import ReplyStream
 from qwen_trt.chat.session import ChatSession
@@ -88,38 +91,13 @@ def test_replies_match_the_in_process_path(tiny, tiny_backend, tiny_tokenizer):
 
 def test_requests_from_many_threads_each_get_their_own_reply(tiny, tiny_tokenizer):
     texts = ["one", "three three three", "The quick brown fox"]
-    expected = [tiny.submit(_prompt(tiny_tokenizer, t), GREEDY).result(TIMEOUT).text
-                for t in texts]
-    assert len(set(expected)) > 1            # otherwise mixing replies up could not be seen
-    served = tiny.status().served
-    got: list = [None] * len(texts)
-
-    def worker(i: int) -> None:
-        got[i] = tiny.submit(_prompt(tiny_tokenizer, texts[i]), GREEDY).result(TIMEOUT).text
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(texts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT)
-    assert got == expected
-    assert tiny.status().served == served + len(texts)
+    check_threads_get_their_own_replies(tiny, [_prompt(tiny_tokenizer, t) for t in texts],
+                                        GREEDY, TIMEOUT)
 
 
 def test_cancel_mid_reply_leaves_engine_clean(tiny, tiny_tokenizer):
     ids = _prompt(tiny_tokenizer, "Please explain how a GPU reads weights")
-    expected = tiny.submit(ids, GREEDY).result(TIMEOUT)
-    handle = tiny.submit(ids, LONG)
-    for ev in handle.events(poll_s=0.01):
-        if isinstance(ev, Delta):
-            handle.cancel()
-            break
-    cancelled = handle.result(TIMEOUT)
-    assert cancelled.metrics.finish_reason == "cancelled"
-    assert 1 <= cancelled.metrics.tokens < 4000
-    again = tiny.submit(ids, GREEDY).result(TIMEOUT)
-    assert again.text == expected.text
-    assert again.metrics.finish_reason == expected.metrics.finish_reason
+    check_cancel_mid_reply_leaves_engine_clean(tiny, ids, GREEDY, TIMEOUT)
 
 
 def test_queue_positions_fifo_and_cancel(tiny, tiny_tokenizer):
