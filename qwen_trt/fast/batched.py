@@ -34,6 +34,7 @@ import numpy as np
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from qwen_trt.fast.kv_cache import LayerKVCache
 from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
 from qwen_trt.fast.paged_kernels import (paged_attention_ref, paged_decode_attention,
                                          paged_rope_cache, triton)
@@ -58,30 +59,15 @@ def _post_attention(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torc
     return x + F.linear(F.silu(gate) * up, w_down)
 
 
-class PagedKVCache(torch.nn.Module):
+class PagedKVCache(LayerKVCache):
     """Per layer K and V ``[kv_heads, num_blocks * block_size, head_dim]``: slot
     ``block * block_size + offset`` holds one token. Block 0 is scratch (padding rows)."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, num_blocks: int,
                  block_size: int, dtype: torch.dtype, device) -> None:
-        super().__init__()
-        self.layers = layers
+        super().__init__(layers, (kv_heads, num_blocks * block_size, head_dim), dtype, device)
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (kv_heads, num_blocks * block_size, head_dim)
-        for i in range(layers):
-            self.register_buffer(f"k{i}", torch.zeros(shape, dtype=dtype, device=device),
-                                 persistent=False)
-            self.register_buffer(f"v{i}", torch.zeros(shape, dtype=dtype, device=device),
-                                 persistent=False)
-
-    def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return getattr(self, f"k{layer}"), getattr(self, f"v{layer}")
-
-    @property
-    def nbytes(self) -> int:
-        k, v = self.kv(0)
-        return self.layers * (k.numel() + v.numel()) * k.element_size()
 
 
 @dataclass(frozen=True)

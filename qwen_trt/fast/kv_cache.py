@@ -9,18 +9,19 @@ from __future__ import annotations
 import torch
 
 
-class StaticKVCache(torch.nn.Module):
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_seq_len: int,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
+class LayerKVCache(torch.nn.Module):
+    """One K and one V buffer of ``shape`` per layer (buffers ``k{i}``/``v{i}``, not saved);
+    the static cache here and the paged one (:class:`qwen_trt.fast.batched.PagedKVCache`)."""
+
+    def __init__(self, layers: int, shape: tuple[int, ...], dtype: torch.dtype,
+                 device: torch.device | str) -> None:
         super().__init__()
-        self.max_seq_len = max_seq_len
-        shape = (kv_heads, max_seq_len, head_dim)
+        self.layers = layers
         for i in range(layers):
             self.register_buffer(f"k{i}", torch.zeros(shape, dtype=dtype, device=device),
                                  persistent=False)
             self.register_buffer(f"v{i}", torch.zeros(shape, dtype=dtype, device=device),
                                  persistent=False)
-        self.layers = layers
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return getattr(self, f"k{layer}"), getattr(self, f"v{layer}")
@@ -29,3 +30,10 @@ class StaticKVCache(torch.nn.Module):
     def nbytes(self) -> int:
         k, v = self.kv(0)
         return self.layers * (k.numel() + v.numel()) * k.element_size()
+
+
+class StaticKVCache(LayerKVCache):
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_seq_len: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__(layers, (kv_heads, max_seq_len, head_dim), dtype, device)
+        self.max_seq_len = max_seq_len
