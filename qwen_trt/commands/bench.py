@@ -92,12 +92,7 @@ def run_serving(args, cuda: bool) -> int:
     except ValueError as e:
         raise QwenTrtError(str(e)) from e
 
-    def save(result: dict) -> None:
-        text = json.dumps(result, indent=1)
-        for dest in filter(None, (args.out, "bench-results/last-serving.json")):
-            path = Path(dest)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text + "\n")
+    save = _saver(args.out, "bench-results/last-serving.json")
 
     result = run_serving_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True),
                                progress=save)
@@ -156,12 +151,7 @@ def run(args) -> int:
                           command=_command(args), **kw)
     except ValueError as e:
         raise QwenTrtError(str(e)) from e
-    def save(result: dict) -> None:
-        text = json.dumps(result, indent=1)
-        for dest in filter(None, (args.out, "bench-results/last.json")):
-            path = Path(dest)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text + "\n")
+    save = _saver(args.out, "bench-results/last.json")
 
     result = run_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True), progress=save)
     save(result)
@@ -172,6 +162,17 @@ def run(args) -> int:
         print(f"plot: {plot_result(result, png)}", file=sys.stderr)
     print(_summary(result))
     return 0
+
+
+def _saver(*dests: str | None):
+    """Writes a result as indented JSON to each of ``dests`` given (after each row, and last)."""
+    def save(result: dict) -> None:
+        text = json.dumps(result, indent=1)
+        for dest in filter(None, dests):
+            path = Path(dest)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text + "\n")
+    return save
 
 
 def _command(args) -> str:
