@@ -130,7 +130,7 @@ def test_qwen3_4b_bf16_graph_buckets_match_the_eager_step(big):
     e = bm.forward(toks, pos, chunks, list(range(b))).float()
     saved = bm._graphs.pop(8)
     try:
-        for impl in ("bgemv", "bgemm", "torch"):
+        for impl in ("bgemm", "torch"):
             bm._graphs[8] = bm._capture(8, impl)
             g = bm.decode(toks, pos, tables).float()
             assert ((g - e).norm() / e.norm()).item() < 1e-1, impl

@@ -80,26 +80,3 @@ def test_small_batch_projections_match_the_unfused_ops():
         print(json.dumps(res))
     """)
     assert all(v < 1e-4 for v in out.values()), out
-
-
-def test_gemv_form_for_few_rows_matches_the_unfused_ops():
-    out = interpret("""
-        import json, torch
-        import torch.nn.functional as F
-        torch.manual_seed(0)
-        from qwen_trt.fast.bgemm import bgemv, BgemmConfig
-        res = {}
-        for m in (2, 3, 8):
-            x = torch.randn(m, 96)
-            w = torch.randn(70, 96) / 10
-            wgu = torch.randn(2 * 40, 96) / 10
-            r = torch.randn(m, 70)
-            cfg = BgemmConfig(block_n=4, block_k=32, warps=4, stages=2)
-            e2 = (bgemv(w, x, config=cfg) - F.linear(x, w)).abs().max().item()
-            e3 = (bgemv(w, x, residual=r, config=cfg) - (r + F.linear(x, w))).abs().max().item()
-            gt, up = F.linear(x, wgu).chunk(2, dim=-1)
-            e4 = (bgemv(wgu, x, gate_up=True, config=cfg) - F.silu(gt) * up).abs().max().item()
-            res[m] = max(e2, e3, e4)
-        print(json.dumps(res))
-    """)
-    assert all(v < 1e-4 for v in out.values()), out

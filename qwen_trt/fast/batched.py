@@ -89,7 +89,7 @@ class BatchedStats:
     buckets: tuple[int, ...] = ()
     warmup_s: float = 0.0
     prefill_graphs: int = 0
-    bucket_impl: dict[int, str] = field(default_factory=dict)   # gemv | bgemv | bgemm | torch
+    bucket_impl: dict[int, str] = field(default_factory=dict)   # gemv | bgemm | torch
     bucket_ms: dict[int, dict[str, float]] = field(default_factory=dict)  # replay ms, warm-up
     notes: list[str] = field(default_factory=list)
 
@@ -365,8 +365,8 @@ class BatchedModel:
 
     def _decode_body(self, b: int, impl: str) -> None:
         """One decode step of the first ``b`` rows of the static buffers. ``impl``: ``gemv``
-        (b == 1: the batch-1 decoder's fused GEMVs), ``bgemm`` / ``bgemv`` (the small-batch
-        Triton projections of :mod:`qwen_trt.fast.bgemm`, tensor-core or GEMV form) or
+        (b == 1: the batch-1 decoder's fused GEMVs), ``bgemm`` (the small-batch
+        Triton projections of :mod:`qwen_trt.fast.bgemm`) or
         ``torch`` (cuBLAS + PyTorch ops)."""
         cfg, m = self.cfg, self.model
         eps = cfg.rms_eps
@@ -375,15 +375,13 @@ class BatchedModel:
         x = F.embedding(self.g_tok[:b], m.embed)                    # [b, hidden]
         if impl == "gemv":
             from qwen_trt.fast.gemv import gemv
-        elif impl in ("bgemm", "bgemv"):
-            from qwen_trt.fast.bgemm import bgemm, bgemv, rms_rows
-            if impl == "bgemv":
-                bgemm = bgemv   # noqa: F811 - same contract, the GEMV form for <= 8 rows
+        elif impl == "bgemm":
+            from qwen_trt.fast.bgemm import bgemm, rms_rows
         for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
             if impl == "gemv":
                 qkv = gemv(layer.wqkv, x.view(cfg.hidden), ln=layer.ln_in, eps=eps).view(1, -1)
-            elif impl in ("bgemm", "bgemv"):
+            elif impl == "bgemm":
                 qkv = bgemm(layer.wqkv, rms_rows(x, layer.ln_in, eps))
             else:
                 qkv = F.linear(rms_norm(x, layer.ln_in, eps), layer.wqkv)
@@ -394,7 +392,7 @@ class BatchedModel:
                 xv = gemv(layer.wo, o.view(cfg.q_size), residual=x.view(cfg.hidden))
                 act = gemv(layer.w_gate_up, xv, ln=layer.ln_post, eps=eps, gate_up=True)
                 x = gemv(layer.w_down, act, residual=xv).view(1, cfg.hidden)
-            elif impl in ("bgemm", "bgemv"):
+            elif impl == "bgemm":
                 x = bgemm(layer.wo, o.view(b, cfg.q_size), residual=x)
                 act = bgemm(layer.w_gate_up, rms_rows(x, layer.ln_post, eps), gate_up=True)
                 x = bgemm(layer.w_down, act, residual=x)
@@ -403,7 +401,7 @@ class BatchedModel:
                 x = mlp(cfg, x, layer.ln_post, layer.w_gate_up, layer.w_down)
         if impl == "gemv":
             logits = gemv(m._head(), x.view(cfg.hidden), ln=m.ln_final, eps=eps).view(1, -1)
-        elif impl in ("bgemm", "bgemv"):
+        elif impl == "bgemm":
             logits = bgemm(m._head(), rms_rows(x, m.ln_final, eps))
         else:
             logits = self._head(x)
@@ -414,8 +412,9 @@ class BatchedModel:
             return ("torch",)
         if bucket == 1:
             return ("gemv",) if self.gemv1 else ("torch",)
-        # bgemv (the GEMV form) measured slower than bgemm at 2/4/8 rows on the H200
-        # (3.63/5.31/9.07 vs 3.50/3.69/3.80 ms per step): not a candidate by default.
+        # A GEMV-form kernel (products in registers, no tensor-core padding of M) measured slower
+        # than bgemm at 2/4/8 rows on the H200 (3.63/5.31/9.07 vs 3.50/3.69/3.80 ms per step)
+        # and was removed.
         return ("bgemm", "torch")
 
     def _capture(self, bucket: int, impl: str, feedback: bool = False) -> torch.cuda.CUDAGraph:
