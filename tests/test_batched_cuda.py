@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from qwen_trt.fast import QWEN3_4B, TINY, FastDecoder, build_model
-from qwen_trt.fast.batched import GRAPH_BUCKETS, SeqChunk, check_paged, make_batched
+from qwen_trt.fast.batched import (GRAPH_BUCKETS, STEP_TOKEN_BUCKETS, SeqChunk, check_paged,
+                                   make_batched)
 from qwen_trt.fast.weights import init_random
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig, generate
@@ -67,6 +68,7 @@ def test_tiny_float32_graphs_match_the_eager_model():
     m2.load_state_dict(state, strict=False)
     bm = make_batched(m2, num_blocks=512)
     assert bm.graphs and bm.triton and bm.stats.buckets == GRAPH_BUCKETS
+    assert bm.stats.step_graphs == len(STEP_TOKEN_BUCKETS), bm.stats.notes
     alone = {i: list(generate(BatchRunner(bm, SchedulerConfig(prefix_caching=False)), p,
                               greedy(60))) for i, p in enumerate(ps)}
     runner = BatchRunner(bm, SchedulerConfig(max_batch=12, token_budget=256))
@@ -96,7 +98,7 @@ def test_qwen3_4b_bf16_graph_buckets_match_the_eager_step(big):
     assert bm.graphs and bm.triton, bm.stats.notes
     runner = BatchRunner(bm, SchedulerConfig(max_batch=32, token_budget=2048))
     ps = prompts(5, QWEN3_4B.vocab_size, seed=4, lo=20, hi=700)
-    for i, p in enumerate(ps):                   # prefill (eager, SDPA) through the runner
+    for i, p in enumerate(ps):                   # prefill (steps > 1024 rows: eager) through the runner
         runner.add(i, p, greedy(2))
     while runner.has_work():
         runner.step()
@@ -150,3 +152,42 @@ def test_qwen3_4b_bf16_greedy_alone_vs_batched(big):
                   {i: (p, greedy(32)) for i, p in enumerate(ps)})
     assert all(len(out[i]) == 32 for i in range(8))
     assert sum(out[i][0] == alone[i][0] for i in range(8)) >= 7
+
+
+def test_qwen3_4b_bf16_step_graphs_match_the_math_step(big):
+    """Steps that prefill: every token bucket captured; a mixed step (a decode row beside a
+    chunk after a prefix) through the graph, eagerly through the varlen kernel, and through
+    the math attention agree within the bf16 bound."""
+    bm = big
+    assert bm.stats.step_graphs == len(STEP_TOKEN_BUCKETS), bm.stats.notes
+    assert bm._check_step_graphs() is None
+    from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
+    alloc = BlockAllocator(bm.cache.num_blocks, bm.block_size)
+    ps = prompts(3, QWEN3_4B.vocab_size, seed=7, lo=300, hi=900)
+    tabs = []
+    for p in ps:
+        blocks = SeqBlocks()
+        alloc.grow(blocks, len(p) + 1)
+        tabs.append(tuple(blocks.table))
+        half = len(p) // 2
+        bm._forward_math(p[:half], list(range(half)), [SeqChunk(0, half, half, tabs[-1])],
+                         [half - 1])
+    # a decode row of seq 0 at `half`, the rest of seq 1's prompt, all of seq 2's second half
+    h = [len(p) // 2 for p in ps]
+    toks = [ps[0][h[0]]] + ps[1][h[1]:] + ps[2][h[2]:]
+    pos = [h[0]] + list(range(h[1], len(ps[1]))) + list(range(h[2], len(ps[2])))
+    n1, n2 = len(ps[1]) - h[1], len(ps[2]) - h[2]
+    chunks = [SeqChunk(0, 1, h[0] + 1, tabs[0]), SeqChunk(1, n1, len(ps[1]), tabs[1]),
+              SeqChunk(1 + n1, n2, len(ps[2]), tabs[2])]
+    rows = [0, n1, n1 + n2]
+    assert len(toks) <= STEP_TOKEN_BUCKETS[-1]
+    ref = bm._forward_math(toks, pos, chunks, rows).float()
+    got = bm.forward(toks, pos, chunks, rows).float().clone()      # graph replay
+    saved, bm.step_graphs = bm.step_graphs, False
+    try:
+        eager = bm.forward(toks, pos, chunks, rows).float()
+    finally:
+        bm.step_graphs = saved
+    for name, x in (("graph", got), ("eager", eager)):
+        err = ((x - ref).norm() / ref.norm()).item()
+        assert err < 1e-1, (name, err)

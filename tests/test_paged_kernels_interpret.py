@@ -80,3 +80,88 @@ def test_small_batch_projections_match_the_unfused_ops():
         print(json.dumps(res))
     """)
     assert all(v < 1e-4 for v in out.values()), out
+
+
+def test_varlen_attention_matches_the_reference_for_a_mixed_step():
+    """Decode rows, a fresh prompt, a chunk after a cached prefix and a chunk that crosses
+    several blocks, in one launch over shuffled blocks, with padding tiles: each sequence as the
+    math reference of that sequence alone; rows no tile covers stay zero."""
+    out = interpret("""
+        import json, torch
+        torch.manual_seed(0)
+        from qwen_trt.fast.paged_kernels import (paged_varlen_attention, paged_attention_ref,
+            table_slots, varlen_tiles, varlen_max_tiles)
+        heads, kvh, d, bs, nblk = 4, 2, 32, 16, 40
+        kc = torch.randn(kvh, nblk * bs, d); vc = torch.randn(kvh, nblk * bs, d)
+        perm = (torch.randperm(nblk - 1) + 1).tolist()
+        # (query rows, context after the step)
+        seqs = [(1, 1), (1, 45), (1, 130), (37, 37), (20, 70), (3, 16), (33, 120)]
+        tables = torch.zeros(len(seqs), 12, dtype=torch.int32)
+        at = 0
+        for i, (n, ctx) in enumerate(seqs):
+            k = -(-ctx // bs)
+            tables[i, :k] = torch.tensor(perm[at:at + k]); at += k
+        qlens = [n for n, _ in seqs]
+        starts = [sum(qlens[:i]) for i in range(len(seqs))]
+        total = sum(qlens)
+        q = torch.randn(total + 5, heads, d)             # 5 padded rows at the end
+        ts, tq = varlen_tiles(qlens)
+        cap = varlen_max_tiles(total + 5, len(seqs) + 2)
+        assert len(ts) <= cap
+        ts += [-1] * (cap - len(ts)); tq += [0] * (cap - len(tq))
+        i32 = lambda v: torch.tensor(v, dtype=torch.int32)
+        got = paged_varlen_attention(q, kc, vc, tables, i32([c for _, c in seqs]), i32(starts),
+                                     i32(qlens), i32(ts), i32(tq), bs)
+        err = 0.0
+        for i, (n, ctx) in enumerate(seqs):
+            ref = paged_attention_ref(q[starts[i]:starts[i] + n], kc, vc,
+                                      table_slots(tables[i], ctx, bs),
+                                      torch.arange(ctx - n, ctx))
+            err = max(err, ((got[starts[i]:starts[i] + n] - ref).norm() / ref.norm()).item())
+        print(json.dumps({"err": err, "pad": got[total:].abs().max().item(),
+                          "tiles": len([t for t in ts if t >= 0])}))
+    """)
+    assert out["err"] < 1e-5, out
+    assert out["pad"] == 0.0
+    assert out["tiles"] == 1 + 1 + 1 + 3 + 2 + 1 + 3
+
+
+def test_batched_steps_with_the_varlen_kernel_match_the_math_steps():
+    """The CUDA form of a step that prefills (fused RoPE + K/V write, varlen attention, the
+    staged metadata of the step graphs) against the math form, on the tiny model: fresh
+    prompts, then decode rows beside a continued chunk and a new prompt."""
+    out = interpret("""
+        import json, torch
+        from qwen_trt.fast import TINY, build_model
+        from qwen_trt.fast.batched import BatchedModel, SeqChunk
+        from qwen_trt.fast.weights import init_random
+        torch.manual_seed(0)
+        m = build_model(TINY, max_seq_len=256, dtype=torch.float32, device="cpu")
+        init_random(m, seed=1, std=0.5)
+        w = {k: v.clone() for k, v in m.state_dict().items()}
+        models = []
+        for triton_on in (False, True):
+            mm = build_model(TINY, max_seq_len=256, dtype=torch.float32, device="cpu")
+            mm.load_state_dict(w, strict=False)
+            bm = BatchedModel(mm, num_blocks=32, block_size=16)
+            bm.triton = triton_on
+            models.append(bm)
+        g = torch.Generator().manual_seed(3)
+        ta, tb, tc = (3, 9, 4, 0, 0, 0), (7, 2, 11, 5, 1, 0), (6, 0, 0, 0, 0, 0)
+        A = torch.randint(1, TINY.vocab_size, (30,), generator=g).tolist()
+        B = torch.randint(1, TINY.vocab_size, (80,), generator=g).tolist()
+        C = torch.randint(1, TINY.vocab_size, (5,), generator=g).tolist()
+        steps = [
+            (A[:20] + B[:40], list(range(20)) + list(range(40)),
+             [SeqChunk(0, 20, 20, ta), SeqChunk(20, 40, 40, tb)], [19, 59]),
+            ([A[20]] + B[40:75] + C, [20] + list(range(40, 75)) + list(range(5)),
+             [SeqChunk(0, 1, 21, ta), SeqChunk(1, 35, 75, tb), SeqChunk(36, 5, 5, tc)],
+             [0, 35, 40]),
+        ]
+        errs = []
+        for args in steps:
+            ref, got = (bm.forward(*args) for bm in models)
+            errs.append(((got - ref).norm() / ref.norm()).item())
+        print(json.dumps({"errs": errs}))
+    """)
+    assert max(out["errs"]) < 1e-5, out

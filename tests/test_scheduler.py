@@ -282,9 +282,6 @@ class _ChainFake:
     def decode(self, toks, pos, tables):
         return self._logits(toks, pos)
 
-    def prefill_one(self, *a):
-        return None
-
     def can_chain(self, b):
         return True
 

@@ -3,20 +3,26 @@
 One step takes a flat batch of rows: decode rows (one token of a running sequence) first, then
 prefill chunks (several prompt tokens of one sequence, starting anywhere: after a prefix-cache
 hit or an earlier chunk). Every row is projected together (one matrix product per weight,
-``M = rows``); attention runs per sequence over its own tokens through its block table:
+``M = rows``); attention runs per sequence over its own tokens through its block table.
 
-* decode rows: :func:`~qwen_trt.fast.paged_kernels.paged_decode_attention` (Triton, CUDA) or
-  the math reference (CPU);
-* prefill chunks: SDPA over the chunk's queries and the sequence's keys so far (a causal mask
-  offset by the chunk's start).
+On CUDA every step replays a CUDA graph:
 
-On CUDA a step of decode rows only replays a CUDA graph captured per batch-size bucket
-(1, 2, 4, 8, 16, 32; the batch is padded up, padded rows write the scratch block). Bucket 1
-keeps the batch-1 decoder's fused Triton GEMVs (``model.decode_impl == "triton"``); larger
-buckets use cuBLAS through ``F.linear`` (one weight read for all rows). Token choice runs on the
-device after the step, per row, with each row's own settings, by the one sampler of both torch
-paths (:mod:`qwen_trt.backends.sampling`, driven by the runner); greedy decode steps pick their
-argmax inside the graph and chain (:meth:`BatchedModel.decode_launch`).
+* decode-only steps: a graph per batch-size bucket (1, 2, 4, 8, 16, 32; the batch is padded
+  up, padded rows write the scratch block), attention by
+  :func:`~qwen_trt.fast.paged_kernels.paged_decode_attention` (flash-decoding). Bucket 1 keeps
+  the batch-1 decoder's fused Triton GEMVs (``model.decode_impl == "triton"``); larger buckets
+  pick the small-batch Triton projections or cuBLAS by timing at warm-up. Greedy decode steps
+  pick their argmax inside the graph and chain (:meth:`BatchedModel.decode_launch`).
+* steps that prefill (any mix of prefill chunks and decode rows): a graph per token-count
+  bucket (16 .. 1024 rows, padded up), attention by
+  :func:`~qwen_trt.fast.paged_kernels.paged_varlen_attention`, which reads every sequence's
+  rows, lengths and block table on the device, so one graph serves any mix of sequences and
+  context lengths (no per-context buckets, no K/V gather, no mask tensor).
+
+Token choice runs on the device after the step, per row, with each row's own settings, by the
+one sampler of both torch paths (:mod:`qwen_trt.backends.sampling`, driven by the runner). On
+CPU (and where a Triton self-check failed) the step runs eagerly with the math attention
+(:func:`~qwen_trt.fast.paged_kernels.paged_attention_ref`), which CI tests on the tiny model.
 
 The weights are the :class:`~qwen_trt.fast.model.Qwen3Fast` ones; its static batch-1 cache is
 not used (``make_batched`` shrinks it).
@@ -29,21 +35,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
 import numpy as np
+import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from qwen_trt.fast.kv_cache import LayerKVCache
 from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
 from qwen_trt.fast.paged_kernels import (paged_attention_ref, paged_decode_attention,
-                                         paged_rope_cache, triton)
+                                         paged_rope_cache, paged_varlen_attention, triton,
+                                         varlen_max_tiles, varlen_tiles)
 from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
-PREFILL_N_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)      # rows of a one-sequence chunk
-PREFILL_CTX_BUCKETS = (1024, 2048, 4096)                    # captured at warm-up; larger lazily
-_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+STEP_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)     # rows of a step that prefills
 
 
 def _pre_attention(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float):
@@ -81,6 +85,18 @@ class SeqChunk:
     table: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class VarlenMeta:
+    """A step's sequences on the device, as :func:`paged_varlen_attention` reads them."""
+
+    tables: torch.Tensor      # [S, max_blocks] int32
+    ctx: torch.Tensor         # [S] int32: context after the step
+    qstart: torch.Tensor      # [S] int32: first row
+    qlen: torch.Tensor        # [S] int32: rows
+    tile_seq: torch.Tensor    # [tiles] int32 (-1: padding)
+    tile_q0: torch.Tensor     # [tiles] int32
+
+
 @dataclass
 class BatchedStats:
     graphs: bool = False
@@ -88,7 +104,7 @@ class BatchedStats:
     attention: str = "math"
     buckets: tuple[int, ...] = ()
     warmup_s: float = 0.0
-    prefill_graphs: int = 0
+    step_graphs: int = 0                                         # token buckets captured
     bucket_impl: dict[int, str] = field(default_factory=dict)   # gemv | bgemm | torch
     bucket_ms: dict[int, dict[str, float]] = field(default_factory=dict)  # replay ms, warm-up
     notes: list[str] = field(default_factory=list)
@@ -119,17 +135,6 @@ class BatchedModel:
         self.stats.graphs, self.stats.gemv_bucket1 = self.graphs, self.gemv1
         self.stats.attention = "triton" if self.triton else "math"
         self.stats.buckets = self.buckets if self.graphs else ()
-        # Steps with prefill run eagerly; on CUDA the parts around attention are compiled once
-        # (dynamic row count) so a 1k-token step is not bound by ~1000 kernel launches.
-        # Opt-in (QWEN_TRT_BATCH_COMPILE=1): on the H200 it did not lower the 512-token TTFT
-        # (35.5 vs 25.3 ms eager, 2026-11-30), so the default stays eager.
-        self.compiled = (on_cuda and (graphs is None or graphs)
-                         and os.environ.get("QWEN_TRT_BATCH_COMPILE", "0") == "1")
-        if self.compiled:
-            self._pre = torch.compile(_pre_attention, dynamic=True, fullgraph=True)
-            self._post = torch.compile(_post_attention, dynamic=True, fullgraph=True)
-        else:
-            self._pre, self._post = _pre_attention, _post_attention
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         if self.graphs:
@@ -154,22 +159,23 @@ class BatchedModel:
                                      pin_memory=True)
             self.h_lens_np = self.h_i32[:n].numpy()
             self.h_tables_np = self.h_i32[n:].view(n, self.max_blocks).numpy()
-            # Prefill graphs: one sequence's chunk (n <= PREFILL_GRAPH_MAX rows, padded to a
-            # power of two) over a context padded to a power of two >= 1024 (<= the cache).
-            cap = self.max_blocks * block_size
-            self.p_n_buckets = tuple(b for b in PREFILL_N_BUCKETS)
-            self.p_ctx_buckets = tuple(sorted({min(cap, c) for c in PREFILL_CTX_BUCKETS
-                                               if c <= cap} | {cap}))
-            self.p_meta = torch.zeros(3, PREFILL_N_BUCKETS[-1], dtype=torch.long, device=dev)
-            self.p_ctx_slots = torch.zeros(cap, dtype=torch.long, device=dev)
-            self.p_last = torch.zeros(1, dtype=torch.long, device=dev)
-            self.p_keys = torch.arange(cap, device=dev)
-            self.p_logits = torch.zeros(1, self.cfg.vocab_size, dtype=model.dtype, device=dev)
-            self.h_p_meta = torch.zeros(3, PREFILL_N_BUCKETS[-1], dtype=torch.long,
-                                        pin_memory=True)
-            self.h_p_ctx = torch.zeros(cap + 1, dtype=torch.long, pin_memory=True)
-            self._p_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-            self.prefill_graphs = True
+            # Steps that prefill: one graph per token bucket over these buffers (host copies
+            # pinned): rows tok | pos | slot (int64); logit rows (int64); then int32: per
+            # sequence ctx | qstart | qlen, per tile seq | q0, per sequence its block table.
+            t_max, s_max = STEP_TOKEN_BUCKETS[-1], n
+            nt = varlen_max_tiles(t_max, s_max)
+            self.s_max, self.t_buckets = s_max, STEP_TOKEN_BUCKETS
+            self.s_meta = torch.zeros(3, t_max, dtype=torch.long, device=dev)
+            self.s_rows = torch.zeros(s_max, dtype=torch.long, device=dev)
+            self.s_i32 = torch.zeros(3 * s_max + 2 * nt + s_max * self.max_blocks,
+                                     dtype=torch.int32, device=dev)
+            self.s_logits = torch.zeros(s_max, self.cfg.vocab_size, dtype=model.dtype,
+                                        device=dev)
+            self.h_s_meta = torch.zeros(3, t_max, dtype=torch.long, pin_memory=True)
+            self.h_s_rows = torch.zeros(s_max, dtype=torch.long, pin_memory=True)
+            self.h_s_i32 = torch.zeros_like(self.s_i32, device="cpu").pin_memory()
+            self._s_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+            self.step_graphs = True
 
     # ---- shared pieces ---------------------------------------------------------------------
     def slot_of(self, table: Sequence[int], pos: int) -> int:
@@ -190,76 +196,163 @@ class BatchedModel:
             t[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
         return t.to(self.device)
 
-    # ---- the general (eager) step: decode rows and prefill chunks together ----------------
+    # ---- steps that prefill: decode rows and prefill chunks together ---------------------
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], positions: Sequence[int],
                 chunks: Sequence[SeqChunk], logit_rows: Sequence[int]) -> torch.Tensor:
         """Rows ``tokens``/``positions`` grouped by ``chunks`` (decode chunks, ``n == 1``,
-        first); writes every row's K/V and returns the logits ``[len(logit_rows), vocab]``."""
+        first); writes every row's K/V and returns the logits ``[len(logit_rows), vocab]``.
+        A graph replay on CUDA when the rows fit a token bucket and the sequences the graphs'
+        width; else the same step eagerly (math attention where the Triton kernels are off)."""
+        if not self.triton:
+            return self._forward_math(tokens, positions, chunks, logit_rows)
+        n = len(tokens)
+        bucket = next((t for t in self.t_buckets if t >= n), None) if (
+            self.graphs and self.step_graphs and len(chunks) <= self.s_max
+            and len(logit_rows) <= self.s_max) else None
+        if bucket is None:   # eager, with the same kernels
+            meta_np, rows_np, i32_np = self._stage(tokens, positions, chunks, logit_rows, n,
+                                                   len(chunks), len(chunks))
+            dev = self.device
+            meta = torch.from_numpy(meta_np).to(dev)
+            return self._varlen_body(meta[0], meta[1], meta[2],
+                                     self._varlen_meta(torch.from_numpy(i32_np).to(dev),
+                                                       len(chunks), n),
+                                     torch.from_numpy(rows_np).to(dev))
+        t_max = self.t_buckets[-1]
+        meta_np, rows_np, i32_np = self._stage(tokens, positions, chunks, logit_rows, t_max,
+                                               self.s_max, self.s_max,
+                                               (self.h_s_meta.numpy(), self.h_s_rows.numpy(),
+                                                self.h_s_i32.numpy()))
+        self.s_meta[:, :bucket].copy_(self.h_s_meta[:, :bucket], non_blocking=True)
+        self.s_rows.copy_(self.h_s_rows, non_blocking=True)
+        self.s_i32.copy_(self.h_s_i32, non_blocking=True)
+        self._step_graph(bucket).replay()
+        return self.s_logits[:len(logit_rows)]
+
+    def _stage(self, tokens: Sequence[int], positions: Sequence[int],
+               chunks: Sequence[SeqChunk], logit_rows: Sequence[int], t_cap: int, s_cap: int,
+               rows_cap: int, out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A step's inputs as host arrays (the layout of the graphs' buffers, see __init__):
+        padded rows are token 0 at position 0 writing the scratch block, padded tiles -1."""
+        bs, n = self.block_size, len(tokens)
+        nt = varlen_max_tiles(t_cap, s_cap)
+        if out is None:
+            out = (np.zeros((3, t_cap), np.int64), np.zeros(rows_cap, np.int64),
+                   np.zeros(3 * s_cap + 2 * nt + s_cap * self.max_blocks, np.int32))
+        meta, rows, i32 = out
+        meta[:2].fill(0)
+        meta[0, :n] = tokens
+        pos = np.asarray(positions, dtype=np.int64)
+        meta[1, :n] = pos
+        meta[2].fill(SCRATCH_BLOCK * bs)
+        ctx, qstart, qlen = i32[:s_cap], i32[s_cap:2 * s_cap], i32[2 * s_cap:3 * s_cap]
+        tile_seq, tile_q0 = i32[3 * s_cap:3 * s_cap + nt], i32[3 * s_cap + nt:3 * s_cap + 2 * nt]
+        tables = i32[3 * s_cap + 2 * nt:].reshape(s_cap, self.max_blocks)
+        i32.fill(0)
+        for s_i, c in enumerate(chunks):
+            tab = np.asarray(c.table, dtype=np.int64)
+            p = pos[c.start:c.start + c.n]
+            meta[2, c.start:c.start + c.n] = tab[p // bs] * bs + p % bs
+            ctx[s_i], qstart[s_i], qlen[s_i] = c.ctx, c.start, c.n
+            tables[s_i, :len(tab)] = tab
+        ts, tq = varlen_tiles([c.n for c in chunks])
+        tile_seq.fill(-1)
+        tile_seq[:len(ts)] = ts
+        tile_q0[:len(tq)] = tq
+        rows.fill(0)
+        rows[:len(logit_rows)] = logit_rows
+        return meta, rows, i32
+
+    def _varlen_meta(self, i32: torch.Tensor, s_cap: int, t_cap: int,
+                     tiles: int | None = None) -> VarlenMeta:
+        """Views of a staged int32 buffer (:meth:`_stage`); ``tiles`` of the tile arrays."""
+        nt = varlen_max_tiles(t_cap, s_cap)
+        k = nt if tiles is None else tiles
+        o = 3 * s_cap
+        return VarlenMeta(tables=i32[o + 2 * nt:].view(s_cap, self.max_blocks),
+                          ctx=i32[:s_cap], qstart=i32[s_cap:2 * s_cap], qlen=i32[2 * s_cap:o],
+                          tile_seq=i32[o:o + k], tile_q0=i32[o + nt:o + nt + k])
+
+    def _varlen_body(self, tok: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                     meta: VarlenMeta, rows: torch.Tensor) -> torch.Tensor:
+        """One step that prefills, on CUDA (eager or captured): cuBLAS projections of every
+        row, the fused q/k norm + RoPE + K/V write, one varlen attention; logits of ``rows``."""
+        cfg, m = self.cfg, self.model
+        eps = cfg.rms_eps
+        x = F.embedding(tok, m.embed)
+        for i, layer in enumerate(m.layers):
+            kc, vc = self.cache.kv(i)
+            qkv = _pre_attention(x, layer.ln_in, layer.wqkv, eps)
+            q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
+                                 kc, vc, eps, cfg.heads)
+            o = paged_varlen_attention(q, kc, vc, meta.tables, meta.ctx, meta.qstart, meta.qlen,
+                                       meta.tile_seq, meta.tile_q0, self.block_size)
+            x = _post_attention(x, o.reshape(-1, cfg.q_size), layer.wo, layer.ln_post,
+                                layer.w_gate_up, layer.w_down, eps)
+        return self._head(x.index_select(0, rows))
+
+    def _forward_math(self, tokens: Sequence[int], positions: Sequence[int],
+                      chunks: Sequence[SeqChunk], logit_rows: Sequence[int]) -> torch.Tensor:
+        """The eager step with PyTorch ops and the math attention (CPU; CUDA fallback)."""
         cfg, m, dev = self.cfg, self.model, self.device
         tok = torch.tensor(list(tokens), dtype=torch.long, device=dev)
         pos = torch.tensor(list(positions), dtype=torch.long, device=dev)
         slots = torch.tensor([self.slot_of(c.table, p) for c in chunks
                               for p in positions[c.start:c.start + c.n]], dtype=torch.long,
                              device=dev)
-        n_dec = 0
-        while n_dec < len(chunks) and chunks[n_dec].n == 1 and chunks[n_dec].start == n_dec:
-            n_dec += 1
-        use_kernel = self.triton and n_dec > 0
-        dec_tables = dec_lens = None
-        if use_kernel:
-            dec_tables = self._tables_tensor([c.table for c in chunks[:n_dec]])
-            dec_lens = torch.tensor([c.ctx for c in chunks[:n_dec]], dtype=torch.int32,
-                                    device=dev)
-        rest = chunks[n_dec:] if use_kernel else chunks
-        ctx_slots = [self._slots_tensor(c.table, c.ctx) for c in rest]
+        ctx_slots = [self._slots_tensor(c.table, c.ctx) for c in chunks]
+        q_pos = [torch.arange(c.ctx - c.n, c.ctx, device=dev) for c in chunks]
         x = F.embedding(tok, m.embed)
         for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
-            qkv = self._pre(x, layer.ln_in, layer.wqkv, cfg.rms_eps)
-            if self.triton:
-                q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
-                                     kc, vc, cfg.rms_eps, cfg.heads)
-            else:
-                q, k, v = split_norm_rope(qkv, pos, m.cos, m.sin, layer.q_norm, layer.k_norm,
-                                          cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps)
-                kc.index_copy_(1, slots, k.transpose(0, 1))
-                vc.index_copy_(1, slots, v.transpose(0, 1))
+            qkv = _pre_attention(x, layer.ln_in, layer.wqkv, cfg.rms_eps)
+            q, k, v = split_norm_rope(qkv, pos, m.cos, m.sin, layer.q_norm, layer.k_norm,
+                                      cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps)
+            kc.index_copy_(1, slots, k.transpose(0, 1))
+            vc.index_copy_(1, slots, v.transpose(0, 1))
             o = torch.empty_like(q)
-            if use_kernel:
-                o[:n_dec] = paged_decode_attention(q[:n_dec], kc, vc, dec_tables, dec_lens,
-                                                   self.block_size)
-            for c, cs in zip(rest, ctx_slots):
-                qs = q[c.start:c.start + c.n]
-                o[c.start:c.start + c.n] = self._attend_chunk(qs, kc, vc, cs, c)
-            x = self._post(x, o.reshape(-1, cfg.q_size), layer.wo, layer.ln_post,
-                           layer.w_gate_up, layer.w_down, cfg.rms_eps)
+            for c, cs, qp in zip(chunks, ctx_slots, q_pos):
+                o[c.start:c.start + c.n] = paged_attention_ref(q[c.start:c.start + c.n], kc, vc,
+                                                               cs, qp)
+            x = _post_attention(x, o.reshape(-1, cfg.q_size), layer.wo, layer.ln_post,
+                                layer.w_gate_up, layer.w_down, cfg.rms_eps)
         rows = torch.tensor(list(logit_rows), dtype=torch.long, device=dev)
         return self._head(x.index_select(0, rows))
 
-    def _attend_chunk(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
-                      ctx_slots: torch.Tensor, c: SeqChunk) -> torch.Tensor:
-        q_pos = torch.arange(c.ctx - c.n, c.ctx, device=q.device)
-        if self.device.type != "cuda" or c.n == 1:
-            return paged_attention_ref(q, kc, vc, ctx_slots, q_pos)
-        # CUDA prefill: SDPA (flash / memory-efficient kernels) with the offset causal mask.
-        cfg = self.cfg
-        k = kc.index_select(1, ctx_slots).unsqueeze(0)              # [1, kvh, ctx, d]
-        v = vc.index_select(1, ctx_slots).unsqueeze(0)
-        group = cfg.heads // cfg.kv_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-        # Not cuDNN's SDPA: it builds a plan per new shape (hundreds of ms the first time a
-        # chunk length appears, seen on the H200), and chunk shapes vary every step.
-        with sdpa_kernel(_SDPA_BACKENDS):
-            if c.n == c.ctx:
-                o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v,
-                                                   is_causal=True)
-            else:
-                mask = torch.arange(c.ctx, device=q.device)[None, :] <= q_pos[:, None]
-                o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v,
-                                                   attn_mask=mask)
-        return o.squeeze(0).transpose(0, 1)
+    def _step_graph(self, bucket: int) -> torch.cuda.CUDAGraph:
+        graph = self._s_graphs.get(bucket)
+        if graph is None:
+            s_cap, t_max = self.s_max, self.t_buckets[-1]
+            meta = self._varlen_meta(self.s_i32, s_cap, t_max,
+                                     tiles=varlen_max_tiles(bucket, s_cap))
+
+            def reset() -> None:   # every row padding: scratch slot, position 0, no tiles
+                self._stage([], [], [], [], t_max, s_cap, s_cap,
+                            (self.h_s_meta.numpy(), self.h_s_rows.numpy(), self.h_s_i32.numpy()))
+                self.s_meta.copy_(self.h_s_meta)
+                self.s_rows.copy_(self.h_s_rows)
+                self.s_i32.copy_(self.h_s_i32)
+
+            def body() -> None:
+                tok, pos, slots = (self.s_meta[j, :bucket] for j in range(3))
+                self.s_logits.copy_(self._varlen_body(tok, pos, slots, meta, self.s_rows))
+
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    reset()
+                    body()
+            torch.cuda.current_stream().wait_stream(stream)
+            reset()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                body()
+            self._s_graphs[bucket] = graph
+            self.stats.step_graphs = len(self._s_graphs)
+        return graph
 
     # ---- decode-only steps: CUDA graphs per batch bucket ----------------------------------
     @torch.inference_mode()
@@ -484,140 +577,56 @@ class BatchedModel:
         end.synchronize()
         return start.elapsed_time(end) / n
 
-    # ---- one-sequence prefill chunks: CUDA graphs per (rows, context) bucket -------------
-    def prefill_one(self, tokens: Sequence[int], start: int, table: Sequence[int]
-                    ) -> torch.Tensor | None:
-        """A step that is one chunk of one sequence (tokens at positions ``start ..``): a
-        graph replay; returns the last row's logits ``[1, vocab]``, or None when no graph
-        fits (the caller runs :meth:`forward`)."""
-        n = len(tokens)
-        ctx = start + n
-        if not (self.graphs and self.prefill_graphs) or n > self.p_n_buckets[-1]:
-            return None
-        nb = next(b for b in self.p_n_buckets if b >= n)
-        cb = next((c for c in self.p_ctx_buckets if c >= max(ctx, nb)), None)
-        if cb is None:
-            return None
+    def _check_step_graphs(self) -> str | None:
+        """A mixed step (a decode row of one sequence and a chunk after a prefix of another)
+        through the graphs and through the math path: the same logits (else steps that
+        prefill run eagerly, with a note)."""
         bs = self.block_size
-        meta = self.h_p_meta.numpy()
-        meta[:, :nb] = 0
-        meta[0, :n] = tokens
-        pos = np.arange(start, ctx, dtype=np.int64)
-        meta[1, :n] = pos
-        tab = np.asarray(table, dtype=np.int64)
-        meta[2, :n] = tab[pos // bs] * bs + pos % bs
-        meta[2, n:nb] = SCRATCH_BLOCK * bs
-        hc = self.h_p_ctx.numpy()
-        allpos = np.arange(ctx, dtype=np.int64)
-        hc[:ctx] = tab[allpos // bs] * bs + allpos % bs
-        hc[ctx:cb] = SCRATCH_BLOCK * bs
-        hc[cb] = n - 1                                   # the row whose logits are kept
-        self.p_meta[:, :nb].copy_(self.h_p_meta[:, :nb], non_blocking=True)
-        self.p_ctx_slots[:cb].copy_(self.h_p_ctx[:cb], non_blocking=True)
-        self.p_last.copy_(self.h_p_ctx[cb:cb + 1], non_blocking=True)
-        self._prefill_graph(nb, cb).replay()
-        return self.p_logits
-
-    def _prefill_body(self, nb: int, cb: int) -> None:
-        cfg, m = self.cfg, self.model
-        eps = cfg.rms_eps
-        tok, pos, slots = self.p_meta[0, :nb], self.p_meta[1, :nb], self.p_meta[2, :nb]
-        ctx_slots = self.p_ctx_slots[:cb]
-        mask = self.p_keys[:cb][None, :] <= pos[:, None]            # causal, by position
-        group = cfg.heads // cfg.kv_heads
-        x = F.embedding(tok, m.embed)
-        for i, layer in enumerate(m.layers):
-            kc, vc = self.cache.kv(i)
-            qkv = _pre_attention(x, layer.ln_in, layer.wqkv, eps)
-            q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
-                                 kc, vc, eps, cfg.heads)
-            k = kc.index_select(1, ctx_slots).unsqueeze(0).repeat_interleave(group, dim=1)
-            v = vc.index_select(1, ctx_slots).unsqueeze(0).repeat_interleave(group, dim=1)
-            with sdpa_kernel(_SDPA_BACKENDS):
-                o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v,
-                                                   attn_mask=mask)
-            o = o.squeeze(0).transpose(0, 1).reshape(nb, cfg.q_size)
-            x = _post_attention(x, o, layer.wo, layer.ln_post, layer.w_gate_up, layer.w_down,
-                                eps)
-        self.p_logits.copy_(self._head(x.index_select(0, self.p_last)))
-
-    def _prefill_graph(self, nb: int, cb: int) -> torch.cuda.CUDAGraph:
-        graph = self._p_graphs.get((nb, cb))
-        if graph is None:
-            def reset() -> None:   # every row: scratch slot, position 0
-                self.p_meta.zero_()
-                self.p_meta[2].fill_(SCRATCH_BLOCK * self.block_size)
-                self.p_ctx_slots.fill_(SCRATCH_BLOCK * self.block_size)
-                self.p_last.zero_()
-
-            saved = [self.p_meta.clone(), self.p_ctx_slots.clone(), self.p_last.clone()]
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    reset()
-                    self._prefill_body(nb, cb)
-            torch.cuda.current_stream().wait_stream(stream)
-            reset()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._prefill_body(nb, cb)
-            for t, v in zip((self.p_meta, self.p_ctx_slots, self.p_last), saved):
-                t.copy_(v)
-            self._p_graphs[(nb, cb)] = graph
-        return graph
-
-    def _check_prefill_graphs(self) -> str | None:
-        """A chunk with a prefix through the graph and through :meth:`forward`: the same
-        logits (else the eager path is used, with a note)."""
-        bs = self.block_size
-        n_blocks = min(8, self.cache.num_blocks - 1)
-        table = tuple(range(1, n_blocks + 1)) + (SCRATCH_BLOCK,) * (self.max_blocks - n_blocks)
+        n_blocks = min(8, (self.cache.num_blocks - 1) // 2)
+        if n_blocks < 2:
+            return None
+        pad = (SCRATCH_BLOCK,) * (self.max_blocks - n_blocks)
+        ta = tuple(range(1, n_blocks + 1)) + pad
+        tb = tuple(range(n_blocks + 1, 2 * n_blocks + 1)) + pad
         total = min(n_blocks * bs, 200)
         g = torch.Generator().manual_seed(0)
-        toks = torch.randint(1, self.cfg.vocab_size, (total,), generator=g).tolist()
+        toks = torch.randint(1, self.cfg.vocab_size, (2, total), generator=g).tolist()
         first = total // 2
-        self.forward(toks[:first], list(range(first)), [SeqChunk(0, first, first, table)],
-                     [first - 1])
-        ref = self.forward(toks[first:], list(range(first, total)),
-                           [SeqChunk(0, total - first, total, table)],
-                           [total - first - 1]).float()
-        got = self.prefill_one(toks[first:], first, table).float()
+        for seq, table in zip(toks, (ta, tb)):    # prefixes, written by the math path
+            self._forward_math(seq[:first], list(range(first)),
+                               [SeqChunk(0, first, first, table)], [first - 1])
+        rest = total - first
+        args = ([toks[0][first]] + toks[1][first:], [first] + list(range(first, total)),
+                [SeqChunk(0, 1, first + 1, ta), SeqChunk(1, rest, total, tb)], [0, rest])
+        ref = self._forward_math(*args).float()
+        got = self.forward(*args).float()
         err = ((got - ref).norm() / ref.norm()).item()
         tol = 1e-3 if self.model.dtype == torch.float32 else 1e-1
         if not err < tol:
-            return f"prefill graphs differ from the eager step ({err:.2e}); prefill runs eagerly"
+            return f"step graphs differ from the math step ({err:.2e}); steps that prefill " \
+                   f"run eagerly"
         return None
 
     def warmup(self) -> BatchedStats:
-        """Capture every bucket's decode graph (load time, not the first request)."""
+        """Capture every decode bucket's graphs and every token bucket's step graph (load
+        time, not the first request)."""
         t = time.perf_counter()
-        if self.compiled:   # compile the eager step's pieces for any row count (2+ rows)
-            n = self.block_size + 3
-            with torch.inference_mode():
-                for rows in (1, n, 2 * n):
-                    self.forward([1] * rows, list(range(rows)),
-                                 [SeqChunk(0, rows, rows, tuple([SCRATCH_BLOCK] * self.max_blocks))],
-                                 [rows - 1])
         if self.graphs:
             with torch.inference_mode():
                 for b in self.buckets:
                     self._graph(b)
                     self._fgraphs[b] = self._capture(b, self.stats.bucket_impl[b], feedback=True)
                 try:
-                    for cb in self.p_ctx_buckets:
-                        if cb <= PREFILL_CTX_BUCKETS[-1]:
-                            for nb in self.p_n_buckets:
-                                if nb <= cb:
-                                    self._prefill_graph(nb, cb)
-                    problem = self._check_prefill_graphs()
+                    for tb in self.t_buckets:
+                        self._step_graph(tb)
+                    problem = self._check_step_graphs()
                 except Exception as e:  # noqa: BLE001 - the eager path still works
-                    problem = f"prefill graphs unavailable: {type(e).__name__}: {e}"
+                    problem = f"step graphs unavailable: {type(e).__name__}: {e}"
                 if problem:
-                    self.prefill_graphs = False
-                    self._p_graphs.clear()
+                    self.step_graphs = False
+                    self._s_graphs.clear()
                     self.stats.notes.append(problem.splitlines()[0][:300])
-                self.stats.prefill_graphs = len(self._p_graphs)
+                self.stats.step_graphs = len(self._s_graphs)
             torch.cuda.synchronize()
         self.stats.warmup_s = time.perf_counter() - t
         return self.stats

@@ -9,10 +9,15 @@ block of a row's tokens ``i * block_size ..``.
   one program per (row, kv head, ``SPLIT``-token split) for the query heads of that kv head,
   one block of keys per inner step, then a merge of the splits per (row, head). Lengths are read
   on the device, so one CUDA graph serves every mix of lengths up to the table's width.
+* :func:`paged_varlen_attention`: causal attention of any mix of prefill chunks and decode rows
+  in one launch (the steps that prefill): one program per (``block_q`` query tokens of one
+  sequence, kv head) over that sequence's blocks, flash-attention style (online softmax).
 
 The PyTorch references (:func:`paged_attention_ref`) are the CPU path and the tests' oracle.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -168,6 +173,69 @@ if triton is not None:
         tl.store(out_ptr + (b * HEADS + h) * D + dims, out.to(out_ptr.dtype.element_ty))
 
 
+if triton is not None:
+    @triton.jit
+    def _paged_varlen_kernel(q_ptr, k_ptr, v_ptr, o_ptr, table_ptr, ctx_ptr, qstart_ptr,
+                             qlen_ptr, tile_seq_ptr, tile_q0_ptr, stride_kh, stride_ks,
+                             stride_tb, scale, HEADS: tl.constexpr, GROUP: tl.constexpr,
+                             GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
+                             BS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+        t = tl.program_id(0)
+        kh = tl.program_id(1)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        s = tl.load(tile_seq_ptr + t)
+        if s >= 0:
+            q0 = tl.load(tile_q0_ptr + t)
+            qlen = tl.load(qlen_ptr + s)
+            ctx = tl.load(ctx_ptr + s)
+            row0 = tl.load(qstart_ptr + s) + q0
+            n_q = tl.minimum(qlen - q0, BLOCK_Q)
+            # M rows = (query token i, head g of this kv head's group), token-major
+            m = tl.arange(0, BLOCK_Q * GROUP_PAD)
+            i = m // GROUP_PAD
+            g = m % GROUP_PAD
+            m_ok = (i < n_q) & (g < GROUP)
+            q_pos = ctx - qlen + q0 + i                     # each row's position
+            dims = tl.arange(0, D)
+            q_off = ((row0 + i) * HEADS + kh * GROUP + g)[:, None] * D + dims[None, :]
+            q = tl.load(q_ptr + q_off, mask=m_ok[:, None], other=0.0)
+            m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)
+            acc = tl.zeros([BLOCK_Q * GROUP_PAD, D], tl.float32)
+            n_keys = ctx - qlen + q0 + n_q                  # keys the last row of the tile sees
+            first = 0
+            while first < n_keys:                           # one block of keys per step
+                toks = first + tl.arange(0, BS)
+                ok = toks < n_keys
+                blk = tl.load(table_ptr + s * stride_tb + first // BS).to(tl.int64)
+                slots = blk * BS + tl.arange(0, BS)
+                kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
+                k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
+                v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
+                if IEEE:
+                    sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                else:
+                    sc = tl.dot(q, tl.trans(k)) * scale
+                seen = (toks[None, :] <= q_pos[:, None]) & ok[None, :]
+                sc = tl.where(seen, sc, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(sc, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m_i - m_safe)
+                p = tl.exp(sc - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if IEEE:
+                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                m_i = m_new
+                first += BS
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            tl.store(o_ptr + q_off, out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
 def paged_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
@@ -216,6 +284,60 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _paged_merge_kernel[(bsz, heads)](m, l_, acc, seq_lens, out, HEADS=heads, N_SPLITS=n_splits,
                                       D=d, SPLIT=split, CHUNK=chunk, PDL=pdl, num_warps=4,
                                       **launch_kwargs(pdl))
+    return out
+
+
+VARLEN_BLOCK_Q = 16  # query tokens per program of the varlen attention
+
+
+def varlen_tiles(qlens: Sequence[int], block_q: int = VARLEN_BLOCK_Q
+                 ) -> tuple[list[int], list[int]]:
+    """The programs of :func:`paged_varlen_attention` for sequences with ``qlens`` query rows:
+    ``(tile_seq, tile_q0)``, one entry per ``block_q`` rows of one sequence."""
+    tile_seq: list[int] = []
+    tile_q0: list[int] = []
+    for s, n in enumerate(qlens):
+        for q0 in range(0, n, block_q):
+            tile_seq.append(s)
+            tile_q0.append(q0)
+    return tile_seq, tile_q0
+
+
+def varlen_max_tiles(rows: int, seqs: int, block_q: int = VARLEN_BLOCK_Q) -> int:
+    """How many tiles ``rows`` query rows over at most ``seqs`` sequences can need."""
+    return rows // block_q + seqs
+
+
+def paged_varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_ctx: torch.Tensor,
+                           seq_qstart: torch.Tensor, seq_qlen: torch.Tensor,
+                           tile_seq: torch.Tensor, tile_q0: torch.Tensor, block_size: int,
+                           block_q: int = VARLEN_BLOCK_Q) -> torch.Tensor:
+    """Causal attention of every sequence's query rows over its paged keys, in one launch.
+
+    ``q [T, heads, d]``: sequence ``s`` owns rows ``seq_qstart[s] ..`` (``seq_qlen[s]`` of them),
+    its tokens at positions ``seq_ctx[s] - seq_qlen[s] .. seq_ctx[s] - 1``, its keys the first
+    ``seq_ctx[s]`` tokens through ``block_tables[s]`` (the rows' own K/V already written). A
+    decode row is a sequence of one row; a prefill chunk starts anywhere (after a prefix-cache
+    hit or an earlier chunk). Programs: ``tile_seq``/``tile_q0`` (:func:`varlen_tiles`; entries
+    ``< 0`` are padding and do nothing), times the kv heads; each holds ``block_q`` tokens ×
+    the query heads of one kv head, so K/V are read once per tile for the whole group.
+    Everything is read on the device: one CUDA graph serves any mix of sequences and lengths
+    whose tiles fit ``tile_seq``. Rows no tile covers come back zero."""
+    t, heads, d = q.shape
+    kvh = k_cache.shape[0]
+    group = heads // kvh
+    if block_size & (block_size - 1) or block_size < 16 or d & (d - 1):
+        raise ValueError("varlen attention needs a power-of-two block size >= 16 and head_dim")
+    out = torch.zeros_like(q)
+    q = q.contiguous()
+    pdl = pdl_enabled(q.device)
+    _paged_varlen_kernel[(tile_seq.shape[0], kvh)](
+        q, k_cache, v_cache, out, block_tables, seq_ctx, seq_qstart, seq_qlen, tile_seq, tile_q0,
+        k_cache.stride(0), k_cache.stride(1), block_tables.stride(0), d ** -0.5, HEADS=heads,
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), D=d, BLOCK_Q=block_q,
+        BS=block_size, IEEE=q.dtype == torch.float32, PDL=pdl, num_warps=4, num_stages=2,
+        **launch_kwargs(pdl))
     return out
 
 

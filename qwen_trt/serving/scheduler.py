@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qwen_trt.backends.sampling import (PENALTIES, TOPK_CAP, SamplerState, pick,
-                                        sampler_kind)
+from qwen_trt.backends.sampling import PENALTIES, SamplerState, pick, sampler_kind
 from qwen_trt.fast.batched import BatchedModel, SeqChunk
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
@@ -349,13 +348,9 @@ class BatchRunner:
             if seq.computed + n == len(seq.tokens):
                 logit_rows.append(start + n - 1)
                 sampled.append(seq)
-        logits = None
-        if prefill and not decode and len(prefill) == 1:
-            seq, n = prefill[0]      # one sequence's chunk: a prefill graph when one fits
-            logits = self.model.prefill_one(tokens, seq.computed, seq.blocks.table)
-        if logits is None and prefill:
+        if prefill:
             logits = self.model.forward(tokens, positions, chunks, logit_rows)
-        elif logits is None:
+        else:
             logits = self.model.decode(tokens, positions, [c.table for c in chunks])
         picked = self._pick(logits, sampled)
         self._count_step(len(tokens))
