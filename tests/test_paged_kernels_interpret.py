@@ -144,7 +144,7 @@ def test_batched_steps_with_the_varlen_kernel_match_the_math_steps():
             mm = build_model(TINY, max_seq_len=256, dtype=torch.float32, device="cpu")
             mm.load_state_dict(w, strict=False)
             bm = BatchedModel(mm, num_blocks=32, block_size=16)
-            bm.triton = triton_on
+            bm.triton = bm.varlen = triton_on
             models.append(bm)
         g = torch.Generator().manual_seed(3)
         ta, tb, tc = (3, 9, 4, 0, 0, 0), (7, 2, 11, 5, 1, 0), (6, 0, 0, 0, 0, 0)

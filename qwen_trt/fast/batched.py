@@ -135,6 +135,16 @@ class BatchedModel:
         self.stats.graphs, self.stats.gemv_bucket1 = self.graphs, self.gemv1
         self.stats.attention = "triton" if self.triton else "math"
         self.stats.buckets = self.buckets if self.graphs else ()
+        # Steps that prefill: the Triton varlen attention (checked at warm-up, else the math
+        # step) and, around it, the norms / activation / residual adds compiled once for any
+        # row count (fused elementwise kernels; inside a graph nothing is left of their host
+        # cost). QWEN_TRT_STEP_COMPILE=0 keeps the PyTorch ops.
+        self.varlen = self.triton
+        self.step_graphs = False
+        self._pre, self._post = _pre_attention, _post_attention
+        if self.triton and os.environ.get("QWEN_TRT_STEP_COMPILE", "1") != "0":
+            self._pre = torch.compile(_pre_attention, dynamic=True, fullgraph=True)
+            self._post = torch.compile(_post_attention, dynamic=True, fullgraph=True)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         if self.graphs:
@@ -204,7 +214,7 @@ class BatchedModel:
         first); writes every row's K/V and returns the logits ``[len(logit_rows), vocab]``.
         A graph replay on CUDA when the rows fit a token bucket and the sequences the graphs'
         width; else the same step eagerly (math attention where the Triton kernels are off)."""
-        if not self.triton:
+        if not self.varlen:
             return self._forward_math(tokens, positions, chunks, logit_rows)
         n = len(tokens)
         bucket = next((t for t in self.t_buckets if t >= n), None) if (
@@ -284,13 +294,13 @@ class BatchedModel:
         x = F.embedding(tok, m.embed)
         for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
-            qkv = _pre_attention(x, layer.ln_in, layer.wqkv, eps)
+            qkv = self._pre(x, layer.ln_in, layer.wqkv, eps)
             q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
                                  kc, vc, eps, cfg.heads)
             o = paged_varlen_attention(q, kc, vc, meta.tables, meta.ctx, meta.qstart, meta.qlen,
                                        meta.tile_seq, meta.tile_q0, self.block_size)
-            x = _post_attention(x, o.reshape(-1, cfg.q_size), layer.wo, layer.ln_post,
-                                layer.w_gate_up, layer.w_down, eps)
+            x = self._post(x, o.reshape(-1, cfg.q_size), layer.wo, layer.ln_post,
+                           layer.w_gate_up, layer.w_down, eps)
         return self._head(x.index_select(0, rows))
 
     def _forward_math(self, tokens: Sequence[int], positions: Sequence[int],
@@ -577,10 +587,10 @@ class BatchedModel:
         end.synchronize()
         return start.elapsed_time(end) / n
 
-    def _check_step_graphs(self) -> str | None:
-        """A mixed step (a decode row of one sequence and a chunk after a prefix of another)
-        through the graphs and through the math path: the same logits (else steps that
-        prefill run eagerly, with a note)."""
+    def _check_step(self, graph: bool) -> str | None:
+        """A mixed step (a decode row of one sequence beside a chunk after a prefix of another)
+        through the varlen path (a graph replay, or eagerly) and through the math path: None
+        if the logits agree, else a one-line reason."""
         bs = self.block_size
         n_blocks = min(8, (self.cache.num_blocks - 1) // 2)
         if n_blocks < 2:
@@ -599,35 +609,62 @@ class BatchedModel:
         args = ([toks[0][first]] + toks[1][first:], [first] + list(range(first, total)),
                 [SeqChunk(0, 1, first + 1, ta), SeqChunk(1, rest, total, tb)], [0, rest])
         ref = self._forward_math(*args).float()
-        got = self.forward(*args).float()
+        saved, self.step_graphs = self.step_graphs, graph and self.step_graphs
+        try:
+            got = self.forward(*args).float()
+        finally:
+            self.step_graphs = saved
         err = ((got - ref).norm() / ref.norm()).item()
         tol = 1e-3 if self.model.dtype == torch.float32 else 1e-1
         if not err < tol:
-            return f"step graphs differ from the math step ({err:.2e}); steps that prefill " \
-                   f"run eagerly"
+            what = "step graphs" if graph else "the varlen attention step"
+            return f"{what} differ from the math step ({err:.2e})"
         return None
 
+    def _check_varlen(self) -> None:
+        """The eager varlen step against the math step; a compile failure of the fused
+        pieces falls back to the PyTorch ops, any other failure to the math step."""
+        for attempt in (0, 1):
+            try:
+                problem = self._check_step(graph=False)
+            except Exception as e:  # noqa: BLE001 - a kernel or compile that fails to build
+                problem = f"varlen step unavailable: {type(e).__name__}: {e}"
+                if attempt == 0 and self._pre is not _pre_attention:
+                    self.stats.notes.append(("compiled step pieces: " + problem)
+                                            .splitlines()[0][:300] + "; using PyTorch ops")
+                    self._pre, self._post = _pre_attention, _post_attention
+                    continue
+            if problem:
+                self.varlen = self.step_graphs = False
+                self.stats.notes.append(problem.splitlines()[0][:300] + "; using the math "
+                                        "attention for steps that prefill")
+            return
+
     def warmup(self) -> BatchedStats:
-        """Capture every decode bucket's graphs and every token bucket's step graph (load
-        time, not the first request)."""
+        """Check the varlen step, capture every decode bucket's graphs and every token
+        bucket's step graph (load time, not the first request)."""
         t = time.perf_counter()
-        if self.graphs:
-            with torch.inference_mode():
+        with torch.inference_mode():
+            if self.varlen:
+                self._check_varlen()
+            if self.graphs:
                 for b in self.buckets:
                     self._graph(b)
                     self._fgraphs[b] = self._capture(b, self.stats.bucket_impl[b], feedback=True)
-                try:
-                    for tb in self.t_buckets:
-                        self._step_graph(tb)
-                    problem = self._check_step_graphs()
-                except Exception as e:  # noqa: BLE001 - the eager path still works
-                    problem = f"step graphs unavailable: {type(e).__name__}: {e}"
-                if problem:
-                    self.step_graphs = False
-                    self._s_graphs.clear()
-                    self.stats.notes.append(problem.splitlines()[0][:300])
-                self.stats.step_graphs = len(self._s_graphs)
-            torch.cuda.synchronize()
+                if self.varlen:
+                    try:
+                        for tb in self.t_buckets:
+                            self._step_graph(tb)
+                        problem = self._check_step(graph=True)
+                    except Exception as e:  # noqa: BLE001 - the eager step still works
+                        problem = f"step graphs unavailable: {type(e).__name__}: {e}"
+                    if problem:
+                        self.step_graphs = False
+                        self._s_graphs.clear()
+                        self.stats.notes.append(problem.splitlines()[0][:300]
+                                                + "; steps that prefill run eagerly")
+                    self.stats.step_graphs = len(self._s_graphs)
+                torch.cuda.synchronize()
         self.stats.warmup_s = time.perf_counter() - t
         return self.stats
 

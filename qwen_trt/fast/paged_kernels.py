@@ -17,6 +17,7 @@ The PyTorch references (:func:`paged_attention_ref`) are the CPU path and the te
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -175,11 +176,41 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
+    def _varlen_keys(q, q_pos, first, n_keys, s, kh, dims, k_ptr, v_ptr, table_ptr, stride_kh,
+                     stride_ks, stride_tb, qk_scale, m_i, l_i, acc, BLOCK_N: tl.constexpr,
+                     BS: tl.constexpr, IEEE: tl.constexpr):
+        """Keys ``first .. first + BLOCK_N - 1`` of sequence ``s`` into the online softmax
+        (each key's block looked up in the table, so BLOCK_N need not match the block size)."""
+        toks = first + tl.arange(0, BLOCK_N)
+        ok = toks < n_keys
+        blk = tl.load(table_ptr + s * stride_tb + toks // BS, mask=ok, other=0).to(tl.int64)
+        slots = blk * BS + toks % BS
+        kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
+        k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
+        v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
+        if IEEE:
+            sc = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        else:
+            sc = tl.dot(q, tl.trans(k)) * qk_scale
+        sc = tl.where((toks[None, :] <= q_pos[:, None]) & ok[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(sc - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc * alpha[:, None] + pv
+
+    @triton.jit
     def _paged_varlen_kernel(q_ptr, k_ptr, v_ptr, o_ptr, table_ptr, ctx_ptr, qstart_ptr,
                              qlen_ptr, tile_seq_ptr, tile_q0_ptr, stride_kh, stride_ks,
-                             stride_tb, scale, HEADS: tl.constexpr, GROUP: tl.constexpr,
+                             stride_tb, qk_scale, HEADS: tl.constexpr, GROUP: tl.constexpr,
                              GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_Q: tl.constexpr,
-                             BS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+                             BLOCK_N: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr,
+                             COUNTED: tl.constexpr, PDL: tl.constexpr):
         t = tl.program_id(0)
         kh = tl.program_id(1)
         if PDL:
@@ -205,33 +236,20 @@ if triton is not None:
             l_i = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)
             acc = tl.zeros([BLOCK_Q * GROUP_PAD, D], tl.float32)
             n_keys = ctx - qlen + q0 + n_q                  # keys the last row of the tile sees
-            first = 0
-            while first < n_keys:                           # one block of keys per step
-                toks = first + tl.arange(0, BS)
-                ok = toks < n_keys
-                blk = tl.load(table_ptr + s * stride_tb + first // BS).to(tl.int64)
-                slots = blk * BS + tl.arange(0, BS)
-                kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
-                k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
-                v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
-                if IEEE:
-                    sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-                else:
-                    sc = tl.dot(q, tl.trans(k)) * scale
-                seen = (toks[None, :] <= q_pos[:, None]) & ok[None, :]
-                sc = tl.where(seen, sc, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(sc, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m_i - m_safe)
-                p = tl.exp(sc - m_safe[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                if IEEE:
-                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
-                first += BS
+            if COUNTED:   # compiled: a counted loop, which Triton software-pipelines
+                for first in range(0, n_keys, BLOCK_N):
+                    m_i, l_i, acc = _varlen_keys(q, q_pos, first, n_keys, s, kh, dims, k_ptr,
+                                                 v_ptr, table_ptr, stride_kh, stride_ks,
+                                                 stride_tb, qk_scale, m_i, l_i, acc, BLOCK_N,
+                                                 BS, IEEE)
+            else:         # Triton's interpreter cannot count a loop by a loaded bound
+                first = 0
+                while first < n_keys:
+                    m_i, l_i, acc = _varlen_keys(q, q_pos, first, n_keys, s, kh, dims, k_ptr,
+                                                 v_ptr, table_ptr, stride_kh, stride_ks,
+                                                 stride_tb, qk_scale, m_i, l_i, acc, BLOCK_N,
+                                                 BS, IEEE)
+                    first += BLOCK_N
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
             tl.store(o_ptr + q_off, out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
 
@@ -288,6 +306,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 VARLEN_BLOCK_Q = 16  # query tokens per program of the varlen attention
+VARLEN_BLOCK_N = 64  # keys per inner step
+_LOG2E = 1.4426950408889634
 
 
 def varlen_tiles(qlens: Sequence[int], block_q: int = VARLEN_BLOCK_Q
@@ -334,10 +354,11 @@ def paged_varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     pdl = pdl_enabled(q.device)
     _paged_varlen_kernel[(tile_seq.shape[0], kvh)](
         q, k_cache, v_cache, out, block_tables, seq_ctx, seq_qstart, seq_qlen, tile_seq, tile_q0,
-        k_cache.stride(0), k_cache.stride(1), block_tables.stride(0), d ** -0.5, HEADS=heads,
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), D=d, BLOCK_Q=block_q,
-        BS=block_size, IEEE=q.dtype == torch.float32, PDL=pdl, num_warps=4, num_stages=2,
-        **launch_kwargs(pdl))
+        k_cache.stride(0), k_cache.stride(1), block_tables.stride(0), d ** -0.5 * _LOG2E,
+        HEADS=heads, GROUP=group, GROUP_PAD=triton.next_power_of_2(group), D=d, BLOCK_Q=block_q,
+        BLOCK_N=VARLEN_BLOCK_N, BS=block_size, IEEE=q.dtype == torch.float32,
+        COUNTED=os.environ.get("TRITON_INTERPRET", "0") != "1", PDL=pdl, num_warps=4,
+        num_stages=2, **launch_kwargs(pdl))
     return out
 
 

@@ -1,8 +1,11 @@
-"""Where a decode step's time goes: ``python -m qwen_trt.fast.profile [--shape qwen3-4b]``.
+"""Where a step's time goes: ``python -m qwen_trt.fast.profile [--shape qwen3-4b]``.
 
 Builds the fast decoder on random weights, times graph replays of one decode step with CUDA
 events, then runs the same step without the graph under ``torch.profiler`` and prints
 the GPU kernels grouped by name (time per step, share), so launch gaps and slow kernels show.
+
+``--step-tokens 512,1024`` does the same for the batched runner's steps that prefill: a fresh
+prompt of N tokens, and N tokens = 8 decode rows + a chunk after a prefix of N tokens.
 """
 from __future__ import annotations
 
@@ -23,8 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default=None, help="write a JSON summary here")
     ap.add_argument("--kernels", default="auto", choices=("auto", "triton", "torch"))
+    ap.add_argument("--step-tokens", default="",
+                    help="comma-separated row counts: profile the batched steps that prefill")
     args = ap.parse_args(argv)
     cfg = SHAPES[args.shape]
+    if args.step_tokens:
+        return profile_steps(cfg, [int(x) for x in args.step_tokens.split(",")], args)
     t = time.perf_counter()
     eng = load_fast_decoder(cfg, weights=None, max_seq_len=args.max_seq_len, dtype=torch.bfloat16,
                            device="cuda", warmup=False, kernels=args.kernels)
@@ -71,17 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(n_prof):
                 eng._decode_step(kv, "greedy")
             torch.cuda.synchronize()
-    groups: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if ev.device_type.name == "CUDA":
-            groups.setdefault(ev.name, []).append(ev.device_time if hasattr(ev, "device_time")
-                                                  else ev.cuda_time)
-    total = sum(sum(v) for v in groups.values()) / n_prof
-    rows = sorted(((sum(v) / n_prof, len(v) / n_prof, k) for k, v in groups.items()), reverse=True)
-    res["kernels_per_step"] = round(sum(len(v) for v in groups.values()) / n_prof, 1)
-    res["kernel_us_per_step"] = round(total, 1)
-    res["top"] = [{"us": round(us, 1), "calls": c, "share": round(us / total, 3), "name": k[:90]}
-                  for us, c, k in rows[:25]]
+    res.update(kernel_table(prof, n_prof))
     print(json.dumps({k: v for k, v in res.items() if k != "top"}, indent=1))
     print(f"{'us/step':>9} {'calls':>6} {'share':>6}  kernel")
     for r in res["top"]:
@@ -89,6 +86,86 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
+    return 0
+
+
+def kernel_table(prof, n: int, top: int = 25) -> dict:
+    """GPU kernels of ``n`` profiled steps grouped by name: per-step time, calls, share."""
+    groups: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            groups.setdefault(ev.name, []).append(ev.device_time if hasattr(ev, "device_time")
+                                                  else ev.cuda_time)
+    total = sum(sum(v) for v in groups.values()) / n
+    rows = sorted(((sum(v) / n, len(v) / n, k) for k, v in groups.items()), reverse=True)
+    return {"kernels_per_step": round(sum(len(v) for v in groups.values()) / n, 1),
+            "kernel_us_per_step": round(total, 1),
+            "top": [{"us": round(us, 1), "calls": c, "share": round(us / total, 3),
+                     "name": k[:90]} for us, c, k in rows[:top]]}
+
+
+def profile_steps(cfg, sizes: list[int], args) -> int:
+    """Graph replay time and the eager step's kernels for steps that prefill (see module)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from qwen_trt.fast import build_model
+    from qwen_trt.fast.batched import SeqChunk, make_batched
+    from qwen_trt.fast.weights import init_random
+    from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
+
+    m = build_model(cfg, max_seq_len=args.max_seq_len, dtype=torch.bfloat16, device="cuda")
+    init_random(m, seed=0)
+    bm = make_batched(m, kv_tokens=64 * 1024)
+    alloc = BlockAllocator(bm.cache.num_blocks, bm.block_size)
+    g = torch.Generator().manual_seed(0)
+    out = {"warmup_s": round(bm.stats.warmup_s, 2), "notes": bm.stats.notes, "steps": {}}
+
+    def table(n: int) -> tuple[int, ...]:
+        blocks = SeqBlocks()
+        alloc.grow(blocks, n)
+        return tuple(blocks.table)
+
+    for n in sizes:
+        toks = torch.randint(1, cfg.vocab_size, (2 * n,), generator=g).tolist()
+        cases = {"fresh": (toks[:n], list(range(n)), [SeqChunk(0, n, n, table(n))], [n - 1])}
+        t_pre = table(2 * n)
+        bm.forward(toks[:n], list(range(n)), [SeqChunk(0, n, n, t_pre)], [n - 1])
+        dec = [table(600) for _ in range(8)]
+        k = n - 8
+        cases["mixed"] = ([1] * 8 + toks[n:n + k], [512] * 8 + list(range(n, n + k)),
+                          [SeqChunk(i, 1, 513, dec[i]) for i in range(8)]
+                          + [SeqChunk(8, k, n + k, t_pre)], list(range(8)) + [n - 1])
+        for name, case in cases.items():
+            res = {}
+            for mode in ("graph", "eager"):
+                saved, bm.step_graphs = bm.step_graphs, bm.step_graphs and mode == "graph"
+                try:
+                    for _ in range(3):
+                        bm.forward(*case)
+                    torch.cuda.synchronize()
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    for _ in range(10):
+                        bm.forward(*case)
+                    b.record()
+                    b.synchronize()
+                    res[f"{mode}_ms"] = round(a.elapsed_time(b) / 10, 3)
+                    if mode == "eager":
+                        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                            for _ in range(3):
+                                bm.forward(*case)
+                            torch.cuda.synchronize()
+                        res.update(kernel_table(prof, 3, top=12))
+                finally:
+                    bm.step_graphs = saved
+            out["steps"][f"{name}_{n}"] = res
+            print(f"{name} {n}: graph {res['graph_ms']} ms, eager {res['eager_ms']} ms, "
+                  f"kernels {res['kernel_us_per_step'] / 1e3:.2f} ms")
+            for r in res["top"]:
+                print(f"   {r['us']:9.1f} us {r['calls']:6.0f} {r['share']:6.1%}  {r['name']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
     return 0
 
 
