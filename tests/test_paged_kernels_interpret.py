@@ -105,25 +105,30 @@ def test_varlen_attention_matches_the_reference_for_a_mixed_step():
         starts = [sum(qlens[:i]) for i in range(len(seqs))]
         total = sum(qlens)
         q = torch.randn(total + 5, heads, d)             # 5 padded rows at the end
-        ts, tq = varlen_tiles(qlens)
-        cap = varlen_max_tiles(total + 5, len(seqs) + 2)
-        assert len(ts) <= cap
-        ts += [-1] * (cap - len(ts)); tq += [0] * (cap - len(tq))
         i32 = lambda v: torch.tensor(v, dtype=torch.int32)
-        got = paged_varlen_attention(q, kc, vc, tables, i32([c for _, c in seqs]), i32(starts),
-                                     i32(qlens), i32(ts), i32(tq), bs)
-        err = 0.0
-        for i, (n, ctx) in enumerate(seqs):
-            ref = paged_attention_ref(q[starts[i]:starts[i] + n], kc, vc,
-                                      table_slots(tables[i], ctx, bs),
-                                      torch.arange(ctx - n, ctx))
-            err = max(err, ((got[starts[i]:starts[i] + n] - ref).norm() / ref.norm()).item())
-        print(json.dumps({"err": err, "pad": got[total:].abs().max().item(),
-                          "tiles": len([t for t in ts if t >= 0])}))
+        res = {}
+        for block_q in (16, 32):
+            ts, tq = varlen_tiles(qlens, block_q)
+            cap = varlen_max_tiles(total + 5, len(seqs) + 2, block_q)
+            assert len(ts) <= cap
+            n_tiles = len(ts)
+            ts += [-1] * (cap - len(ts)); tq += [0] * (cap - len(tq))
+            got = paged_varlen_attention(q, kc, vc, tables, i32([c for _, c in seqs]),
+                                         i32(starts), i32(qlens), i32(ts), i32(tq), bs, block_q)
+            err = 0.0
+            for i, (n, ctx) in enumerate(seqs):
+                ref = paged_attention_ref(q[starts[i]:starts[i] + n], kc, vc,
+                                          table_slots(tables[i], ctx, bs),
+                                          torch.arange(ctx - n, ctx))
+                err = max(err, ((got[starts[i]:starts[i] + n] - ref).norm() / ref.norm()).item())
+            res[block_q] = {"err": err, "pad": got[total:].abs().max().item(), "tiles": n_tiles}
+        print(json.dumps(res))
     """)
-    assert out["err"] < 1e-5, out
-    assert out["pad"] == 0.0
-    assert out["tiles"] == 1 + 1 + 1 + 3 + 2 + 1 + 3
+    for r in out.values():
+        assert r["err"] < 1e-5, out
+        assert r["pad"] == 0.0
+    assert out["16"]["tiles"] == 1 + 1 + 1 + 3 + 2 + 1 + 3
+    assert out["32"]["tiles"] == 1 + 1 + 1 + 2 + 1 + 1 + 2
 
 
 def test_batched_steps_with_the_varlen_kernel_match_the_math_steps():
@@ -165,3 +170,32 @@ def test_batched_steps_with_the_varlen_kernel_match_the_math_steps():
         print(json.dumps({"errs": errs}))
     """)
     assert max(out["errs"]) < 1e-5, out
+
+
+def test_rope_cache_write_of_many_rows_matches_the_reference():
+    """Prefill-sized steps take several rows per program (a ragged last program here)."""
+    out = interpret("""
+        import json, torch
+        torch.manual_seed(0)
+        from qwen_trt.fast.paged_kernels import paged_rope_cache
+        from qwen_trt.fast.rope_cache import qk_rope_cache_ref
+        from qwen_trt.fast.model import rope_tables
+        from qwen_trt.fast.config import TINY
+        heads, kvh, d, n = 4, 2, 32, 70
+        cos, sin = rope_tables(TINY, 512, "cpu")
+        qkv = torch.randn(n, (heads + 2 * kvh) * d)
+        qn, kn = torch.randn(d), torch.randn(d)
+        pos = torch.randperm(300)[:n]
+        slots = torch.randperm(400)[:n]
+        kc = torch.full((kvh, 400, d), float("nan")); vc = kc.clone()
+        q = paged_rope_cache(qkv, qn, kn, cos, sin, pos, slots, kc, vc, 1e-6, heads)
+        err = 0.0
+        for r in range(n):
+            kr = torch.zeros(kvh, 512, d); vr = torch.zeros(kvh, 512, d)
+            qr = qk_rope_cache_ref(qkv[r], qn, kn, cos, sin, pos[r:r+1], kr, vr, 1e-6, heads)
+            err = max(err, (q[r] - qr).abs().max().item(),
+                      (kc[:, slots[r]] - kr[:, pos[r]]).abs().max().item(),
+                      (vc[:, slots[r]] - vr[:, pos[r]]).abs().max().item())
+        print(json.dumps({"err": err}))
+    """)
+    assert out["err"] < 1e-5, out

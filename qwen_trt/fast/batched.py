@@ -41,9 +41,10 @@ import torch.nn.functional as F
 
 from qwen_trt.fast.kv_cache import LayerKVCache
 from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
-from qwen_trt.fast.paged_kernels import (paged_attention_ref, paged_decode_attention,
-                                         paged_rope_cache, paged_varlen_attention, triton,
-                                         varlen_max_tiles, varlen_tiles)
+from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_attention_ref,
+                                         paged_decode_attention, paged_rope_cache,
+                                         paged_varlen_attention, triton, varlen_max_tiles,
+                                         varlen_tiles)
 from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -105,6 +106,7 @@ class BatchedStats:
     buckets: tuple[int, ...] = ()
     warmup_s: float = 0.0
     step_graphs: int = 0                                         # token buckets captured
+    varlen_ms: dict[str, float] = field(default_factory=dict)    # tile shape -> ms (warm-up)
     bucket_impl: dict[int, str] = field(default_factory=dict)   # gemv | bgemm | torch
     bucket_ms: dict[int, dict[str, float]] = field(default_factory=dict)  # replay ms, warm-up
     notes: list[str] = field(default_factory=list)
@@ -141,6 +143,7 @@ class BatchedModel:
         # cost). QWEN_TRT_STEP_COMPILE=0 keeps the PyTorch ops.
         self.varlen = self.triton
         self.step_graphs = False
+        self.varlen_tile = (VARLEN_BLOCK_Q, 4)     # (block_q, warps): timed at warm-up
         self._pre, self._post = _pre_attention, _post_attention
         if self.triton and os.environ.get("QWEN_TRT_STEP_COMPILE", "1") != "0":
             self._pre = torch.compile(_pre_attention, dynamic=True, fullgraph=True)
@@ -267,7 +270,7 @@ class BatchedModel:
             meta[2, c.start:c.start + c.n] = tab[p // bs] * bs + p % bs
             ctx[s_i], qstart[s_i], qlen[s_i] = c.ctx, c.start, c.n
             tables[s_i, :len(tab)] = tab
-        ts, tq = varlen_tiles([c.n for c in chunks])
+        ts, tq = varlen_tiles([c.n for c in chunks], self.varlen_tile[0])
         tile_seq.fill(-1)
         tile_seq[:len(ts)] = ts
         tile_q0[:len(tq)] = tq
@@ -298,7 +301,8 @@ class BatchedModel:
             q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
                                  kc, vc, eps, cfg.heads)
             o = paged_varlen_attention(q, kc, vc, meta.tables, meta.ctx, meta.qstart, meta.qlen,
-                                       meta.tile_seq, meta.tile_q0, self.block_size)
+                                       meta.tile_seq, meta.tile_q0, self.block_size,
+                                       *self.varlen_tile)
             x = self._post(x, o.reshape(-1, cfg.q_size), layer.wo, layer.ln_post,
                            layer.w_gate_up, layer.w_down, eps)
         return self._head(x.index_select(0, rows))
@@ -336,7 +340,7 @@ class BatchedModel:
         if graph is None:
             s_cap, t_max = self.s_max, self.t_buckets[-1]
             meta = self._varlen_meta(self.s_i32, s_cap, t_max,
-                                     tiles=varlen_max_tiles(bucket, s_cap))
+                                     tiles=varlen_max_tiles(bucket, s_cap, self.varlen_tile[0]))
 
             def reset() -> None:   # every row padding: scratch slot, position 0, no tiles
                 self._stage([], [], [], [], t_max, s_cap, s_cap,
@@ -621,6 +625,39 @@ class BatchedModel:
             return f"{what} differ from the math step ({err:.2e})"
         return None
 
+    def _pick_varlen_tile(self) -> None:
+        """Time the varlen attention's tile shapes on a 1024-token chunk after a 1024-token
+        prefix (the budget-sized step of a long prompt) and keep the fastest."""
+        cfg, bs = self.cfg, self.block_size
+        n, ctx = 1024, 2048
+        if self.cache.num_blocks <= ctx // bs or self.max_blocks < ctx // bs:
+            return
+        dev = self.device
+        kc, vc = self.cache.kv(0)
+        q = torch.randn(n, cfg.heads, cfg.head_dim, dtype=kc.dtype, device=dev)
+        tables = torch.zeros(1, self.max_blocks, dtype=torch.int32, device=dev)
+        tables[0, :ctx // bs] = torch.arange(1, ctx // bs + 1, dtype=torch.int32, device=dev)
+        i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
+        timed = {}
+        for block_q, warps in VARLEN_TILES:
+            ts, tq = varlen_tiles([n], block_q)
+            args = (q, kc, vc, tables, i32([ctx]), i32([0]), i32([n]), i32(ts), i32(tq), bs,
+                    block_q, warps)
+            try:
+                paged_varlen_attention(*args)
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(5):
+                    paged_varlen_attention(*args)
+                b.record()
+                b.synchronize()
+                timed[(block_q, warps)] = a.elapsed_time(b) / 5
+            except Exception as e:  # noqa: BLE001 - a shape that does not build here
+                self.stats.notes.append(f"varlen tile {block_q}x{warps}: {type(e).__name__}"[:200])
+        if timed:
+            self.varlen_tile = min(timed, key=timed.get)
+            self.stats.varlen_ms = {f"{k[0]}x{k[1]}": round(v, 4) for k, v in timed.items()}
+
     def _check_varlen(self) -> None:
         """The eager varlen step against the math step; a compile failure of the fused
         pieces falls back to the PyTorch ops, any other failure to the math step."""
@@ -645,6 +682,8 @@ class BatchedModel:
         bucket's step graph (load time, not the first request)."""
         t = time.perf_counter()
         with torch.inference_mode():
+            if self.varlen and self.graphs:
+                self._pick_varlen_tile()
             if self.varlen:
                 self._check_varlen()
             if self.graphs:

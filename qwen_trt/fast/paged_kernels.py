@@ -38,26 +38,28 @@ if triton is not None:
     @triton.jit
     def _paged_rope_cache_kernel(qkv_ptr, stride_row, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
                                  slot_ptr, q_out_ptr, k_ptr, v_ptr, stride_kh, stride_ks, eps,
-                                 HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
-                                 PDL: tl.constexpr):
-        row = tl.program_id(0)
+                                 n_rows, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                                 D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)     # ROWS rows of one head
         h = tl.program_id(1)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
-        pos = tl.load(pos_ptr + row)
-        slot = tl.load(slot_ptr + row)
+        r_ok = row < n_rows
+        rm = r_ok[:, None]
+        pos = tl.load(pos_ptr + row, mask=r_ok, other=0)
+        slot = tl.load(slot_ptr + row, mask=r_ok, other=0)
         half: tl.constexpr = D // 2
-        i = tl.arange(0, half)
+        i = tl.arange(0, half)[None, :]
         dt = qkv_ptr.dtype.element_ty
-        src = qkv_ptr + row * stride_row + h * D
-        x1 = tl.load(src + i)
-        x2 = tl.load(src + half + i)
+        src = qkv_ptr + row[:, None] * stride_row + h * D
+        x1 = tl.load(src + i, mask=rm, other=0.0)
+        x2 = tl.load(src + half + i, mask=rm, other=0.0)
         if h < HEADS + KV_HEADS:
             is_q = h < HEADS
             f1 = x1.to(tl.float32)
             f2 = x2.to(tl.float32)
-            rstd = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
+            rstd = tl.rsqrt((tl.sum(f1 * f1, 1) + tl.sum(f2 * f2, 1)) / D + eps)[:, None]
             if is_q:
                 g1 = tl.load(qn_ptr + i)
                 g2 = tl.load(qn_ptr + half + i)
@@ -66,24 +68,25 @@ if triton is not None:
                 g2 = tl.load(kn_ptr + half + i)
             n1 = (g1.to(tl.float32) * (f1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
             n2 = (g2.to(tl.float32) * (f2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            c1 = tl.load(cos_ptr + pos * D + i).to(tl.float32)
-            c2 = tl.load(cos_ptr + pos * D + half + i).to(tl.float32)
-            s1 = tl.load(sin_ptr + pos * D + i).to(tl.float32)
-            s2 = tl.load(sin_ptr + pos * D + half + i).to(tl.float32)
+            pd = pos[:, None] * D
+            c1 = tl.load(cos_ptr + pd + i).to(tl.float32)
+            c2 = tl.load(cos_ptr + pd + half + i).to(tl.float32)
+            s1 = tl.load(sin_ptr + pd + i).to(tl.float32)
+            s2 = tl.load(sin_ptr + pd + half + i).to(tl.float32)
             o1 = ((n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32)).to(dt)
             o2 = ((n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32)).to(dt)
             if is_q:
-                dst = q_out_ptr + (row * HEADS + h) * D
-                tl.store(dst + i, o1)
-                tl.store(dst + half + i, o2)
+                dst = q_out_ptr + (row[:, None] * HEADS + h) * D
+                tl.store(dst + i, o1, mask=rm)
+                tl.store(dst + half + i, o2, mask=rm)
             else:
-                base = k_ptr + (h - HEADS) * stride_kh + slot * stride_ks
-                tl.store(base + i, o1)
-                tl.store(base + half + i, o2)
+                base = k_ptr + (h - HEADS) * stride_kh + slot[:, None] * stride_ks
+                tl.store(base + i, o1, mask=rm)
+                tl.store(base + half + i, o2, mask=rm)
         else:
-            base = v_ptr + (h - HEADS - KV_HEADS) * stride_kh + slot * stride_ks
-            tl.store(base + i, x1)
-            tl.store(base + half + i, x2)
+            base = v_ptr + (h - HEADS - KV_HEADS) * stride_kh + slot[:, None] * stride_ks
+            tl.store(base + i, x1, mask=rm)
+            tl.store(base + half + i, x2, mask=rm)
 
     @triton.jit
     def _paged_partial_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr,
@@ -266,10 +269,12 @@ def paged_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     b = qkv.shape[0]
     q = torch.empty(b, heads, d, dtype=qkv.dtype, device=qkv.device)
     pdl = pdl_enabled(qkv.device)
-    _paged_rope_cache_kernel[(b, heads + 2 * kv_heads)](
+    # decode steps: a program per (row, head); prefill steps: 8 rows per program
+    rows = 1 if b <= 64 else 8
+    _paged_rope_cache_kernel[(triton.cdiv(b, rows), heads + 2 * kv_heads)](
         qkv, qkv.stride(0), q_norm, k_norm, cos, sin, pos, slots, q, k_cache, v_cache,
-        k_cache.stride(0), k_cache.stride(1), eps, HEADS=heads, KV_HEADS=kv_heads, D=d,
-        PDL=pdl, num_warps=1, **launch_kwargs(pdl))
+        k_cache.stride(0), k_cache.stride(1), eps, b, HEADS=heads, KV_HEADS=kv_heads, D=d,
+        ROWS=rows, PDL=pdl, num_warps=1 if rows == 1 else 4, **launch_kwargs(pdl))
     return q
 
 
@@ -305,7 +310,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-VARLEN_BLOCK_Q = 16  # query tokens per program of the varlen attention
+VARLEN_BLOCK_Q = 16  # query tokens per program of the varlen attention (the smallest tried)
+VARLEN_TILES = ((16, 4), (32, 4), (32, 8), (64, 8))   # (block_q, warps) timed at warm-up
 VARLEN_BLOCK_N = 64  # keys per inner step
 _LOG2E = 1.4426950408889634
 
@@ -332,7 +338,7 @@ def paged_varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_ctx: torch.Tensor,
                            seq_qstart: torch.Tensor, seq_qlen: torch.Tensor,
                            tile_seq: torch.Tensor, tile_q0: torch.Tensor, block_size: int,
-                           block_q: int = VARLEN_BLOCK_Q) -> torch.Tensor:
+                           block_q: int = VARLEN_BLOCK_Q, warps: int = 4) -> torch.Tensor:
     """Causal attention of every sequence's query rows over its paged keys, in one launch.
 
     ``q [T, heads, d]``: sequence ``s`` owns rows ``seq_qstart[s] ..`` (``seq_qlen[s]`` of them),
@@ -343,7 +349,8 @@ def paged_varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ``< 0`` are padding and do nothing), times the kv heads; each holds ``block_q`` tokens ×
     the query heads of one kv head, so K/V are read once per tile for the whole group.
     Everything is read on the device: one CUDA graph serves any mix of sequences and lengths
-    whose tiles fit ``tile_seq``. Rows no tile covers come back zero."""
+    whose tiles fit ``tile_seq``. Rows no tile covers come back zero. ``block_q`` and
+    ``warps``: the tile shape (the batched model picks the faster at warm-up)."""
     t, heads, d = q.shape
     kvh = k_cache.shape[0]
     group = heads // kvh
@@ -357,7 +364,7 @@ def paged_varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         k_cache.stride(0), k_cache.stride(1), block_tables.stride(0), d ** -0.5 * _LOG2E,
         HEADS=heads, GROUP=group, GROUP_PAD=triton.next_power_of_2(group), D=d, BLOCK_Q=block_q,
         BLOCK_N=VARLEN_BLOCK_N, BS=block_size, IEEE=q.dtype == torch.float32,
-        COUNTED=os.environ.get("TRITON_INTERPRET", "0") != "1", PDL=pdl, num_warps=4,
+        COUNTED=os.environ.get("TRITON_INTERPRET", "0") != "1", PDL=pdl, num_warps=warps,
         num_stages=2, **launch_kwargs(pdl))
     return out
 

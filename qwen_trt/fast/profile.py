@@ -163,6 +163,35 @@ def profile_steps(cfg, sizes: list[int], args) -> int:
                   f"kernels {res['kernel_us_per_step'] / 1e3:.2f} ms")
             for r in res["top"]:
                 print(f"   {r['us']:9.1f} us {r['calls']:6.0f} {r['share']:6.1%}  {r['name']}")
+    # the chained greedy decode graph of bucket 1 (a lone stream), replayed back to back:
+    # the GPU's share of the batched runner's per-token time at c=1
+    toks = torch.randint(1, cfg.vocab_size, (512,), generator=g).tolist()
+    t1 = table(1024)
+    bm.forward(toks, list(range(512)), [SeqChunk(0, 512, 512, t1)], [511])
+    res = {}
+    for b in (1, 8):
+        bm.decode_meta([1] * b, [512] * b, [t1] * b, b)
+        graph = bm._fgraphs[b]
+        for _ in range(5):
+            graph.replay()
+        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        bm.decode_meta([1] * b, [512] * b, [t1] * b, b)
+        a.record()
+        for _ in range(100):     # positions advance on the device: 512 .. 611
+            graph.replay()
+        e.record()
+        e.synchronize()
+        res[f"bucket{b}_chained_ms"] = round(a.elapsed_time(e) / 100, 4)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            bm._fgraphs[1].replay()
+        torch.cuda.synchronize()
+    res.update(kernel_table(prof, 10, top=12))
+    out["decode"] = res
+    print(f"decode chained graph: bucket 1 {res['bucket1_chained_ms']} ms, bucket 8 "
+          f"{res['bucket8_chained_ms']} ms; bucket 1 kernels {res['kernels_per_step']}/step")
+    for r in res["top"]:
+        print(f"   {r['us']:9.1f} us {r['calls']:6.0f} {r['share']:6.1%}  {r['name']}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
