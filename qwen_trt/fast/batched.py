@@ -106,7 +106,8 @@ class BatchedStats:
     buckets: tuple[int, ...] = ()
     warmup_s: float = 0.0
     step_graphs: int = 0                                         # token buckets captured
-    varlen_ms: dict[str, float] = field(default_factory=dict)    # tile shape -> ms (warm-up)
+    # token bucket -> {tile shape: ms} of the varlen attention at warm-up
+    varlen_ms: dict[int, dict[str, float]] = field(default_factory=dict)
     bucket_impl: dict[int, str] = field(default_factory=dict)   # gemv | bgemm | torch
     bucket_ms: dict[int, dict[str, float]] = field(default_factory=dict)  # replay ms, warm-up
     notes: list[str] = field(default_factory=list)
@@ -143,7 +144,8 @@ class BatchedModel:
         # cost). QWEN_TRT_STEP_COMPILE=0 keeps the PyTorch ops.
         self.varlen = self.triton
         self.step_graphs = False
-        self.varlen_tile = (VARLEN_BLOCK_Q, 4)     # (block_q, warps): timed at warm-up
+        # (block_q, warps) of the varlen attention per token bucket: timed at warm-up
+        self.varlen_tile: dict[int, tuple[int, int]] = {}
         self._pre, self._post = _pre_attention, _post_attention
         if self.triton and os.environ.get("QWEN_TRT_STEP_COMPILE", "1") != "0":
             self._pre = torch.compile(_pre_attention, dynamic=True, fullgraph=True)
@@ -224,31 +226,39 @@ class BatchedModel:
             self.graphs and self.step_graphs and len(chunks) <= self.s_max
             and len(logit_rows) <= self.s_max) else None
         if bucket is None:   # eager, with the same kernels
+            tile = self._tile(n)
             meta_np, rows_np, i32_np = self._stage(tokens, positions, chunks, logit_rows, n,
-                                                   len(chunks), len(chunks))
+                                                   len(chunks), len(chunks), tile)
             dev = self.device
             meta = torch.from_numpy(meta_np).to(dev)
             return self._varlen_body(meta[0], meta[1], meta[2],
                                      self._varlen_meta(torch.from_numpy(i32_np).to(dev),
                                                        len(chunks), n),
-                                     torch.from_numpy(rows_np).to(dev))
+                                     torch.from_numpy(rows_np).to(dev), tile)
         t_max = self.t_buckets[-1]
-        meta_np, rows_np, i32_np = self._stage(tokens, positions, chunks, logit_rows, t_max,
-                                               self.s_max, self.s_max,
-                                               (self.h_s_meta.numpy(), self.h_s_rows.numpy(),
-                                                self.h_s_i32.numpy()))
+        self._stage(tokens, positions, chunks, logit_rows, t_max, self.s_max, self.s_max,
+                    self._tile(bucket),
+                    (self.h_s_meta.numpy(), self.h_s_rows.numpy(), self.h_s_i32.numpy()))
         self.s_meta[:, :bucket].copy_(self.h_s_meta[:, :bucket], non_blocking=True)
         self.s_rows.copy_(self.h_s_rows, non_blocking=True)
         self.s_i32.copy_(self.h_s_i32, non_blocking=True)
         self._step_graph(bucket).replay()
         return self.s_logits[:len(logit_rows)]
 
+    def _tile(self, rows: int) -> tuple[int, int]:
+        """The varlen attention's (block_q, warps) for a step of ``rows`` rows: its token
+        bucket's (the largest bucket's beyond it), as timed at warm-up."""
+        b = next((t for t in STEP_TOKEN_BUCKETS if t >= rows), STEP_TOKEN_BUCKETS[-1])
+        return self.varlen_tile.get(b, (VARLEN_BLOCK_Q, 4))
+
     def _stage(self, tokens: Sequence[int], positions: Sequence[int],
                chunks: Sequence[SeqChunk], logit_rows: Sequence[int], t_cap: int, s_cap: int,
-               rows_cap: int, out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+               rows_cap: int, tile: tuple[int, int],
+               out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A step's inputs as host arrays (the layout of the graphs' buffers, see __init__):
-        padded rows are token 0 at position 0 writing the scratch block, padded tiles -1."""
+        padded rows are token 0 at position 0 writing the scratch block, padded tiles -1;
+        tiles of ``tile[0]`` query rows."""
         bs, n = self.block_size, len(tokens)
         nt = varlen_max_tiles(t_cap, s_cap)
         if out is None:
@@ -270,7 +280,7 @@ class BatchedModel:
             meta[2, c.start:c.start + c.n] = tab[p // bs] * bs + p % bs
             ctx[s_i], qstart[s_i], qlen[s_i] = c.ctx, c.start, c.n
             tables[s_i, :len(tab)] = tab
-        ts, tq = varlen_tiles([c.n for c in chunks], self.varlen_tile[0])
+        ts, tq = varlen_tiles([c.n for c in chunks], tile[0])
         tile_seq.fill(-1)
         tile_seq[:len(ts)] = ts
         tile_q0[:len(tq)] = tq
@@ -289,7 +299,7 @@ class BatchedModel:
                           tile_seq=i32[o:o + k], tile_q0=i32[o + nt:o + nt + k])
 
     def _varlen_body(self, tok: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
-                     meta: VarlenMeta, rows: torch.Tensor) -> torch.Tensor:
+                     meta: VarlenMeta, rows: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
         """One step that prefills, on CUDA (eager or captured): cuBLAS projections of every
         row, the fused q/k norm + RoPE + K/V write, one varlen attention; logits of ``rows``."""
         cfg, m = self.cfg, self.model
@@ -301,8 +311,7 @@ class BatchedModel:
             q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
                                  kc, vc, eps, cfg.heads)
             o = paged_varlen_attention(q, kc, vc, meta.tables, meta.ctx, meta.qstart, meta.qlen,
-                                       meta.tile_seq, meta.tile_q0, self.block_size,
-                                       *self.varlen_tile)
+                                       meta.tile_seq, meta.tile_q0, self.block_size, *tile)
             x = self._post(x, o.reshape(-1, cfg.q_size), layer.wo, layer.ln_post,
                            layer.w_gate_up, layer.w_down, eps)
         return self._head(x.index_select(0, rows))
@@ -339,11 +348,12 @@ class BatchedModel:
         graph = self._s_graphs.get(bucket)
         if graph is None:
             s_cap, t_max = self.s_max, self.t_buckets[-1]
+            tile = self._tile(bucket)
             meta = self._varlen_meta(self.s_i32, s_cap, t_max,
-                                     tiles=varlen_max_tiles(bucket, s_cap, self.varlen_tile[0]))
+                                     tiles=varlen_max_tiles(bucket, s_cap, tile[0]))
 
             def reset() -> None:   # every row padding: scratch slot, position 0, no tiles
-                self._stage([], [], [], [], t_max, s_cap, s_cap,
+                self._stage([], [], [], [], t_max, s_cap, s_cap, tile,
                             (self.h_s_meta.numpy(), self.h_s_rows.numpy(), self.h_s_i32.numpy()))
                 self.s_meta.copy_(self.h_s_meta)
                 self.s_rows.copy_(self.h_s_rows)
@@ -351,7 +361,7 @@ class BatchedModel:
 
             def body() -> None:
                 tok, pos, slots = (self.s_meta[j, :bucket] for j in range(3))
-                self.s_logits.copy_(self._varlen_body(tok, pos, slots, meta, self.s_rows))
+                self.s_logits.copy_(self._varlen_body(tok, pos, slots, meta, self.s_rows, tile))
 
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -626,37 +636,43 @@ class BatchedModel:
         return None
 
     def _pick_varlen_tile(self) -> None:
-        """Time the varlen attention's tile shapes on a 1024-token chunk after a 1024-token
-        prefix (the budget-sized step of a long prompt) and keep the fastest."""
-        cfg, bs = self.cfg, self.block_size
-        n, ctx = 1024, 2048
-        if self.cache.num_blocks <= ctx // bs or self.max_blocks < ctx // bs:
-            return
-        dev = self.device
+        """Per token bucket ``T``, time the varlen attention's tile shapes on a chunk of ``T``
+        rows after a 1536-token prefix (a later turn of a long chat, or the second step of a
+        long prompt) and keep the fastest: small chunks over long contexts want more, smaller
+        tiles; large chunks fewer, larger ones."""
+        cfg, bs, dev = self.cfg, self.block_size, self.device
         kc, vc = self.cache.kv(0)
-        q = torch.randn(n, cfg.heads, cfg.head_dim, dtype=kc.dtype, device=dev)
-        tables = torch.zeros(1, self.max_blocks, dtype=torch.int32, device=dev)
-        tables[0, :ctx // bs] = torch.arange(1, ctx // bs + 1, dtype=torch.int32, device=dev)
         i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
-        timed = {}
-        for block_q, warps in VARLEN_TILES:
-            ts, tq = varlen_tiles([n], block_q)
-            args = (q, kc, vc, tables, i32([ctx]), i32([0]), i32([n]), i32(ts), i32(tq), bs,
-                    block_q, warps)
-            try:
-                paged_varlen_attention(*args)
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for _ in range(5):
+        for n in STEP_TOKEN_BUCKETS:
+            ctx = n + 1536
+            if self.cache.num_blocks <= -(-ctx // bs) or self.max_blocks < -(-ctx // bs):
+                continue
+            q = torch.randn(n, cfg.heads, cfg.head_dim, dtype=kc.dtype, device=dev)
+            tables = torch.zeros(1, self.max_blocks, dtype=torch.int32, device=dev)
+            k = -(-ctx // bs)
+            tables[0, :k] = torch.arange(1, k + 1, dtype=torch.int32, device=dev)
+            timed = {}
+            for block_q, warps in VARLEN_TILES:
+                ts, tq = varlen_tiles([n], block_q)
+                args = (q, kc, vc, tables, i32([ctx]), i32([0]), i32([n]), i32(ts), i32(tq), bs,
+                        block_q, warps)
+                try:
                     paged_varlen_attention(*args)
-                b.record()
-                b.synchronize()
-                timed[(block_q, warps)] = a.elapsed_time(b) / 5
-            except Exception as e:  # noqa: BLE001 - a shape that does not build here
-                self.stats.notes.append(f"varlen tile {block_q}x{warps}: {type(e).__name__}"[:200])
-        if timed:
-            self.varlen_tile = min(timed, key=timed.get)
-            self.stats.varlen_ms = {f"{k[0]}x{k[1]}": round(v, 4) for k, v in timed.items()}
+                    a = torch.cuda.Event(enable_timing=True)
+                    b = torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    for _ in range(5):
+                        paged_varlen_attention(*args)
+                    b.record()
+                    b.synchronize()
+                    timed[(block_q, warps)] = a.elapsed_time(b) / 5
+                except Exception as e:  # noqa: BLE001 - a shape that does not build here
+                    self.stats.notes.append(f"varlen tile {block_q}x{warps}: "
+                                            f"{type(e).__name__}"[:200])
+            if timed:
+                self.varlen_tile[n] = min(timed, key=timed.get)
+                self.stats.varlen_ms[n] = {f"{k[0]}x{k[1]}": round(v, 4)
+                                           for k, v in timed.items()}
 
     def _check_varlen(self) -> None:
         """The eager varlen step against the math step; a compile failure of the fused
