@@ -168,8 +168,10 @@ def _in_process_run(runner, prompts: list[list[int]], params: SamplingParams,
     return res, [list(s.ids) for s in streams]
 
 
-def run_worker_speed(cfg: WorkerSpeedConfig, log=None, echo=sys.stderr) -> dict:
-    """Everything in the module docstring; returns the JSON-ready dict."""
+def run_worker_speed(cfg: WorkerSpeedConfig, log=None, echo=sys.stderr, progress=None) -> dict:
+    """Everything in the module docstring; returns the JSON-ready dict. ``progress(partial)``
+    is called after each part (so a run cut short still leaves its figures so far)."""
+    progress = progress or (lambda _res: None)
     from qwen_trt.backends import BackendConfig
     from qwen_trt.serving.client import EngineClient
     from qwen_trt.serving.worker import WorkerSpec
@@ -195,13 +197,14 @@ def run_worker_speed(cfg: WorkerSpeedConfig, log=None, echo=sys.stderr) -> dict:
                          "model": info.model, "max_seq_len": info.max_seq_len,
                          "max_concurrency": client.max_concurrency}
         log(f"ready in {ready_s:.1f} s: {info.describe()}, {client.max_concurrency} at once")
+        out["levels"] = levels = []
+        progress(out)
         vocab = client.tokenizer.vocab_size
         top = max(cfg.concurrency)
         # warm-up: every batch bucket up to the largest N once, through the whole path
         warm = _prompts(cfg, top, vocab, salt=999)
         for h in [client.submit(p, _greedy(4)) for p in warm]:
             h.result(cfg.timeout_s)
-        levels = []
         for n in cfg.concurrency:
             prompts = _prompts(cfg, n, vocab, salt=n)
             row, toks = _client_run(client, prompts, _greedy(cfg.new_tokens), cfg.timeout_s)
@@ -213,16 +216,16 @@ def run_worker_speed(cfg: WorkerSpeedConfig, log=None, echo=sys.stderr) -> dict:
             levels.append(row)
             log(f"c={n}: client {c['output_tok_s']} tok/s, engine steps {s['output_tok_s']} "
                 f"tok/s, ratio {row.get('client_over_step_timer')}")
-        out["levels"] = levels
+            progress(out)
     finally:
         client.close()
     if cfg.in_process:
-        _in_process(cfg, spec, out, client_tokens, log)
+        _in_process(cfg, spec, out, client_tokens, log, progress)
     out["targets"] = {"load_s": LOAD_TARGET_S, "client_over_engine": RATIO_TARGET}
     return out
 
 
-def _in_process(cfg: WorkerSpeedConfig, spec, out: dict, client_tokens, log) -> None:
+def _in_process(cfg: WorkerSpeedConfig, spec, out: dict, client_tokens, log, progress) -> None:
     """The same requests on the same backend and runner, built in this process."""
     from qwen_trt.serving.worker import load_for_spec, make_runner, resolve
 
@@ -247,6 +250,7 @@ def _in_process(cfg: WorkerSpeedConfig, spec, out: dict, client_tokens, log) -> 
             row["same_tokens"] = sum(a == b for a, b in zip(theirs, toks))
             log(f"c={n}: in process {res['output_tok_s']} tok/s, client/in-process "
                 f"{row.get('client_over_in_process')}, same tokens {row['same_tokens']}/{n}")
+            progress(out)
     finally:
         backend.close()
 
@@ -273,14 +277,18 @@ def main(argv: list[str] | None = None) -> int:
                             concurrency=tuple(int(c) for c in args.concurrency.split(",")),
                             prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                             in_process=args.in_process, seed=args.seed)
-    res = run_worker_speed(cfg)
-    res["command"] = "python -m qwen_trt.bench.worker_speed " + " ".join(
+    command = "python -m qwen_trt.bench.worker_speed " + " ".join(
         argv if argv is not None else sys.argv[1:])
-    text = json.dumps(res, indent=2)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    print(text)
+
+    def save(res: dict) -> None:
+        res["command"] = command
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+
+    res = run_worker_speed(cfg, progress=save)
+    save(res)
+    print(json.dumps(res, indent=2))
     return 0
 
 
