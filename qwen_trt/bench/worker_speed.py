@@ -103,20 +103,26 @@ def _prompts(cfg: WorkerSpeedConfig, n: int, vocab: int, salt: int) -> list[list
     return [[rng.randrange(1, vocab) for _ in range(cfg.prompt_len)] for _ in range(n)]
 
 
-def _worker_counters(client, before: int | None, timeout: float = 30.0) -> dict:
+def _worker_counters(client, before: int | None, timeout: float = 30.0,
+                     settle_s: float = 0.05) -> dict:
     """The worker's counters once it is idle after more than ``before`` steps (it sends them
-    when it runs out of work)."""
+    when it runs out of work) and they have not moved for ``settle_s`` (a step still in flight
+    after the last token, e.g. a chained decode, is counted where it belongs)."""
     deadline = time.monotonic() + timeout
+    seen, since = None, 0.0
     while True:
         st = client.status().runner
         w = st.get("worker") or {}
         idle = st.get("running", 0) == 0 and st.get("waiting", 0) == 0
         if w and idle and (before is None or w["steps"] > before):
-            return dict(w)
+            if w != seen:
+                seen, since = dict(w), time.monotonic()
+            elif time.monotonic() - since >= settle_s:
+                return seen
         if time.monotonic() > deadline:
             raise TimeoutError("the engine process sent no idle counters in "
                                f"{timeout:.0f} s (status: {st})")
-        time.sleep(0.01)
+        time.sleep(0.005)
 
 
 def _rates(tokens: int, t_start: float, firsts: list[float], lasts: list[float],
