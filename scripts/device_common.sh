@@ -76,7 +76,8 @@ PY
 }
 
 # The checkpoint: MODEL if given, else a random one with Qwen3-4B's shapes under WORK
-# (qwen_trt.bench.shaped_model: bf16, drawn on GPU 0 when there is one).
+# (qwen_trt.bench.shaped_model: bf16, drawn on GPU 0 when there is one; SHAPE=tiny for a CPU
+# dry run).
 ensure_model() {
   MODEL=${MODEL:-$MODEL_DEFAULT}
   if [ -f "$MODEL/config.json" ] && ls "$MODEL"/*.safetensors >/dev/null 2>&1; then
@@ -94,7 +95,8 @@ ensure_model() {
   fi
   rm -rf "$MODEL"
   CUDA_VISIBLE_DEVICES=${MODEL_GPU:-0} timeout "$(bound 180)" \
-    "$PY" -m qwen_trt.bench.shaped_model "$MODEL" 2>&1 | tr '\r' '\n' | grep -v '%|'
+    "$PY" -m qwen_trt.bench.shaped_model "$MODEL" --shape "${SHAPE:-qwen3-4b}" 2>&1 |
+    tr '\r' '\n' | grep -v '%|'
   local rc=${PIPESTATUS[0]}
   rmdir "$lock"
   return "$rc"

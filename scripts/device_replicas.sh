@@ -17,7 +17,8 @@
 # are put on nginx's LD_LIBRARY_PATH only if `nginx -v` fails without them.
 # Environment:
 #   MODEL        checkpoint folder (default: WORK/qwen3-4b-shaped, a random bf16 checkpoint with
-#                Qwen3-4B's shapes, vocab and context: qwen_trt.bench.shaped_model)
+#                Qwen3-4B's shapes, vocab and context: qwen_trt.bench.shaped_model; SHAPE=tiny
+#                for a CPU dry run)
 #   PY           python with the project's needs (default .venv/bin/python, else python3)
 #   CONCURRENCY  levels (default 1,8,32); each level sends max(REQUESTS, 2 x level) requests
 #                (REQUESTS default 16)
@@ -37,6 +38,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 DEADLINE_S=${DEADLINE_S:-470}
 source scripts/device_common.sh
+# this script's own results, and the per-level files of an earlier run (never merged by mistake)
+rm -f "$OUT"/{device.log,replicas.json,one.json,two.json,http_overhead.json,worker_speed.json,worker_speed.log} \
+      "$WORK"/one-c*.json "$WORK"/two-c*.json
 exec > >(tee -a "$OUT/device.log") 2>&1
 
 CONCURRENCY=${CONCURRENCY:-1,8,32}
@@ -126,10 +130,13 @@ if [ -n "$WORKER_PID" ]; then
 fi
 
 # -- two replicas, one per GPU -----------------------------------------------------------------------
+REPLICA_PIDS=()
 start_replica() {  # GPU PORT
+  # shellcheck disable=SC2086  # SERVE_ARGS: several flags
   CUDA_VISIBLE_DEVICES=$1 "$PY" -m qwen_trt.cli serve --model "$MODEL" --port "$2" \
     --served-model-name qwen-trt --log-level warning ${SERVE_ARGS:-} >"$WORK/serve-gpu$1.log" 2>&1 &
   PIDS+=($!)
+  REPLICA_PIDS+=($!)
 }
 http_ok() {  # URL: 2xx within 5 s (curl, or Python where the image has no curl)
   if command -v curl >/dev/null 2>&1; then
@@ -139,10 +146,14 @@ http_ok() {  # URL: 2xx within 5 s (curl, or Python where the image has no curl)
       "$1" >/dev/null 2>&1
   fi
 }
-wait_health() {  # URL SECONDS
+wait_health() {  # URL SECONDS [PID: give up at once if it exits]
   local i
   for i in $(seq 1 "$2"); do
     http_ok "$1/health" && return 0
+    if [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null; then
+      echo "exited before it was healthy: $1"
+      return 1
+    fi
     sleep 1
   done
   echo "not healthy after $2 s: $1"
@@ -159,7 +170,8 @@ phase_begin replicas_start
 start_replica 0 "$P1"
 start_replica 1 "$P2"
 rc=0
-wait_health "http://127.0.0.1:$P1" "$(bound 300)" && wait_health "http://127.0.0.1:$P2" "$(bound 120)" || rc=1
+wait_health "http://127.0.0.1:$P1" "$(bound 300)" "${REPLICA_PIDS[0]}" &&
+  wait_health "http://127.0.0.1:$P2" "$(bound 120)" "${REPLICA_PIDS[1]}" || rc=1
 [ $rc = 0 ] || server_tails
 phase_end $rc
 
@@ -177,7 +189,8 @@ if [ -n "$NGINX_VERSION" ]; then
   "${NGINX_RUN[@]}" -p "$NX" -c "$NX/nginx.conf" -e "$NX/logs/error.log" >"$NX/logs/stderr.log" 2>&1 &
   PIDS+=($!)
   rc=0
-  wait_health "http://127.0.0.1:$PN" "$(bound 20)" || { rc=1; server_tails; cat "$NX/logs/stderr.log"; }
+  wait_health "http://127.0.0.1:$PN" "$(bound 20)" "$!" ||
+    { rc=1; server_tails; cat "$NX/logs/stderr.log"; }
 fi
 phase_end $rc
 
@@ -202,10 +215,10 @@ if runs:
 PY
   return $rc
 }
+phase_begin bench_one
+bench "http://127.0.0.1:$P1" "one replica (GPU 0)" one
+phase_end $?
 if [ -n "$NGINX_VERSION" ]; then
-  phase_begin bench_one
-  bench "http://127.0.0.1:$P1" "one replica (GPU 0)" one
-  phase_end $?
   phase_begin bench_two
   bench "http://127.0.0.1:$PN" "two replicas behind nginx" two
   rc=$?
@@ -225,18 +238,22 @@ def load(name):
     p = out / name
     return json.loads(p.read_text()) if p.is_file() else None
 one, two = load("one.json"), load("two.json")
-if one and two:
+if one:                      # one replica alone; beside it the two behind nginx, where they ran
+    theirs = {lv["concurrency"]: lv for lv in (two or {}).get("levels", [])}
     rows = []
-    for a, b in zip(one["levels"], two["levels"]):
-        rows.append({"concurrency": a["concurrency"], "requests": a["requests"],
-                     "one_out_tok_s": a["output_token_throughput"],
-                     "two_out_tok_s": b["output_token_throughput"],
-                     "scale": round(b["output_token_throughput"]
-                                    / max(a["output_token_throughput"], 1e-9), 2),
-                     "one_ttft_ms_p50": a["ttft_ms_p50"], "two_ttft_ms_p50": b["ttft_ms_p50"],
-                     "one_itl_ms_p50": a["itl_ms_p50"], "two_itl_ms_p50": b["itl_ms_p50"],
-                     "prompt_tokens_mean": a["prompt_tokens_mean"],
-                     "errors": a["errors"] + b["errors"]})
+    for a in one["levels"]:
+        b = theirs.get(a["concurrency"])
+        row = {"concurrency": a["concurrency"], "requests": a["requests"],
+               "one_out_tok_s": a["output_token_throughput"], "one_ttft_ms_p50": a["ttft_ms_p50"],
+               "one_itl_ms_p50": a["itl_ms_p50"], "prompt_tokens_mean": a["prompt_tokens_mean"],
+               "errors": a["errors"]}
+        if b:
+            row.update({"two_out_tok_s": b["output_token_throughput"],
+                        "scale": round(b["output_token_throughput"]
+                                       / max(a["output_token_throughput"], 1e-9), 2),
+                        "two_ttft_ms_p50": b["ttft_ms_p50"], "two_itl_ms_p50": b["itl_ms_p50"],
+                        "errors": a["errors"] + b["errors"]})
+        rows.append(row)
     res.update({"input_words": one.get("input_words"), "output_tokens": one.get("output_tokens"),
                 "levels": rows})
 ws = load("worker_speed.json")

@@ -13,7 +13,8 @@
 # scripts/device_replicas.sh runs this itself on GPU 1 while GPU 0 measures the HTTP layer,
 # when two GPUs are visible (WORKER_BENCH=auto).
 # Environment:
-#   MODEL        checkpoint folder (default: WORK/qwen3-4b-shaped, written if missing)
+#   MODEL        checkpoint folder (default: WORK/qwen3-4b-shaped, written if missing;
+#                SHAPE=tiny writes a tiny one instead, for a CPU dry run)
 #   GPU          the GPU index to use (default 0)
 #   WS_CONCURRENCY / PROMPT_LEN / NEW_TOKENS   default 1,8,32 / 512 / 256
 #   WS_ARGS      extra qwen_trt.bench.worker_speed flags (e.g. "--no-in-process";
