@@ -103,7 +103,10 @@ def engine_built_from(engine_dir, model: str) -> bool:
     return local.is_dir() and str(local.resolve()) == str(Path(src.get("path", "")).resolve())
 
 
-def load_backend(cfg: BackendConfig) -> Backend:
+def load_backend(cfg: BackendConfig, *, for_runner: bool = False) -> Backend:
+    """``for_runner``: the caller will serve the fast path through its continuous-batching
+    runner (``backend.runner()``), so the batch-1 decoder's warm-up is skipped
+    (:meth:`FastBackend.load`); other backends ignore it."""
     name = choose_backend(cfg)
     if name == "openai":
         raise ConfigError("The openai backend streams chats, not token ids: start it with "
@@ -117,6 +120,7 @@ def load_backend(cfg: BackendConfig) -> Backend:
 
     if use_fast(cfg.fast, pick_device(cfg.device)):
         return FastBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype,
-                                max_seq_len=cfg.max_seq_len, warmup=cfg.warmup)
+                                max_seq_len=cfg.max_seq_len, warmup=cfg.warmup,
+                                for_runner=for_runner)
     return TorchBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype,
                              max_seq_len=cfg.max_seq_len, warmup=cfg.warmup)

@@ -76,6 +76,15 @@ def make_runner(backend, max_batch: int | None = None):
     return SerialRunner(backend)
 
 
+def load_for_spec(loader, spec: WorkerSpec):
+    """``loader(spec.cfg)``; the default loader is told when the batched runner will take the
+    fast path over (:func:`make_runner` with ``max_batch`` other than 1), so the batch-1
+    decoder's graphs, which the runner drops, are not built first."""
+    if spec.loader == DEFAULT_LOADER and spec.runner is None and spec.cfg.max_batch != 1:
+        return loader(spec.cfg, for_runner=True)
+    return loader(spec.cfg)
+
+
 def resolve(name: str):
     """``"package.module:function"`` -> the function."""
     module, _, attr = name.partition(":")
@@ -141,7 +150,7 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         name = spec.cfg.backend
         stage(f"loading the model ({name} backend{', with warm-up' if spec.cfg.warmup else ''})")
         t = time.monotonic()
-        backend = loader(spec.cfg)
+        backend = load_for_spec(loader, spec)
         timings["load_and_warmup_s"] = time.monotonic() - t
         stage("starting the runner")
         t = time.monotonic()
