@@ -106,6 +106,7 @@ class BatchedStats:
     buckets: tuple[int, ...] = ()
     warmup_s: float = 0.0
     step_graphs: int = 0                                         # token buckets captured
+    phases_s: dict[str, float] = field(default_factory=dict)     # warm-up time per phase
     # token bucket -> {tile shape: ms} of the varlen attention at warm-up
     varlen_ms: dict[int, dict[str, float]] = field(default_factory=dict)
     bucket_impl: dict[int, str] = field(default_factory=dict)   # gemv | bgemm | torch
@@ -697,15 +698,26 @@ class BatchedModel:
         """Check the varlen step, capture every decode bucket's graphs and every token
         bucket's step graph (load time, not the first request)."""
         t = time.perf_counter()
+        phases = self.stats.phases_s
+        mark = [t]
+
+        def done(name: str) -> None:
+            now = time.perf_counter()
+            phases[name] = round(now - mark[0], 2)
+            mark[0] = now
+
         with torch.inference_mode():
             if self.varlen and self.graphs:
                 self._pick_varlen_tile()
+                done("varlen_tiles")
             if self.varlen:
                 self._check_varlen()
+                done("varlen_check_and_compile")
             if self.graphs:
                 for b in self.buckets:
                     self._graph(b)
                     self._fgraphs[b] = self._capture(b, self.stats.bucket_impl[b], feedback=True)
+                done("decode_graphs")
                 if self.varlen:
                     try:
                         for tb in self.t_buckets:
@@ -719,6 +731,7 @@ class BatchedModel:
                         self.stats.notes.append(problem.splitlines()[0][:300]
                                                 + "; steps that prefill run eagerly")
                     self.stats.step_graphs = len(self._s_graphs)
+                    done("step_graphs")
                 torch.cuda.synchronize()
         self.stats.warmup_s = time.perf_counter() - t
         return self.stats
@@ -787,6 +800,7 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
 
     cfg = model.cfg
     notes: list[str] = []
+    t0 = time.perf_counter()
     if model.device.type == "cuda" and not checked:
         model.attn_impl, model.decode_impl = "math", "torch"
         if triton_usable(model.device):
@@ -816,6 +830,7 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
     if num_blocks is None:
         num_blocks = kv_blocks_for_memory(model, block_size, cap_tokens=kv_tokens) + 1
     bm = BatchedModel(model, num_blocks=num_blocks, block_size=block_size, graphs=graphs)
+    bm.stats.phases_s["checks_and_cache"] = round(time.perf_counter() - t0, 2)
     bm.stats.notes += notes
     for note in notes:
         print(f"qwen-trt batched: {note}", file=sys.stderr)
