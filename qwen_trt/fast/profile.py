@@ -81,12 +81,20 @@ def main(argv: list[str] | None = None) -> int:
     res.update(kernel_table(prof, n_prof))
     print(json.dumps({k: v for k, v in res.items() if k != "top"}, indent=1))
     print(f"{'us/step':>9} {'calls':>6} {'share':>6}  kernel")
-    for r in res["top"]:
-        print(f"{r['us']:9.1f} {r['calls']:6.0f} {r['share']:6.1%}  {r['name']}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+    _print_top(res["top"])
+    _save(args.out, res)
     return 0
+
+
+def _print_top(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"{r['us']:9.1f} {r['calls']:6.0f} {r['share']:6.1%}  {r['name']}")
+
+
+def _save(path: str | None, res: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
 
 
 def kernel_table(prof, n: int, top: int = 25) -> dict:
@@ -161,8 +169,7 @@ def profile_steps(cfg, sizes: list[int], args) -> int:
             out["steps"][f"{name}_{n}"] = res
             print(f"{name} {n}: graph {res['graph_ms']} ms, eager {res['eager_ms']} ms, "
                   f"kernels {res['kernel_us_per_step'] / 1e3:.2f} ms")
-            for r in res["top"]:
-                print(f"   {r['us']:9.1f} us {r['calls']:6.0f} {r['share']:6.1%}  {r['name']}")
+            _print_top(res["top"])
     # the chained greedy decode graph of bucket 1 (a lone stream), replayed back to back:
     # the GPU's share of the batched runner's per-token time at c=1
     toks = torch.randint(1, cfg.vocab_size, (512,), generator=g).tolist()
@@ -190,11 +197,8 @@ def profile_steps(cfg, sizes: list[int], args) -> int:
     out["decode"] = res
     print(f"decode chained graph: bucket 1 {res['bucket1_chained_ms']} ms, bucket 8 "
           f"{res['bucket8_chained_ms']} ms; bucket 1 kernels {res['kernels_per_step']}/step")
-    for r in res["top"]:
-        print(f"   {r['us']:9.1f} us {r['calls']:6.0f} {r['share']:6.1%}  {r['name']}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    _print_top(res["top"])
+    _save(args.out, out)
     return 0
 
 
