@@ -33,10 +33,11 @@ def test_gemv_kernels_match_unfused_ops():
                 got = torch.empty(n)
                 G._gemv_persistent_kernel[(grid,)](
                     w, x, got, kw["ln"] if kw["ln"] is not None else x,
-                    kw["residual"] if kw["residual"] is not None else got, 1e-6, N=n, K=k,
+                    kw["residual"] if kw["residual"] is not None else got, 1e-6, w, N=n, K=k,
                     KP=1 << (k - 1).bit_length(), BLOCK_N=bn, NORM=kw["ln"] is not None,
                     RESIDUAL=kw["residual"] is not None, GATE_UP=kw["gate_up"], PDL=False,
-                    P=grid)
+                    P=grid, EVICT="evict_first", PF_BYTES=0, PF_PARTS=1, PF_STRIDE=0,
+                    PF_END=False, LANES=32)
                 out.append(((got - ref).norm() / ref.norm()).item())
         print(json.dumps(out))
     """)

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+from qwen_trt.fast.prefetch import NO_PREFETCH, Prefetch, l2_prefetch
 from qwen_trt.fast.reference import rms_norm
 
 try:  # Triton comes with CUDA builds of torch; CPU-only installs lack it
@@ -141,14 +142,20 @@ if triton is not None:
 
 
     @triton.jit
-    def _gemv_persistent_kernel(w_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
+    def _gemv_persistent_kernel(w_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps, pf_ptr,
                                 N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                                 BLOCK_N: tl.constexpr, NORM: tl.constexpr,
                                 RESIDUAL: tl.constexpr, GATE_UP: tl.constexpr,
-                                PDL: tl.constexpr, P: tl.constexpr):
+                                PDL: tl.constexpr, P: tl.constexpr, EVICT: tl.constexpr,
+                                PF_BYTES: tl.constexpr, PF_PARTS: tl.constexpr,
+                                PF_STRIDE: tl.constexpr, PF_END: tl.constexpr,
+                                LANES: tl.constexpr):
         """Same function as ``_gemv_kernel``; a fixed grid of programs, each walking row
         blocks ``pid, pid + P, ...`` with whole rows (``KP`` = K rounded up to a power of two)
-        and the next block's weights loading while the current one is reduced."""
+        and the next block's weights loading while the current one is reduced.
+        ``PF_BYTES > 0``: also prefetch that much of the next weights into L2
+        (:mod:`qwen_trt.fast.prefetch`), right after the PDL wait or (``PF_END``) once this
+        program's rows are done; ``EVICT``: the weight loads' L2 eviction policy."""
         pid = tl.program_id(0)
         n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
         iters: tl.constexpr = (n_blocks + P - 1) // P
@@ -158,15 +165,20 @@ if triton is not None:
         r = tl.arange(0, BLOCK_N)
         rows = pid * BLOCK_N + r
         m = (rows < N)[:, None] & k_ok[None, :]
-        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=m, other=0.0)
+        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=m, other=0.0,
+                    eviction_policy=EVICT)
         w2 = w
         if GATE_UP:
-            w2 = tl.load(w_ptr + N * K + rows[:, None] * K + cols[None, :], mask=m, other=0.0)
+            w2 = tl.load(w_ptr + N * K + rows[:, None] * K + cols[None, :], mask=m, other=0.0,
+                         eviction_policy=EVICT)
         if NORM:
             g = tl.load(ln_ptr + cols, mask=k_ok, other=0.0)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
+        if PF_BYTES > 0:
+            if not PF_END:
+                l2_prefetch(pf_ptr, pid, P, PF_BYTES, PF_PARTS, PF_STRIDE, LANES)
         xv = tl.load(x_ptr + cols, mask=k_ok, other=0.0)
         if NORM:   # once per program: weight * (x * rstd).to(dtype)
             xf32 = xv.to(tl.float32)
@@ -177,11 +189,12 @@ if triton is not None:
             rows = (pid + it * P) * BLOCK_N + r
             nrows = rows + P * BLOCK_N          # the next block of this program
             nm = (nrows < N)[:, None] & k_ok[None, :]
-            w_next = tl.load(w_ptr + nrows[:, None] * K + cols[None, :], mask=nm, other=0.0)
+            w_next = tl.load(w_ptr + nrows[:, None] * K + cols[None, :], mask=nm, other=0.0,
+                             eviction_policy=EVICT)
             y = tl.sum(w.to(tl.float32) * xf, 1).to(dt)
             if GATE_UP:
                 w2_next = tl.load(w_ptr + N * K + nrows[:, None] * K + cols[None, :], mask=nm,
-                                  other=0.0)
+                                  other=0.0, eviction_policy=EVICT)
                 up = tl.sum(w2.to(tl.float32) * xf, 1).to(dt).to(tl.float32)
                 gf = y.to(tl.float32)
                 act = (gf / (1.0 + tl.exp(-gf))).to(dt)
@@ -193,6 +206,9 @@ if triton is not None:
                 y = (res.to(tl.float32) + y.to(tl.float32)).to(dt)
             tl.store(out_ptr + rows, y, mask=row_ok)
             w = w_next
+        if PF_BYTES > 0:
+            if PF_END:
+                l2_prefetch(pf_ptr, pid, P, PF_BYTES, PF_PARTS, PF_STRIDE, LANES)
 
 
 @functools.lru_cache(maxsize=None)
@@ -207,8 +223,12 @@ def pre_k(k: int, cap: int = 8192) -> int:
 
 def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, eps: float = 0.0,
          residual: torch.Tensor | None = None, gate_up: bool = False,
-         config: GemvConfig | None = None) -> torch.Tensor:
-    """Triton GEMV with the fusions listed in the module docstring; returns ``[N]``."""
+         config: GemvConfig | None = None, prefetch: Prefetch | None = None,
+         prefetch_at_end: bool = False, evict_first: bool = False) -> torch.Tensor:
+    """Triton GEMV with the fusions listed in the module docstring; returns ``[N]``.
+    ``prefetch``: weights of a later kernel to pull into L2 (persistent configurations only;
+    right after the PDL wait, or once each program's rows are done with ``prefetch_at_end``);
+    ``evict_first``: stream this matrix through L2 with the evict-first policy."""
     rows, k = w.shape
     n = rows // 2 if gate_up else rows
     x = x.reshape(k)
@@ -224,11 +244,14 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, ep
         sms = _sm_count(x.device.index if x.device.index is not None
                         else torch.cuda.current_device())
         grid = min(triton.cdiv(n, cfg.block_n), sms * cfg.ctas_per_sm)
+        pf = prefetch.kernel_args() if prefetch is not None and pdl else NO_PREFETCH
         _gemv_persistent_kernel[(grid,)](
-            w, x, out, ln if ln is not None else x, res, eps, N=n, K=k,
+            w, x, out, ln if ln is not None else x, res, eps,
+            prefetch.t if prefetch is not None else w, N=n, K=k,
             KP=triton.next_power_of_2(k), BLOCK_N=cfg.block_n, NORM=ln is not None,
             RESIDUAL=residual is not None, GATE_UP=gate_up, PDL=pdl, P=grid,
-            num_warps=cfg.warps, **launch_kwargs(pdl))
+            EVICT="evict_first" if evict_first else "", PF_END=prefetch_at_end,
+            LANES=32 * cfg.warps, num_warps=cfg.warps, **pf, **launch_kwargs(pdl))
         return out
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         w, x, out, ln if ln is not None else x, res, eps, N=n, K=k, BLOCK_N=cfg.block_n,

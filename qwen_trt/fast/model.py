@@ -24,6 +24,7 @@ from qwen_trt.fast.attention import decode_attention, math_attend
 from qwen_trt.fast.config import FastConfig
 from qwen_trt.fast.gemv import gemv
 from qwen_trt.fast.kv_cache import StaticKVCache
+from qwen_trt.fast.prefetch import decode_prefetches, plan_for
 from qwen_trt.fast.reference import rms_norm, rope_tables, split_norm_rope
 from qwen_trt.fast.rope_cache import qk_rope_cache
 
@@ -186,13 +187,17 @@ class Qwen3Fast(torch.nn.Module):
         cfg = self.cfg
         eps = cfg.rms_eps
         x = F.embedding(tok, self.embed).view(cfg.hidden)
-        for i, layer in enumerate(self.layers):
+        pfs = decode_prefetches(plan_for(self.device), self.layers, self._head())
+        for i, (layer, pf) in enumerate(zip(self.layers, pfs)):
             k_cache, v_cache = self.cache.kv(i)
-            qkv = gemv(layer.wqkv, x, ln=layer.ln_in, eps=eps)
+            ev = pf.evict_first
+            qkv = gemv(layer.wqkv, x, ln=layer.ln_in, eps=eps, evict_first=ev)
             q = qk_rope_cache(qkv, layer.q_norm, layer.k_norm, self.cos, self.sin, pos,
-                              k_cache, v_cache, eps, cfg.heads)
+                              k_cache, v_cache, eps, cfg.heads, prefetch=pf.rope)
             o = decode_attention(q, k_cache, v_cache, pos)
-            x = gemv(layer.wo, o, residual=x)
-            act = gemv(layer.w_gate_up, x, ln=layer.ln_post, eps=eps, gate_up=True)
-            x = gemv(layer.w_down, act, residual=x)
+            x = gemv(layer.wo, o, residual=x, prefetch=pf.o, evict_first=ev)
+            act = gemv(layer.w_gate_up, x, ln=layer.ln_post, eps=eps, gate_up=True,
+                       prefetch=pf.gate_up, prefetch_at_end=True, evict_first=ev)
+            x = gemv(layer.w_down, act, residual=x, prefetch=pf.down, prefetch_at_end=True,
+                     evict_first=ev)
         return gemv(self._head(), x, ln=self.ln_final, eps=eps).view(1, cfg.vocab_size)

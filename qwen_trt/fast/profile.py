@@ -4,6 +4,9 @@ Builds the fast decoder on random weights, times graph replays of one decode ste
 events, then runs the same step without the graph under ``torch.profiler`` and prints
 the GPU kernels grouped by name (time per step, share), so launch gaps and slow kernels show.
 
+``--plans "0;1;o=1,gu=0"`` times the decode step under each L2 prefetch plan
+(:mod:`qwen_trt.fast.prefetch`), round-robin in one process.
+
 ``--step-tokens 512,1024`` does the same for the batched runner's steps that prefill: a fresh
 prompt of N tokens, and N tokens = 8 decode rows + a chunk after a prefix of N tokens.
 """
@@ -28,8 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default="auto", choices=("auto", "triton", "torch"))
     ap.add_argument("--step-tokens", default="",
                     help="comma-separated row counts: profile the batched steps that prefill")
+    ap.add_argument("--plans", default="",
+                    help="semicolon-separated L2 prefetch plans (QWEN_TRT_L2_PREFETCH syntax): "
+                         "time the batch-1 decode step under each, at --ctxs")
+    ap.add_argument("--ctxs", default="512,2048", help="contexts for --plans")
     args = ap.parse_args(argv)
     cfg = SHAPES[args.shape]
+    if args.plans:
+        return profile_plans(cfg, args.plans.split(";"),
+                             [int(x) for x in args.ctxs.split(",")], args)
     if args.step_tokens:
         return profile_steps(cfg, [int(x) for x in args.step_tokens.split(",")], args)
     t = time.perf_counter()
@@ -110,6 +120,77 @@ def kernel_table(prof, n: int, top: int = 25) -> dict:
             "kernel_us_per_step": round(total, 1),
             "top": [{"us": round(us, 1), "calls": c, "share": round(us / total, 3),
                      "name": k[:90]} for us, c, k in rows[:top]]}
+
+
+def profile_plans(cfg, plans: list[str], ctxs: list[int], args) -> int:
+    """Graph replay time of the batch-1 decode step (Triton kernels + greedy argmax, position
+    fixed at each context) under each L2 prefetch plan; the plans are timed round-robin so
+    drift hits them alike, and each plan's logits must equal the first plan's bit for bit
+    (a prefetch moves bytes, never values)."""
+    import os
+
+    from qwen_trt.fast.prefetch import PrefetchPlan
+
+    for p in plans:
+        PrefetchPlan.parse(p)     # a typo fails here, before the model is built
+    t = time.perf_counter()
+    eng = load_fast_decoder(cfg, weights=None, max_seq_len=args.max_seq_len,
+                            dtype=torch.bfloat16, device="cuda", warmup=False, kernels="triton")
+    m = eng.model
+    out = {"load_s": round(time.perf_counter() - t, 2), "notes": eng.stats.notes,
+           "weight_GB": m.weight_bytes / 1e9, "ctx": {}}
+    tok = torch.ones(1, dtype=torch.long, device="cuda")
+    graphs, logits = {}, {}
+    saved = os.environ.get("QWEN_TRT_L2_PREFETCH")
+    try:
+        for p in plans:
+            os.environ["QWEN_TRT_L2_PREFETCH"] = p
+            for ctx in ctxs:
+                pos = torch.tensor([ctx], device="cuda")
+                buf = torch.empty(1, cfg.vocab_size, dtype=m.dtype, device="cuda")
+
+                def step(pos=pos, buf=buf) -> None:
+                    lg = m.decode(tok, pos, eng.positions)
+                    buf.copy_(lg)
+                    tok.copy_(lg.argmax(-1))
+
+                with torch.inference_mode():
+                    graphs[p, ctx] = eng._capture(step, lambda: tok.fill_(1))
+                logits[p, ctx] = buf
+    finally:
+        if saved is None:
+            os.environ.pop("QWEN_TRT_L2_PREFETCH", None)
+        else:
+            os.environ["QWEN_TRT_L2_PREFETCH"] = saved
+    for ctx in ctxs:
+        times: dict[str, list[float]] = {p: [] for p in plans}
+        for _ in range(7):
+            for p in plans:
+                g = graphs[p, ctx]
+                tok.fill_(1)
+                for _ in range(5):
+                    g.replay()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(args.steps):
+                    g.replay()
+                b.record()
+                b.synchronize()
+                times[p].append(a.elapsed_time(b) / args.steps)
+        rows = {}
+        for p in plans:
+            tok.fill_(1)
+            graphs[p, ctx].replay()
+            torch.cuda.synchronize()
+            same = bool(torch.equal(logits[p, ctx], logits[plans[0], ctx]))
+            ms = sorted(times[p])[len(times[p]) // 2]
+            rows[p] = {"step_ms": round(ms, 4), "tok_s": round(1e3 / ms, 1),
+                       "min_ms": round(min(times[p]), 4), "logits_equal_first": same}
+            print(f"ctx {ctx:5d}  {p:40s} {ms:.4f} ms  {1e3 / ms:6.1f} tok/s  "
+                  f"(min {min(times[p]):.4f}){'' if same else '  LOGITS DIFFER'}")
+        out["ctx"][str(ctx)] = rows
+    _save(args.out, out)
+    return 0
 
 
 def profile_steps(cfg, sizes: list[int], args) -> int:
