@@ -37,7 +37,7 @@ def test_gemv_kernels_match_unfused_ops():
                     KP=1 << (k - 1).bit_length(), BLOCK_N=bn, NORM=kw["ln"] is not None,
                     RESIDUAL=kw["residual"] is not None, GATE_UP=kw["gate_up"], PDL=False,
                     P=grid, EVICT="evict_first", PF_BYTES=0, PF_PARTS=1, PF_STRIDE=0,
-                    PF_END=False, LANES=32)
+                    PF_END=False, PF_BULK=False, LANES=32)
                 out.append(((got - ref).norm() / ref.norm()).item())
         print(json.dumps(out))
     """)

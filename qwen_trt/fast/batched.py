@@ -503,7 +503,7 @@ class BatchedModel:
             ev = pf.evict_first
             if impl == "gemv":
                 qkv = gemv(layer.wqkv, x.view(cfg.hidden), ln=layer.ln_in, eps=eps,
-                           evict_first=ev).view(1, -1)
+                           prefetch=pf.qkv, prefetch_at_end=True, evict_first=ev).view(1, -1)
             elif impl == "bgemm":
                 qkv = bgemm(layer.wqkv, rms_rows(x, layer.ln_in, eps))
             else:

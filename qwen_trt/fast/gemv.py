@@ -149,7 +149,7 @@ if triton is not None:
                                 PDL: tl.constexpr, P: tl.constexpr, EVICT: tl.constexpr,
                                 PF_BYTES: tl.constexpr, PF_PARTS: tl.constexpr,
                                 PF_STRIDE: tl.constexpr, PF_END: tl.constexpr,
-                                LANES: tl.constexpr):
+                                PF_BULK: tl.constexpr, LANES: tl.constexpr):
         """Same function as ``_gemv_kernel``; a fixed grid of programs, each walking row
         blocks ``pid, pid + P, ...`` with whole rows (``KP`` = K rounded up to a power of two)
         and the next block's weights loading while the current one is reduced.
@@ -178,7 +178,7 @@ if triton is not None:
             gdc_wait()
         if PF_BYTES > 0:
             if not PF_END:
-                l2_prefetch(pf_ptr, pid, P, PF_BYTES, PF_PARTS, PF_STRIDE, LANES)
+                l2_prefetch(pf_ptr, pid, P, PF_BYTES, PF_PARTS, PF_STRIDE, LANES, PF_BULK)
         xv = tl.load(x_ptr + cols, mask=k_ok, other=0.0)
         if NORM:   # once per program: weight * (x * rstd).to(dtype)
             xf32 = xv.to(tl.float32)
@@ -208,7 +208,7 @@ if triton is not None:
             w = w_next
         if PF_BYTES > 0:
             if PF_END:
-                l2_prefetch(pf_ptr, pid, P, PF_BYTES, PF_PARTS, PF_STRIDE, LANES)
+                l2_prefetch(pf_ptr, pid, P, PF_BYTES, PF_PARTS, PF_STRIDE, LANES, PF_BULK)
 
 
 @functools.lru_cache(maxsize=None)

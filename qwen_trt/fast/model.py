@@ -191,7 +191,8 @@ class Qwen3Fast(torch.nn.Module):
         for i, (layer, pf) in enumerate(zip(self.layers, pfs)):
             k_cache, v_cache = self.cache.kv(i)
             ev = pf.evict_first
-            qkv = gemv(layer.wqkv, x, ln=layer.ln_in, eps=eps, evict_first=ev)
+            qkv = gemv(layer.wqkv, x, ln=layer.ln_in, eps=eps, prefetch=pf.qkv,
+                       prefetch_at_end=True, evict_first=ev)
             q = qk_rope_cache(qkv, layer.q_norm, layer.k_norm, self.cos, self.sin, pos,
                               k_cache, v_cache, eps, cfg.heads, prefetch=pf.rope)
             o = decode_attention(q, k_cache, v_cache, pos)

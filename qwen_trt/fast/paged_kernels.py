@@ -42,14 +42,16 @@ if triton is not None:
                                  n_rows, pf_ptr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
                                  D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr,
                                  PF_BYTES: tl.constexpr, PF_PARTS: tl.constexpr,
-                                 PF_STRIDE: tl.constexpr):
+                                 PF_STRIDE: tl.constexpr,
+                                 PF_BULK: tl.constexpr):
         row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)     # ROWS rows of one head
         h = tl.program_id(1)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
         if PF_BYTES > 0:   # (one row: batch 1) the o projection into L2, see fast/prefetch.py
-            l2_prefetch(pf_ptr, h, HEADS + 2 * KV_HEADS, PF_BYTES, PF_PARTS, PF_STRIDE, 32)
+            l2_prefetch(pf_ptr, h, HEADS + 2 * KV_HEADS, PF_BYTES, PF_PARTS, PF_STRIDE, 32,
+                        PF_BULK)
         r_ok = row < n_rows
         rm = r_ok[:, None]
         pos = tl.load(pos_ptr + row, mask=r_ok, other=0)

@@ -7,8 +7,8 @@ itself asks the copy engine of its SM to pull the *next* projection's weights in
 (``cp.async.bulk.prefetch.L2``: fire and forget, nothing waits on it), so the next GEMV reads
 them from L2 instead of HBM:
 
-* the RoPE/cache-write kernel prefetches the whole o projection (21 MB on Qwen3-4B), which
-  streams in while the attention runs;
+* the qkv GEMV's programs, as each finishes, prefetch the whole o projection (21 MB on
+  Qwen3-4B), which streams in while RoPE and the attention run;
 * the o GEMV (now reading from L2) prefetches the first rows of gate/up;
 * the gate/up and down GEMVs prefetch, as each program finishes, the first rows of the next
   matrix (down; the next layer's qkv or the LM head), filling their tails.
@@ -18,7 +18,7 @@ do not push the prefetched ones out of L2 (50 MB on the H100/H200).
 
 A prefetch is a hint: it changes no result, only where the bytes come from. The amounts are a
 :class:`PrefetchPlan` (``QWEN_TRT_L2_PREFETCH`` overrides it, e.g. ``0`` for none or
-``o=1,gu=16,down=8,next=8,evict=1``, sizes in MB) and are applied only where the GPU has the
+``o=1,gu=16,down=8,next=8,evict=1,bulk=0``, sizes in MB) and are applied only where the GPU has the
 instruction (compute capability 9.0+) and PDL is on.
 """
 from __future__ import annotations
@@ -43,27 +43,30 @@ MB = 1 << 20
 class PrefetchPlan:
     """How much of each next weight matrix a decode kernel pulls into L2 (MB; 0 = nothing)."""
 
-    o: bool = True          # RoPE kernel -> the whole o projection
+    o: int = 1              # the whole o projection: 0 none, 1 from the qkv GEMV's tail,
+                            # 2 from the RoPE kernel
     gate_up_mb: float = 16  # o GEMV -> the first rows of gate/up (split over both halves)
     down_mb: float = 8      # gate/up GEMV tail -> the first rows of down
     next_mb: float = 8      # down GEMV tail -> the next layer's qkv (or the LM head)
     evict_first: bool = True  # GEMV weight loads marked evict-first
+    bulk: bool = False      # one bulk copy-engine prefetch per thread instead of one
+                            # ``prefetch.global.L2`` per 128-byte line
 
     @property
     def any(self) -> bool:
-        return self.o or self.gate_up_mb > 0 or self.down_mb > 0 or self.next_mb > 0
+        return bool(self.o) or self.gate_up_mb > 0 or self.down_mb > 0 or self.next_mb > 0
 
     @classmethod
     def parse(cls, text: str) -> "PrefetchPlan":
         """``"0"``/``"off"``: nothing; ``"1"``/``"on"``: the defaults; else ``k=v`` pairs
-        over o, gu, down, next, evict. Raises ValueError on anything else."""
+        over o, gu, down, next, evict, bulk. Raises ValueError on anything else."""
         text = text.strip().lower()
         if text in ("0", "off", "none"):
-            return cls(o=False, gate_up_mb=0, down_mb=0, next_mb=0, evict_first=False)
+            return cls(o=0, gate_up_mb=0, down_mb=0, next_mb=0, evict_first=False)
         if text in ("", "1", "on", "default"):
             return cls()
         keys = {"o": "o", "gu": "gate_up_mb", "down": "down_mb", "next": "next_mb",
-                "evict": "evict_first"}
+                "evict": "evict_first", "bulk": "bulk"}
         plan = cls()
         for item in text.split(","):
             k, sep, v = item.partition("=")
@@ -75,9 +78,10 @@ class PrefetchPlan:
                 val = float(v)
             except ValueError:
                 raise ValueError(f"QWEN_TRT_L2_PREFETCH: {item!r}: not a number") from None
-            if val < 0:
-                raise ValueError(f"QWEN_TRT_L2_PREFETCH: {item!r}: must be >= 0")
-            plan = replace(plan, **{name: bool(val) if name in ("o", "evict_first") else val})
+            if val < 0 or (name == "o" and val not in (0, 1, 2)):
+                raise ValueError(f"QWEN_TRT_L2_PREFETCH: {item!r}: out of range")
+            conv = {"o": int, "evict_first": bool, "bulk": bool}.get(name, float)
+            plan = replace(plan, **{name: conv(val)})
         return plan
 
 
@@ -98,26 +102,30 @@ class Prefetch:
     nbytes: int
     parts: int = 1
     stride: int = 0
+    bulk: bool = False
 
     @classmethod
-    def head(cls, t: torch.Tensor, mb: float, parts: int = 1) -> "Prefetch | None":
+    def head(cls, t: torch.Tensor, mb: float, parts: int = 1,
+             bulk: bool = False) -> "Prefetch | None":
         """The first ``mb`` MB of ``t`` (of each of its ``parts`` equal row ranges)."""
         total = t.numel() * t.element_size()
         part = total // parts
         n = (part if mb * MB >= part else int(mb * MB)) // 256 * 256
-        return cls(t, n, parts, part) if n > 0 else None
+        return cls(t, n, parts, part, bulk) if n > 0 else None
 
     def kernel_args(self) -> dict:
-        return {"PF_BYTES": self.nbytes, "PF_PARTS": self.parts, "PF_STRIDE": self.stride}
+        return {"PF_BYTES": self.nbytes, "PF_PARTS": self.parts, "PF_STRIDE": self.stride,
+                "PF_BULK": self.bulk}
 
 
-NO_PREFETCH = {"PF_BYTES": 0, "PF_PARTS": 1, "PF_STRIDE": 0}
+NO_PREFETCH = {"PF_BYTES": 0, "PF_PARTS": 1, "PF_STRIDE": 0, "PF_BULK": False}
 
 
 @dataclass(frozen=True)
 class LayerPrefetch:
     """What each kernel of one decode layer prefetches (see the module docstring)."""
 
+    qkv: Prefetch | None = None       # -> o projection (at the end)
     rope: Prefetch | None = None      # -> o projection
     o: Prefetch | None = None         # -> first rows of gate/up
     gate_up: Prefetch | None = None   # -> first rows of down (at the end)
@@ -133,11 +141,12 @@ def decode_prefetches(plan: PrefetchPlan | None, layers, head: torch.Tensor
     out = []
     for i, layer in enumerate(layers):
         nxt = layers[i + 1].wqkv if i + 1 < len(layers) else head
+        o = Prefetch.head(layer.wo, float("inf"), bulk=plan.bulk)
         out.append(LayerPrefetch(
-            rope=Prefetch.head(layer.wo, float("inf")) if plan.o else None,
-            o=Prefetch.head(layer.w_gate_up, plan.gate_up_mb / 2, parts=2),
-            gate_up=Prefetch.head(layer.w_down, plan.down_mb),
-            down=Prefetch.head(nxt, plan.next_mb),
+            qkv=o if plan.o == 1 else None, rope=o if plan.o == 2 else None,
+            o=Prefetch.head(layer.w_gate_up, plan.gate_up_mb / 2, parts=2, bulk=plan.bulk),
+            gate_up=Prefetch.head(layer.w_down, plan.down_mb, bulk=plan.bulk),
+            down=Prefetch.head(nxt, plan.next_mb, bulk=plan.bulk),
             evict_first=plan.evict_first))
     return out
 
@@ -145,23 +154,38 @@ def decode_prefetches(plan: PrefetchPlan | None, layers, head: torch.Tensor
 if triton is not None:
     @triton.jit
     def l2_prefetch(ptr, pid, NPROG: tl.constexpr, NBYTES: tl.constexpr,
-                    PARTS: tl.constexpr, STRIDE: tl.constexpr, LANES: tl.constexpr):
+                    PARTS: tl.constexpr, STRIDE: tl.constexpr, LANES: tl.constexpr,
+                    BULK: tl.constexpr):
         """Program ``pid`` of ``NPROG`` asks for its share of ``PARTS`` regions of ``NBYTES``
-        (``STRIDE`` bytes apart) from ``ptr`` to be pulled into L2: one bulk prefetch per lane
-        (``LANES`` = the program's threads). Returns at once."""
+        (``STRIDE`` bytes apart) from ``ptr`` to be pulled into L2 (``LANES`` = the program's
+        threads). ``BULK``: one ``cp.async.bulk.prefetch.L2`` per thread; else one
+        ``prefetch.global.L2::evict_last`` per 128-byte line, lines spread over the threads.
+        Nothing waits for the data."""
         span: tl.constexpr = ((NBYTES + NPROG - 1) // NPROG + 255) // 256 * 256
-        chunk: tl.constexpr = ((span + LANES - 1) // LANES + 15) // 16 * 16
         p8 = ptr.to(tl.pointer_type(tl.uint8))
         lane = tl.arange(0, LANES)
-        start = pid * span + lane * chunk                     # within one region
         end = tl.minimum(pid * span + span, NBYTES)
-        size = tl.maximum(tl.minimum(end - start, chunk), 0).to(tl.int32)
-        for part in tl.static_range(PARTS):
-            offs = start.to(tl.int64) + part * STRIDE
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
-                "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r", [p8 + offs, size], dtype=tl.int32, is_pure=False, pack=1)
+        if BULK:
+            chunk: tl.constexpr = ((span + LANES - 1) // LANES + 15) // 16 * 16
+            start = pid * span + lane * chunk                     # within one region
+            size = tl.maximum(tl.minimum(end - start, chunk), 0).to(tl.int32)
+            for part in tl.static_range(PARTS):
+                offs = start.to(tl.int64) + part * STRIDE
+                tl.inline_asm_elementwise(
+                    "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
+                    "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                    "=r,l,r", [p8 + offs, size], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            iters: tl.constexpr = (span + 128 * LANES - 1) // (128 * LANES)
+            for it in range(iters):
+                start = pid * span + (it * LANES + lane) * 128
+                ok = (start < end).to(tl.int32)
+                for part in tl.static_range(PARTS):
+                    offs = start.to(tl.int64) + part * STRIDE
+                    tl.inline_asm_elementwise(
+                        "{ .reg .pred p; setp.ne.s32 p, $2, 0; "
+                        "@p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
+                        "=r,l,r", [p8 + offs, ok], dtype=tl.int32, is_pure=False, pack=1)
 else:  # pragma: no cover - CPU-only installs: no kernel is ever launched
     def l2_prefetch(*args):
         pass

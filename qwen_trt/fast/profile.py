@@ -178,6 +178,10 @@ def profile_plans(cfg, plans: list[str], ctxs: list[int], args) -> int:
                 b.synchronize()
                 times[p].append(a.elapsed_time(b) / args.steps)
         rows = {}
+        tok.fill_(1)
+        graphs[plans[0], ctx].replay()
+        torch.cuda.synchronize()
+        first = logits[plans[0], ctx].clone()
         for p in plans:
             tok.fill_(1)
             graphs[p, ctx].replay()
@@ -188,6 +192,11 @@ def profile_plans(cfg, plans: list[str], ctxs: list[int], args) -> int:
                        "min_ms": round(min(times[p]), 4), "logits_equal_first": same}
             print(f"ctx {ctx:5d}  {p:40s} {ms:.4f} ms  {1e3 / ms:6.1f} tok/s  "
                   f"(min {min(times[p]):.4f}){'' if same else '  LOGITS DIFFER'}")
+        tok.fill_(1)
+        graphs[plans[0], ctx].replay()
+        torch.cuda.synchronize()
+        rows["first_plan_repeatable"] = bool(torch.equal(first, logits[plans[0], ctx]))
+        print(f"ctx {ctx:5d}  first plan repeatable: {rows['first_plan_repeatable']}")
         out["ctx"][str(ctx)] = rows
     _save(args.out, out)
     return 0

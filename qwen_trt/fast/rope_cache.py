@@ -32,13 +32,14 @@ if triton is not None:
                            k_ptr, v_ptr, stride_kh, stride_ks, eps, pf_ptr,
                            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
                            PDL: tl.constexpr, PF_BYTES: tl.constexpr, PF_PARTS: tl.constexpr,
-                           PF_STRIDE: tl.constexpr):
+                           PF_STRIDE: tl.constexpr, PF_BULK: tl.constexpr):
         h = tl.program_id(0)
         if PDL:   # qkv comes from the previous kernel
             gdc_launch_dependents()
             gdc_wait()
         if PF_BYTES > 0:   # the o projection's weights, into L2 while the attention runs
-            l2_prefetch(pf_ptr, h, HEADS + 2 * KV_HEADS, PF_BYTES, PF_PARTS, PF_STRIDE, 32)
+            l2_prefetch(pf_ptr, h, HEADS + 2 * KV_HEADS, PF_BYTES, PF_PARTS, PF_STRIDE, 32,
+                        PF_BULK)
         pos = tl.load(pos_ptr)
         half: tl.constexpr = D // 2
         i = tl.arange(0, half)
