@@ -33,11 +33,10 @@ def test_gemv_kernels_match_unfused_ops():
                 got = torch.empty(n)
                 G._gemv_persistent_kernel[(grid,)](
                     w, x, got, kw["ln"] if kw["ln"] is not None else x,
-                    kw["residual"] if kw["residual"] is not None else got, 1e-6, w, N=n, K=k,
+                    kw["residual"] if kw["residual"] is not None else got, 1e-6, N=n, K=k,
                     KP=1 << (k - 1).bit_length(), BLOCK_N=bn, NORM=kw["ln"] is not None,
                     RESIDUAL=kw["residual"] is not None, GATE_UP=kw["gate_up"], PDL=False,
-                    P=grid, EVICT="evict_first", PF_BYTES=0, PF_PARTS=1, PF_STRIDE=0,
-                    PF_END=False, PF_BULK=False, LANES=32)
+                    P=grid)
                 out.append(((got - ref).norm() / ref.norm()).item())
         print(json.dumps(out))
     """)
@@ -66,12 +65,33 @@ def test_rope_cache_and_attention_kernels_match_unfused_ops(tmp_path):
             diffs += [(q1 - q2).abs().max().item(), (c[0] - c[2]).abs().max().item(),
                       (c[1] - c[3]).abs().max().item(), float(c[0][:, p].abs().sum() > 0)]
         attn = check_triton(torch.device("cpu"), torch.float32, 2, 4, 32, 300, tol=1e-5)
-        print(json.dumps({"diffs": diffs, "attention": attn}))
+        # the fused kernel (norms + RoPE + cache write inside the first attention kernel)
+        # against the two steps, over a cache with history, in float32 and bfloat16
+        from qwen_trt.fast.attention import decode_attention, rope_decode_attention
+        fused = []
+        for dt in (torch.float32, torch.bfloat16):
+            for p in (0, 5, 63, 64, 130):
+                qkv = torch.randn(cfg.q_size + 2 * cfg.kv_size).to(dt)
+                pos = torch.tensor([p])
+                hist = torch.randn(2, cfg.kv_heads, slots, cfg.head_dim).to(dt)
+                c = [hist[i % 2].clone() for i in range(4)]
+                q = qk_rope_cache(qkv, qn.to(dt), kn.to(dt), cos.to(dt), sin.to(dt), pos, c[0],
+                                  c[1], 1e-6, cfg.heads)
+                o1 = decode_attention(q, c[0], c[1], pos).float()
+                o2 = rope_decode_attention(qkv, qn.to(dt), kn.to(dt), cos.to(dt), sin.to(dt),
+                                           pos, c[2], c[3], 1e-6, cfg.heads).float()
+                fused.append([((o1 - o2).norm() / o1.norm()).item(),
+                              (c[0].float() - c[2].float()).abs().max().item(),
+                              (c[1].float() - c[3].float()).abs().max().item()])
+        print(json.dumps({"diffs": diffs, "attention": attn, "fused": fused}))
     """)
     d = res["diffs"]
     assert max(d[i] for i in range(len(d)) if i % 4 != 3) < 1e-5, d
     assert all(d[i] == 1.0 for i in range(3, len(d), 4))   # the key landed at pos
     assert res["attention"] is None, res["attention"]
+    f32, bf16 = res["fused"][:5], res["fused"][5:]
+    assert all(o < 1e-6 and k == 0 and v == 0 for o, k, v in f32), f32
+    assert all(o < 1e-2 and k == 0 and v == 0 for o, k, v in bf16), bf16
 
 
 def test_decode_with_the_kernels_equals_the_pytorch_decode(tiny_model_dir):

@@ -127,6 +127,127 @@ if triton is not None:
         tl.store(out_ptr + h * D + dims, out.to(out_ptr.dtype.element_ty))
 
 
+    @triton.jit
+    def _rope_partial_kernel(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr,
+                             m_ptr, l_ptr, acc_ptr, stride_kh, stride_ks, n_splits, scale, eps,
+                             HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                             D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                             IEEE: tl.constexpr, PDL: tl.constexpr):
+        """``_partial_kernel`` with the work of ``_rope_cache_kernel`` folded in: each program
+        norms and rotates the query heads of its kv head itself (from ``qkv``), and the
+        program whose split holds ``pos`` also writes the new key and value to the cache
+        before it reads its slots. Same rounding as the two kernels."""
+        kh = tl.program_id(0)
+        sp = tl.program_id(1)
+        if PDL:   # qkv comes from the previous kernel
+            gdc_launch_dependents()
+            gdc_wait()
+        pos = tl.load(pos_ptr)
+        start = sp * SPLIT
+        if start <= pos:
+            dt = qkv_ptr.dtype.element_ty
+            half: tl.constexpr = D // 2
+            i = tl.arange(0, half)
+            c1 = tl.load(cos_ptr + pos * D + i).to(tl.float32)
+            c2 = tl.load(cos_ptr + pos * D + half + i).to(tl.float32)
+            s1 = tl.load(sin_ptr + pos * D + i).to(tl.float32)
+            s2 = tl.load(sin_ptr + pos * D + half + i).to(tl.float32)
+            if pos < start + SPLIT:   # this split holds the new token: K/V into the cache
+                kv_base = (HEADS + kh) * D
+                f1 = tl.load(qkv_ptr + kv_base + i).to(tl.float32)
+                f2 = tl.load(qkv_ptr + kv_base + half + i).to(tl.float32)
+                rstd = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
+                g1 = tl.load(kn_ptr + i).to(tl.float32)
+                g2 = tl.load(kn_ptr + half + i).to(tl.float32)
+                n1 = (g1 * (f1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+                n2 = (g2 * (f2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+                k1 = ((n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32))
+                k2 = ((n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32))
+                slot = kh * stride_kh + pos * stride_ks
+                tl.store(k_ptr + slot + i, k1.to(dt))
+                tl.store(k_ptr + slot + half + i, k2.to(dt))
+                v_base = (HEADS + HEADS // GROUP + kh) * D
+                tl.store(v_ptr + slot + i, tl.load(qkv_ptr + v_base + i))
+                tl.store(v_ptr + slot + half + i, tl.load(qkv_ptr + v_base + half + i))
+                tl.debug_barrier()   # the block's own writes, visible to its loads below
+            rows = tl.arange(0, GROUP_PAD)
+            head = kh * GROUP + rows
+            row_ok = rows < GROUP
+            qsrc = qkv_ptr + head[:, None] * D + i[None, :]
+            x1 = tl.load(qsrc, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            x2 = tl.load(qsrc + half, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            rstd_q = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+            h1 = tl.load(qn_ptr + i).to(tl.float32)[None, :]
+            h2 = tl.load(qn_ptr + half + i).to(tl.float32)[None, :]
+            m1 = (h1 * (x1 * rstd_q).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            m2 = (h2 * (x2 * rstd_q).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            q1 = ((m1 * c1[None, :]).to(dt).to(tl.float32)
+                  + (-m2 * s1[None, :]).to(dt).to(tl.float32)).to(dt)
+            q2 = ((m2 * c2[None, :]).to(dt).to(tl.float32)
+                  + (m1 * s2[None, :]).to(dt).to(tl.float32)).to(dt)
+            q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, D))
+            dims = tl.arange(0, D)
+            m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+            l_i = tl.zeros([GROUP_PAD], tl.float32)
+            acc = tl.zeros([GROUP_PAD, D], tl.float32)
+            end = tl.minimum(start + SPLIT, pos + 1)
+            for n0 in tl.static_range(0, SPLIT, BLOCK_N):   # masked past ``end``
+                slots = start + n0 + tl.arange(0, BLOCK_N)
+                ok = slots < end
+                kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
+                k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
+                v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
+                if IEEE:
+                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                else:
+                    s = tl.dot(q, tl.trans(k)) * scale
+                s = tl.where(ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if IEEE:
+                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                m_i = m_new
+            part = head * n_splits + sp
+            tl.store(m_ptr + part, m_i, mask=row_ok)
+            tl.store(l_ptr + part, l_i, mask=row_ok)
+            tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+
+
+def rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
+                          cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
+                          heads: int, split: int = SPLIT, block_n: int = BLOCK_N,
+                          warps: int = WARPS) -> torch.Tensor:
+    """:func:`~qwen_trt.fast.rope_cache.qk_rope_cache` then :func:`decode_attention` in two
+    kernels instead of three: the q/k norms, RoPE and the cache write happen in the first
+    attention kernel. ``qkv [(heads + 2 kv) d]`` -> ``[heads, d]``; writes K/V at ``pos``."""
+    kvh, slots, d = k_cache.shape
+    if v_cache.stride() != k_cache.stride() or d & (d - 1):
+        raise ValueError("rope_decode_attention needs K and V caches of one layout and a "
+                         "power-of-two head_dim")
+    group = heads // kvh
+    n_splits = triton.cdiv(slots, split)
+    dev = qkv.device
+    m = torch.empty(heads, n_splits, dtype=torch.float32, device=dev)
+    l_ = torch.empty(heads, n_splits, dtype=torch.float32, device=dev)
+    acc = torch.empty(heads, n_splits, d, dtype=torch.float32, device=dev)
+    out = torch.empty(heads, d, dtype=qkv.dtype, device=dev)
+    pdl = pdl_enabled(dev)
+    _rope_partial_kernel[(kvh, n_splits)](
+        qkv, q_norm, k_norm, cos, sin, pos, k_cache, v_cache, m, l_, acc, k_cache.stride(0),
+        k_cache.stride(1), n_splits, d ** -0.5, eps, HEADS=heads, GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT=split, BLOCK_N=block_n,
+        IEEE=qkv.dtype == torch.float32, PDL=pdl, num_warps=warps, **launch_kwargs(pdl))
+    _merge_kernel[(heads,)](m, l_, acc, pos, out, N_SPLITS=n_splits, D=d, SPLIT=split,
+                            CHUNK=32, PDL=pdl, num_warps=4, **launch_kwargs(pdl))
+    return out
+
+
 def _triton_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    pos: torch.Tensor, split: int = SPLIT, block_n: int = BLOCK_N,
                    warps: int = WARPS) -> torch.Tensor:

@@ -45,7 +45,6 @@ from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_att
                                          paged_decode_attention, paged_rope_cache,
                                          paged_varlen_attention, triton, varlen_max_tiles,
                                          varlen_tiles)
-from qwen_trt.fast.prefetch import LayerPrefetch, decode_prefetches, plan_for
 from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -492,32 +491,25 @@ class BatchedModel:
         pos, slots = self.g_pos[:b], self.g_slot[:b]
         tables, lens = self.g_tables[:b], self.g_lens[:b]
         x = F.embedding(self.g_tok[:b], m.embed)                    # [b, hidden]
-        pfs = [LayerPrefetch()] * cfg.layers
         if impl == "gemv":
             from qwen_trt.fast.gemv import gemv
-            pfs = decode_prefetches(plan_for(m.device), m.layers, m._head())
         elif impl == "bgemm":
             from qwen_trt.fast.bgemm import bgemm, rms_rows
-        for i, (layer, pf) in enumerate(zip(m.layers, pfs)):
+        for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
-            ev = pf.evict_first
             if impl == "gemv":
-                qkv = gemv(layer.wqkv, x.view(cfg.hidden), ln=layer.ln_in, eps=eps,
-                           prefetch=pf.qkv, prefetch_at_end=True, evict_first=ev).view(1, -1)
+                qkv = gemv(layer.wqkv, x.view(cfg.hidden), ln=layer.ln_in, eps=eps).view(1, -1)
             elif impl == "bgemm":
                 qkv = bgemm(layer.wqkv, rms_rows(x, layer.ln_in, eps))
             else:
                 qkv = F.linear(rms_norm(x, layer.ln_in, eps), layer.wqkv)
             q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
-                                 kc, vc, eps, cfg.heads, prefetch=pf.rope)
+                                 kc, vc, eps, cfg.heads)
             o = paged_decode_attention(q, kc, vc, tables, lens, self.block_size)
             if impl == "gemv":
-                xv = gemv(layer.wo, o.view(cfg.q_size), residual=x.view(cfg.hidden),
-                          prefetch=pf.o, evict_first=ev)
-                act = gemv(layer.w_gate_up, xv, ln=layer.ln_post, eps=eps, gate_up=True,
-                           prefetch=pf.gate_up, prefetch_at_end=True, evict_first=ev)
-                x = gemv(layer.w_down, act, residual=xv, prefetch=pf.down, prefetch_at_end=True,
-                         evict_first=ev).view(1, cfg.hidden)
+                xv = gemv(layer.wo, o.view(cfg.q_size), residual=x.view(cfg.hidden))
+                act = gemv(layer.w_gate_up, xv, ln=layer.ln_post, eps=eps, gate_up=True)
+                x = gemv(layer.w_down, act, residual=xv).view(1, cfg.hidden)
             elif impl == "bgemm":
                 x = bgemm(layer.wo, o.view(b, cfg.q_size), residual=x)
                 act = bgemm(layer.w_gate_up, rms_rows(x, layer.ln_post, eps), gate_up=True)

@@ -25,13 +25,13 @@ projections overlap their ramp-up with the previous kernel's tail.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
-from qwen_trt.fast.prefetch import NO_PREFETCH, Prefetch, l2_prefetch
 from qwen_trt.fast.reference import rms_norm
 
 try:  # Triton comes with CUDA builds of torch; CPU-only installs lack it
@@ -50,6 +50,8 @@ class GemvConfig:
     ctas_per_sm: int = 0   # > 0: persistent kernel, this many programs per SM, each looping
                            # over row blocks with the next block's loads in flight; it loads
                            # whole rows, so block_k and pre_k do not apply to it
+    programs: int = 0      # persistent: exactly this many programs instead (e.g. a divisor
+                           # of the row blocks, so the last wave is full)
 
 
 def config_for(n: int, k: int, gate_up: bool = False) -> GemvConfig:
@@ -142,20 +144,16 @@ if triton is not None:
 
 
     @triton.jit
-    def _gemv_persistent_kernel(w_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps, pf_ptr,
+    def _gemv_persistent_kernel(w_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
                                 N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                                 BLOCK_N: tl.constexpr, NORM: tl.constexpr,
                                 RESIDUAL: tl.constexpr, GATE_UP: tl.constexpr,
-                                PDL: tl.constexpr, P: tl.constexpr, EVICT: tl.constexpr,
-                                PF_BYTES: tl.constexpr, PF_PARTS: tl.constexpr,
-                                PF_STRIDE: tl.constexpr, PF_END: tl.constexpr,
-                                PF_BULK: tl.constexpr, LANES: tl.constexpr):
+                                PDL: tl.constexpr, P: tl.constexpr, EVICT: tl.constexpr = ""):
         """Same function as ``_gemv_kernel``; a fixed grid of programs, each walking row
         blocks ``pid, pid + P, ...`` with whole rows (``KP`` = K rounded up to a power of two)
-        and the next block's weights loading while the current one is reduced.
-        ``PF_BYTES > 0``: also prefetch that much of the next weights into L2
-        (:mod:`qwen_trt.fast.prefetch`), right after the PDL wait or (``PF_END``) once this
-        program's rows are done; ``EVICT``: the weight loads' L2 eviction policy."""
+        and the next block's weights loading while the current one is reduced. ``EVICT``: the
+        L2 eviction policy of the weight loads (``"evict_first"``: read once, keep the
+        activations and the KV cache in L2 instead)."""
         pid = tl.program_id(0)
         n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
         iters: tl.constexpr = (n_blocks + P - 1) // P
@@ -176,9 +174,6 @@ if triton is not None:
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
-        if PF_BYTES > 0:
-            if not PF_END:
-                l2_prefetch(pf_ptr, pid, P, PF_BYTES, PF_PARTS, PF_STRIDE, LANES, PF_BULK)
         xv = tl.load(x_ptr + cols, mask=k_ok, other=0.0)
         if NORM:   # once per program: weight * (x * rstd).to(dtype)
             xf32 = xv.to(tl.float32)
@@ -206,9 +201,6 @@ if triton is not None:
                 y = (res.to(tl.float32) + y.to(tl.float32)).to(dt)
             tl.store(out_ptr + rows, y, mask=row_ok)
             w = w_next
-        if PF_BYTES > 0:
-            if PF_END:
-                l2_prefetch(pf_ptr, pid, P, PF_BYTES, PF_PARTS, PF_STRIDE, LANES, PF_BULK)
 
 
 @functools.lru_cache(maxsize=None)
@@ -223,12 +215,10 @@ def pre_k(k: int, cap: int = 8192) -> int:
 
 def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, eps: float = 0.0,
          residual: torch.Tensor | None = None, gate_up: bool = False,
-         config: GemvConfig | None = None, prefetch: Prefetch | None = None,
-         prefetch_at_end: bool = False, evict_first: bool = False) -> torch.Tensor:
-    """Triton GEMV with the fusions listed in the module docstring; returns ``[N]``.
-    ``prefetch``: weights of a later kernel to pull into L2 (persistent configurations only;
-    right after the PDL wait, or once each program's rows are done with ``prefetch_at_end``);
-    ``evict_first``: stream this matrix through L2 with the evict-first policy."""
+         config: GemvConfig | None = None) -> torch.Tensor:
+    """Triton GEMV with the fusions listed in the module docstring; returns ``[N]``. The
+    persistent configurations stream the weights with the evict-first L2 policy
+    (``QWEN_TRT_EVICT_FIRST=0``: the default policy)."""
     rows, k = w.shape
     n = rows // 2 if gate_up else rows
     x = x.reshape(k)
@@ -243,15 +233,13 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, ep
     if cfg.ctas_per_sm > 0 and x.device.type == "cuda":
         sms = _sm_count(x.device.index if x.device.index is not None
                         else torch.cuda.current_device())
-        grid = min(triton.cdiv(n, cfg.block_n), sms * cfg.ctas_per_sm)
-        pf = prefetch.kernel_args() if prefetch is not None and pdl else NO_PREFETCH
+        grid = min(triton.cdiv(n, cfg.block_n), cfg.programs or sms * cfg.ctas_per_sm)
+        evict = "" if os.environ.get("QWEN_TRT_EVICT_FIRST", "1") == "0" else "evict_first"
         _gemv_persistent_kernel[(grid,)](
-            w, x, out, ln if ln is not None else x, res, eps,
-            prefetch.t if prefetch is not None else w, N=n, K=k,
+            w, x, out, ln if ln is not None else x, res, eps, N=n, K=k,
             KP=triton.next_power_of_2(k), BLOCK_N=cfg.block_n, NORM=ln is not None,
-            RESIDUAL=residual is not None, GATE_UP=gate_up, PDL=pdl, P=grid,
-            EVICT="evict_first" if evict_first else "", PF_END=prefetch_at_end,
-            LANES=32 * cfg.warps, num_warps=cfg.warps, **pf, **launch_kwargs(pdl))
+            RESIDUAL=residual is not None, GATE_UP=gate_up, PDL=pdl, P=grid, EVICT=evict,
+            num_warps=cfg.warps, **launch_kwargs(pdl))
         return out
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         w, x, out, ln if ln is not None else x, res, eps, N=n, K=k, BLOCK_N=cfg.block_n,

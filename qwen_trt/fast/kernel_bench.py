@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="try every block configuration")
     ap.add_argument("--only", default=None, help="comma-separated shape names")
     ap.add_argument("--budget-s", type=float, default=400, help="stop sweeping after this")
+    ap.add_argument("--programs", default="",
+                    help="comma-separated grid sizes: sweep the persistent projections over "
+                         "these exact program counts (block_n 1 and 2, the picked warps)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -170,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             if name != "lm_head":
                 configs += [GemvConfig(bn, 512, w, 8192, c) for bn, w, c in
                             itertools.product((1, 2, 4), (4, 8), (2, 4, 8))]
+        if args.programs and name != "lm_head":
+            auto = config_for(spec["rows"] // (2 if spec.get("gate_up") else 1), spec["k"],
+                              spec.get("gate_up", False))
+            configs += [GemvConfig(bn, 512, auto.warps, 8192, 0, int(p))
+                        for p in args.programs.split(",") for bn in (1, 2)]
         r = bench_shape(name, spec, configs, QWEN3_4B.layers)
         result["shapes"][name] = r
         cub = r["runs"][0]

@@ -15,16 +15,16 @@ dtype, softmax in float32.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from qwen_trt.fast.attention import decode_attention, math_attend
+from qwen_trt.fast.attention import decode_attention, math_attend, rope_decode_attention
 from qwen_trt.fast.config import FastConfig
 from qwen_trt.fast.gemv import gemv
 from qwen_trt.fast.kv_cache import StaticKVCache
-from qwen_trt.fast.prefetch import decode_prefetches, plan_for
 from qwen_trt.fast.reference import rms_norm, rope_tables, split_norm_rope
 from qwen_trt.fast.rope_cache import qk_rope_cache
 
@@ -182,23 +182,24 @@ class Qwen3Fast(torch.nn.Module):
 
     def _decode_kernels(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """:meth:`decode` with the fused Triton kernels (CUDA): per layer norm+qkv GEMV,
-        q/k-norm+RoPE+cache write, attention (2 kernels), o GEMV+residual, norm+gate/up GEMV
-        with SiLU*up, down GEMV+residual; then norm+LM head."""
+        attention in 2 kernels (the first also does the q/k norms, RoPE and the cache write;
+        ``QWEN_TRT_FUSED_ROPE=0``: a kernel of its own for those), o GEMV+residual, norm+gate/up
+        GEMV with SiLU*up, down GEMV+residual; then norm+LM head."""
         cfg = self.cfg
         eps = cfg.rms_eps
+        fused = os.environ.get("QWEN_TRT_FUSED_ROPE", "1") != "0"
         x = F.embedding(tok, self.embed).view(cfg.hidden)
-        pfs = decode_prefetches(plan_for(self.device), self.layers, self._head())
-        for i, (layer, pf) in enumerate(zip(self.layers, pfs)):
+        for i, layer in enumerate(self.layers):
             k_cache, v_cache = self.cache.kv(i)
-            ev = pf.evict_first
-            qkv = gemv(layer.wqkv, x, ln=layer.ln_in, eps=eps, prefetch=pf.qkv,
-                       prefetch_at_end=True, evict_first=ev)
-            q = qk_rope_cache(qkv, layer.q_norm, layer.k_norm, self.cos, self.sin, pos,
-                              k_cache, v_cache, eps, cfg.heads, prefetch=pf.rope)
-            o = decode_attention(q, k_cache, v_cache, pos)
-            x = gemv(layer.wo, o, residual=x, prefetch=pf.o, evict_first=ev)
-            act = gemv(layer.w_gate_up, x, ln=layer.ln_post, eps=eps, gate_up=True,
-                       prefetch=pf.gate_up, prefetch_at_end=True, evict_first=ev)
-            x = gemv(layer.w_down, act, residual=x, prefetch=pf.down, prefetch_at_end=True,
-                     evict_first=ev)
+            qkv = gemv(layer.wqkv, x, ln=layer.ln_in, eps=eps)
+            if fused:
+                o = rope_decode_attention(qkv, layer.q_norm, layer.k_norm, self.cos, self.sin,
+                                          pos, k_cache, v_cache, eps, cfg.heads)
+            else:
+                q = qk_rope_cache(qkv, layer.q_norm, layer.k_norm, self.cos, self.sin, pos,
+                                  k_cache, v_cache, eps, cfg.heads)
+                o = decode_attention(q, k_cache, v_cache, pos)
+            x = gemv(layer.wo, o, residual=x)
+            act = gemv(layer.w_gate_up, x, ln=layer.ln_post, eps=eps, gate_up=True)
+            x = gemv(layer.w_down, act, residual=x)
         return gemv(self._head(), x, ln=self.ln_final, eps=eps).view(1, cfg.vocab_size)

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 import torch
 
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
-from qwen_trt.fast.prefetch import NO_PREFETCH, Prefetch, l2_prefetch
 
 try:
     import triton
@@ -39,19 +38,13 @@ if triton is not None:
     @triton.jit
     def _paged_rope_cache_kernel(qkv_ptr, stride_row, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
                                  slot_ptr, q_out_ptr, k_ptr, v_ptr, stride_kh, stride_ks, eps,
-                                 n_rows, pf_ptr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-                                 D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr,
-                                 PF_BYTES: tl.constexpr, PF_PARTS: tl.constexpr,
-                                 PF_STRIDE: tl.constexpr,
-                                 PF_BULK: tl.constexpr):
+                                 n_rows, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                                 D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
         row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)     # ROWS rows of one head
         h = tl.program_id(1)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
-        if PF_BYTES > 0:   # (one row: batch 1) the o projection into L2, see fast/prefetch.py
-            l2_prefetch(pf_ptr, h, HEADS + 2 * KV_HEADS, PF_BYTES, PF_PARTS, PF_STRIDE, 32,
-                        PF_BULK)
         r_ok = row < n_rows
         rm = r_ok[:, None]
         pos = tl.load(pos_ptr + row, mask=r_ok, other=0)
@@ -267,9 +260,8 @@ if triton is not None:
 def paged_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
-                     heads: int, prefetch: Prefetch | None = None) -> torch.Tensor:
-    """``qkv [B, (heads + 2 kv) d]`` -> ``q [B, heads, d]``; writes K/V at ``slots [B]``.
-    ``prefetch`` (B == 1 only): weights to pull into L2 meanwhile (fast/prefetch.py)."""
+                     heads: int) -> torch.Tensor:
+    """``qkv [B, (heads + 2 kv) d]`` -> ``q [B, heads, d]``; writes K/V at ``slots [B]``."""
     kv_heads, _, d = k_cache.shape
     if v_cache.stride() != k_cache.stride() or d & (d - 1) or qkv.stride(-1) != 1:
         raise ValueError("paged_rope_cache needs K and V of one layout, a power-of-two "
@@ -281,11 +273,8 @@ def paged_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     rows = 1 if b <= 64 else 8
     _paged_rope_cache_kernel[(triton.cdiv(b, rows), heads + 2 * kv_heads)](
         qkv, qkv.stride(0), q_norm, k_norm, cos, sin, pos, slots, q, k_cache, v_cache,
-        k_cache.stride(0), k_cache.stride(1), eps, b,
-        prefetch.t if prefetch is not None else qkv, HEADS=heads, KV_HEADS=kv_heads, D=d,
-        ROWS=rows, PDL=pdl, num_warps=1 if rows == 1 else 4,
-        **(prefetch.kernel_args() if prefetch is not None and pdl and b == 1
-           else NO_PREFETCH), **launch_kwargs(pdl))
+        k_cache.stride(0), k_cache.stride(1), eps, b, HEADS=heads, KV_HEADS=kv_heads, D=d,
+        ROWS=rows, PDL=pdl, num_warps=1 if rows == 1 else 4, **launch_kwargs(pdl))
     return q
 
 

@@ -4,8 +4,8 @@ Builds the fast decoder on random weights, times graph replays of one decode ste
 events, then runs the same step without the graph under ``torch.profiler`` and prints
 the GPU kernels grouped by name (time per step, share), so launch gaps and slow kernels show.
 
-``--plans "0;1;o=1,gu=0"`` times the decode step under each L2 prefetch plan
-(:mod:`qwen_trt.fast.prefetch`), round-robin in one process.
+``--variants "QWEN_TRT_FUSED_ROPE=0;"`` times the decode step under each set of environment
+settings, round-robin in one process.
 
 ``--step-tokens 512,1024`` does the same for the batched runner's steps that prefill: a fresh
 prompt of N tokens, and N tokens = 8 decode rows + a chunk after a prefix of N tokens.
@@ -31,15 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default="auto", choices=("auto", "triton", "torch"))
     ap.add_argument("--step-tokens", default="",
                     help="comma-separated row counts: profile the batched steps that prefill")
-    ap.add_argument("--plans", default="",
-                    help="semicolon-separated L2 prefetch plans (QWEN_TRT_L2_PREFETCH syntax): "
-                         "time the batch-1 decode step under each, at --ctxs")
-    ap.add_argument("--ctxs", default="512,2048", help="contexts for --plans")
+    ap.add_argument("--variants", default="",
+                    help="semicolon-separated variants, each a comma-separated list of "
+                         "ENV=VALUE settings (empty: as is): time the batch-1 decode step "
+                         "under each, at --ctxs")
+    ap.add_argument("--ctxs", default="512,2048", help="contexts for --variants")
     args = ap.parse_args(argv)
     cfg = SHAPES[args.shape]
-    if args.plans:
-        return profile_plans(cfg, args.plans.split(";"),
-                             [int(x) for x in args.ctxs.split(",")], args)
+    if args.variants:
+        return profile_variants(cfg, args.variants.split(";"),
+                                [int(x) for x in args.ctxs.split(",")], args)
     if args.step_tokens:
         return profile_steps(cfg, [int(x) for x in args.step_tokens.split(",")], args)
     t = time.perf_counter()
@@ -122,17 +123,25 @@ def kernel_table(prof, n: int, top: int = 25) -> dict:
                      "name": k[:90]} for us, c, k in rows[:top]]}
 
 
-def profile_plans(cfg, plans: list[str], ctxs: list[int], args) -> int:
+def _env(variant: str) -> dict[str, str]:
+    out = {}
+    for item in filter(None, (x.strip() for x in variant.split(","))):
+        k, sep, v = item.partition("=")
+        if not sep or not k.startswith("QWEN_TRT_"):
+            raise SystemExit(f"--variants: {item!r} is not QWEN_TRT_NAME=VALUE")
+        out[k] = v
+    return out
+
+
+def profile_variants(cfg, plans: list[str], ctxs: list[int], args) -> int:
     """Graph replay time of the batch-1 decode step (Triton kernels + greedy argmax, position
-    fixed at each context) under each L2 prefetch plan; the plans are timed round-robin so
-    drift hits them alike, and each plan's logits must equal the first plan's bit for bit
-    (a prefetch moves bytes, never values)."""
+    fixed at each context) under each variant (environment settings read when the kernels
+    are launched, so each captured graph keeps its variant); the variants are timed
+    round-robin so drift hits them alike, and each one's logits are compared with the
+    first's (``logits_equal_first``; bit for bit) and its relative difference reported."""
     import os
 
-    from qwen_trt.fast.prefetch import PrefetchPlan
-
-    for p in plans:
-        PrefetchPlan.parse(p)     # a typo fails here, before the model is built
+    envs = {p: _env(p) for p in plans}      # a typo fails here, before the model is built
     t = time.perf_counter()
     eng = load_fast_decoder(cfg, weights=None, max_seq_len=args.max_seq_len,
                             dtype=torch.bfloat16, device="cuda", warmup=False, kernels="triton")
@@ -141,10 +150,10 @@ def profile_plans(cfg, plans: list[str], ctxs: list[int], args) -> int:
            "weight_GB": m.weight_bytes / 1e9, "ctx": {}}
     tok = torch.ones(1, dtype=torch.long, device="cuda")
     graphs, logits = {}, {}
-    saved = os.environ.get("QWEN_TRT_L2_PREFETCH")
+    saved = dict(os.environ)
     try:
         for p in plans:
-            os.environ["QWEN_TRT_L2_PREFETCH"] = p
+            os.environ.update(envs[p])
             for ctx in ctxs:
                 pos = torch.tensor([ctx], device="cuda")
                 buf = torch.empty(1, cfg.vocab_size, dtype=m.dtype, device="cuda")
@@ -157,11 +166,14 @@ def profile_plans(cfg, plans: list[str], ctxs: list[int], args) -> int:
                 with torch.inference_mode():
                     graphs[p, ctx] = eng._capture(step, lambda: tok.fill_(1))
                 logits[p, ctx] = buf
+            for k in envs[p]:
+                if k in saved:
+                    os.environ[k] = saved[k]
+                else:
+                    del os.environ[k]
     finally:
-        if saved is None:
-            os.environ.pop("QWEN_TRT_L2_PREFETCH", None)
-        else:
-            os.environ["QWEN_TRT_L2_PREFETCH"] = saved
+        os.environ.clear()
+        os.environ.update(saved)
     for ctx in ctxs:
         times: dict[str, list[float]] = {p: [] for p in plans}
         for _ in range(7):
@@ -186,12 +198,14 @@ def profile_plans(cfg, plans: list[str], ctxs: list[int], args) -> int:
             tok.fill_(1)
             graphs[p, ctx].replay()
             torch.cuda.synchronize()
-            same = bool(torch.equal(logits[p, ctx], logits[plans[0], ctx]))
+            same = bool(torch.equal(logits[p, ctx], first))
+            rel = ((logits[p, ctx].float() - first.float()).norm() / first.float().norm()).item()
             ms = sorted(times[p])[len(times[p]) // 2]
             rows[p] = {"step_ms": round(ms, 4), "tok_s": round(1e3 / ms, 1),
-                       "min_ms": round(min(times[p]), 4), "logits_equal_first": same}
+                       "min_ms": round(min(times[p]), 4), "logits_equal_first": same,
+                       "logits_rel_diff_first": rel}
             print(f"ctx {ctx:5d}  {p:40s} {ms:.4f} ms  {1e3 / ms:6.1f} tok/s  "
-                  f"(min {min(times[p]):.4f}){'' if same else '  LOGITS DIFFER'}")
+                  f"(min {min(times[p]):.4f}){'' if same else f'  logits differ: {rel:.1e}'}")
         tok.fill_(1)
         graphs[plans[0], ctx].replay()
         torch.cuda.synchronize()

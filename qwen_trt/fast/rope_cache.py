@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
-from qwen_trt.fast.prefetch import NO_PREFETCH, Prefetch, l2_prefetch
 from qwen_trt.fast.reference import split_norm_rope
 
 try:
@@ -29,17 +28,13 @@ except ImportError:  # pragma: no cover - depends on the install
 if triton is not None:
     @triton.jit
     def _rope_cache_kernel(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_out_ptr,
-                           k_ptr, v_ptr, stride_kh, stride_ks, eps, pf_ptr,
+                           k_ptr, v_ptr, stride_kh, stride_ks, eps,
                            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
-                           PDL: tl.constexpr, PF_BYTES: tl.constexpr, PF_PARTS: tl.constexpr,
-                           PF_STRIDE: tl.constexpr, PF_BULK: tl.constexpr):
+                           PDL: tl.constexpr):
         h = tl.program_id(0)
         if PDL:   # qkv comes from the previous kernel
             gdc_launch_dependents()
             gdc_wait()
-        if PF_BYTES > 0:   # the o projection's weights, into L2 while the attention runs
-            l2_prefetch(pf_ptr, h, HEADS + 2 * KV_HEADS, PF_BYTES, PF_PARTS, PF_STRIDE, 32,
-                        PF_BULK)
         pos = tl.load(pos_ptr)
         half: tl.constexpr = D // 2
         i = tl.arange(0, half)
@@ -81,9 +76,8 @@ if triton is not None:
 def qk_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
-                  heads: int, prefetch: Prefetch | None = None) -> torch.Tensor:
-    """Triton kernel (module docstring); returns ``q [heads, d]`` and writes the caches.
-    ``prefetch``: weights to pull into L2 meanwhile (:mod:`qwen_trt.fast.prefetch`)."""
+                  heads: int) -> torch.Tensor:
+    """Triton kernel (module docstring); returns ``q [heads, d]`` and writes the caches."""
     kv_heads, _, d = k_cache.shape
     if v_cache.stride() != k_cache.stride() or d & (d - 1):
         raise ValueError("qk_rope_cache needs K and V caches of one layout and a power-of-two "
@@ -92,9 +86,7 @@ def qk_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
     pdl = pdl_enabled(qkv.device)
     _rope_cache_kernel[(heads + 2 * kv_heads,)](
         qkv, q_norm, k_norm, cos, sin, pos, q, k_cache, v_cache, k_cache.stride(0),
-        k_cache.stride(1), eps, prefetch.t if prefetch is not None else qkv, HEADS=heads,
-        KV_HEADS=kv_heads, D=d, PDL=pdl, num_warps=1,
-        **(prefetch.kernel_args() if prefetch is not None and pdl else NO_PREFETCH),
+        k_cache.stride(1), eps, HEADS=heads, KV_HEADS=kv_heads, D=d, PDL=pdl, num_warps=1,
         **launch_kwargs(pdl))
     return q
 
