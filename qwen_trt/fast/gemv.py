@@ -230,7 +230,7 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, ep
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     res = residual.reshape(n) if residual is not None else out
     pdl = pdl_enabled(x.device)
-    if cfg.ctas_per_sm > 0 and x.device.type == "cuda":
+    if (cfg.ctas_per_sm > 0 or cfg.programs > 0) and x.device.type == "cuda":
         sms = _sm_count(x.device.index if x.device.index is not None
                         else torch.cuda.current_device())
         grid = min(triton.cdiv(n, cfg.block_n), cfg.programs or sms * cfg.ctas_per_sm)

@@ -149,7 +149,7 @@ def profile_variants(cfg, plans: list[str], ctxs: list[int], args) -> int:
     out = {"load_s": round(time.perf_counter() - t, 2), "notes": eng.stats.notes,
            "weight_GB": m.weight_bytes / 1e9, "ctx": {}}
     tok = torch.ones(1, dtype=torch.long, device="cuda")
-    graphs, logits = {}, {}
+    graphs, logits, keep = {}, {}, []   # keep: the graphs' inputs stay allocated
     saved = dict(os.environ)
     try:
         for p in plans:
@@ -166,6 +166,7 @@ def profile_variants(cfg, plans: list[str], ctxs: list[int], args) -> int:
                 with torch.inference_mode():
                     graphs[p, ctx] = eng._capture(step, lambda: tok.fill_(1))
                 logits[p, ctx] = buf
+                keep.append(pos)
             for k in envs[p]:
                 if k in saved:
                     os.environ[k] = saved[k]
