@@ -13,6 +13,8 @@ Shapes: ``q [heads, d]``, caches ``[kv_heads, slots, d]``, ``pos [1]`` int64; ou
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
@@ -221,7 +223,7 @@ if triton is not None:
 def rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
                           cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
                           k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
-                          heads: int, split: int = SPLIT, block_n: int = BLOCK_N,
+                          heads: int, split: int | None = None, block_n: int = BLOCK_N,
                           warps: int = WARPS) -> torch.Tensor:
     """:func:`~qwen_trt.fast.rope_cache.qk_rope_cache` then :func:`decode_attention` in two
     kernels instead of three: the q/k norms, RoPE and the cache write happen in the first
@@ -231,6 +233,8 @@ def rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch
         raise ValueError("rope_decode_attention needs K and V caches of one layout and a "
                          "power-of-two head_dim")
     group = heads // kvh
+    split = split or int(os.environ.get("QWEN_TRT_ATTN_SPLIT", SPLIT))   # (for sweeps)
+    block_n = min(block_n, split)
     n_splits = triton.cdiv(slots, split)
     dev = qkv.device
     m = torch.empty(heads, n_splits, dtype=torch.float32, device=dev)
