@@ -132,6 +132,49 @@ def test_rope_cache_kernel_matches_unfused_ops(dtype):
         assert caches[0][:, p].abs().sum() > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_rope_attention_matches_the_two_kernels(dtype):
+    """rope_decode_attention (norms + RoPE + cache write inside the first attention kernel)
+    against qk_rope_cache + decode_attention, Qwen3-4B heads, over a cache with history."""
+    from qwen_trt.fast.attention import decode_attention, rope_decode_attention
+    from qwen_trt.fast.reference import rope_tables
+    from qwen_trt.fast.rope_cache import qk_rope_cache
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    cfg, slots = QWEN3_4B, 4097
+    cos, sin = (t.to(dtype) for t in rope_tables(cfg, slots, "cuda"))
+    qn, kn = ((1 + 0.1 * torch.randn(cfg.head_dim, generator=g, device="cuda")).to(dtype)
+              for _ in range(2))
+    hist = [torch.randn(cfg.kv_heads, slots, cfg.head_dim, generator=g, device="cuda").to(dtype)
+            for _ in range(2)]
+    for split in (None, 32, 128):
+        for p in (0, 63, 64, 511, 2048, 4096):
+            qkv = torch.randn(cfg.q_size + 2 * cfg.kv_size, generator=g, device="cuda").to(dtype)
+            pos = torch.tensor([p], device="cuda")
+            c = [hist[i % 2].clone() for i in range(4)]
+            q = qk_rope_cache(qkv, qn, kn, cos, sin, pos, c[0], c[1], 1e-6, cfg.heads)
+            ref = decode_attention(q, c[0], c[1], pos).float()
+            got = rope_decode_attention(qkv, qn, kn, cos, sin, pos, c[2], c[3], 1e-6,
+                                        cfg.heads, split=split).float()
+            assert torch.equal(c[0], c[2]) and torch.equal(c[1], c[3]), (split, p)
+            err = ((got - ref).norm() / ref.norm()).item()
+            assert err < (1e-5 if dtype == torch.float32 else 1e-2), (split, p, err)
+
+
+def test_prefill_graph_captured_mid_request(tiny_model_dir):
+    """No warm-up: each prefill bucket's graph is captured by the first prompt that needs it,
+    and that prompt's first token must still come from its own last row."""
+    cfg = FastConfig.from_hf(json.loads((tiny_model_dir / "config.json").read_text()))
+    model = build_model(cfg, max_seq_len=512, dtype=torch.float32, device="cuda")
+    load_safetensors(model, tiny_model_dir)
+    lazy = FastDecoder(model)
+    plain = FastDecoder(model, compile=False, graphs=False)
+    for prompt in (PROMPT, PROMPT[:5], PROMPT * 3, PROMPT * 20):
+        want = list(plain.generate(prompt, greedy(8)))
+        assert list(lazy.generate(prompt, greedy(8))) == want, len(prompt)
+    assert lazy.stats.prefill_graphs >= 3
+
+
 def test_graph_replay_equals_compiled_without_graphs(tiny_model_dir):
     graphs = tiny_engine(tiny_model_dir, torch.bfloat16)
     plain = tiny_engine(tiny_model_dir, torch.bfloat16, graphs=False)

@@ -262,10 +262,15 @@ class FastDecoder:
     def _prefill_graph(self, length: int) -> torch.cuda.CUDAGraph:
         graph = self._prefill_graphs.get(length)
         if graph is None:
+            # A capture may happen mid-request (a bucket not warmed up): its runs move the
+            # row whose logits are kept, so that is put back afterwards.
+            saved = self.last.clone()
+
             def reset() -> None:
                 self.last.fill_(length - 1)
 
             graph = self._capture(lambda: self._prefill_step(length), reset)
+            self.last.copy_(saved)
             self._prefill_graphs[length] = graph
             self.stats.prefill_graphs = len(self._prefill_graphs)
         return graph
