@@ -156,7 +156,13 @@ def test_fused_rope_attention_matches_the_two_kernels(dtype):
             ref = decode_attention(q, c[0], c[1], pos).float()
             got = rope_decode_attention(qkv, qn, kn, cos, sin, pos, c[2], c[3], 1e-6,
                                         cfg.heads, split=split).float()
-            assert torch.equal(c[0], c[2]) and torch.equal(c[1], c[3]), (split, p)
+            # V is copied; K may differ by a rounding step in bf16 (the norm's sum of squares
+            # is reduced in another order by the fused kernel's layout)
+            assert torch.equal(c[1], c[3]), (split, p)
+            tol = (dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32
+                   else dict(atol=1e-2, rtol=1e-2))
+            torch.testing.assert_close(c[2], c[0], **tol)
+            assert not torch.equal(c[2][:, p], hist[0][:, p])        # the new key landed
             err = ((got - ref).norm() / ref.norm()).item()
             assert err < (1e-5 if dtype == torch.float32 else 1e-2), (split, p, err)
 

@@ -22,6 +22,8 @@ from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pd
 # Measured on an H200 (python -m qwen_trt.fast.kernel_bench --sweep): about 7 / 9 us per layer
 # at 512 / 2048 tokens of context, against 10.2 / 11.2 with 128-slot splits of 32.
 SPLIT = 64       # cache slots per program of the first kernel
+ROPE_SPLIT = 128  # the same for rope_decode_attention, whose programs also norm and rotate q
+                  # (H200, docs/benchmarks.md: 128 beat 64 and 32 at 512 and 2048 tokens)
 BLOCK_N = 64     # slots per inner iteration
 WARPS = 4
 
@@ -233,7 +235,7 @@ def rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch
         raise ValueError("rope_decode_attention needs K and V caches of one layout and a "
                          "power-of-two head_dim")
     group = heads // kvh
-    split = split or int(os.environ.get("QWEN_TRT_ATTN_SPLIT", SPLIT))   # (for sweeps)
+    split = split or int(os.environ.get("QWEN_TRT_ATTN_SPLIT", ROPE_SPLIT))   # (for sweeps)
     block_n = min(block_n, split)
     n_splits = triton.cdiv(slots, split)
     dev = qkv.device
