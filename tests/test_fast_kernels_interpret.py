@@ -111,10 +111,10 @@ def test_decode_with_the_kernels_equals_the_pytorch_decode(tiny_model_dir):
         model = build_model(cfg, max_seq_len=4096, dtype=torch.float32, device="cpu")
         load_safetensors(model, d)
         checks = [check_decode_kernels(model)]
-        good = M.qk_rope_cache
-        M.qk_rope_cache = lambda *a, **k: -good(*a, **k)
+        good = M.rope_decode_attention     # q/k norms + RoPE live in the attention kernel
+        M.rope_decode_attention = lambda qkv, qn, *a, **k: good(qkv, -qn, *a, **k)  # -query
         checks.append(check_decode_kernels(model))
-        M.qk_rope_cache = good
+        M.rope_decode_attention = good
 
         prompt = [5, 17, 99, 3, 250, 41, 7, 7, 300, 12] * 7
         with torch.inference_mode():
