@@ -65,9 +65,6 @@ def config_for(n: int, k: int, gate_up: bool = False) -> GemvConfig:
     if n >= 65536:          # LM head, 778 MB: 178 µs, 4.37 TB/s
         return GemvConfig(block_n=8, block_k=512, warps=4, pre_k=2048)
     if gate_up:             # 99.6 MB: 26.5 µs, 3.75 TB/s
-        if os.environ.get("QWEN_TRT_GATE_UP_TILED", "0") == "1":   # 26.1 µs alone (TMA)
-            return GemvConfig(block_n=8, block_k=256, warps=4, ctas_per_sm=2, stages=5,
-                              tma=True)
         return GemvConfig(block_n=1, warps=8, ctas_per_sm=4)
     if k >= 8192:           # down, 49.8 MB: 13.3 µs, 3.75 TB/s
         return GemvConfig(block_n=2, warps=4, ctas_per_sm=2)
