@@ -136,18 +136,34 @@ if triton is not None:
                              m_ptr, l_ptr, acc_ptr, stride_kh, stride_ks, n_splits, scale, eps,
                              HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                              D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                             IEEE: tl.constexpr, PDL: tl.constexpr):
+                             IEEE: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr):
         """``_partial_kernel`` with the work of ``_rope_cache_kernel`` folded in: each program
         norms and rotates the query heads of its kv head itself (from ``qkv``), and the
         program whose split holds ``pos`` also writes the new key and value to the cache
-        before it reads its slots. Same rounding as the two kernels."""
+        before it reads its slots. Same rounding as the two kernels.
+
+        ``PRELOAD``: the position and the first tile of cached keys/values were written by
+        earlier steps, not by the kernel before this one, so they are loaded before the PDL
+        wait -- the cache read overlaps the qkv projection's tail -- and the new token's row
+        of that tile is patched in registers."""
         kh = tl.program_id(0)
         sp = tl.program_id(1)
+        dims = tl.arange(0, D)
+        start = sp * SPLIT
+        if PRELOAD:
+            pos = tl.load(pos_ptr)
+            end = tl.minimum(start + SPLIT, pos + 1)
+            slots0 = start + tl.arange(0, BLOCK_N)
+            ok0 = slots0 < end
+            off0 = kh * stride_kh + slots0[:, None] * stride_ks + dims[None, :]
+            k_pre = tl.load(k_ptr + off0, mask=ok0[:, None], other=0.0)
+            v_pre = tl.load(v_ptr + off0, mask=ok0[:, None], other=0.0)
         if PDL:   # qkv comes from the previous kernel
             gdc_launch_dependents()
             gdc_wait()
-        pos = tl.load(pos_ptr)
-        start = sp * SPLIT
+        if not PRELOAD:
+            pos = tl.load(pos_ptr)
+            end = tl.minimum(start + SPLIT, pos + 1)
         if start <= pos:
             dt = qkv_ptr.dtype.element_ty
             half: tl.constexpr = D // 2
@@ -167,12 +183,20 @@ if triton is not None:
                 n2 = (g2 * (f2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
                 k1 = ((n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32))
                 k2 = ((n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32))
+                v_base = (HEADS + HEADS // GROUP + kh) * D
+                v1 = tl.load(qkv_ptr + v_base + i)
+                v2 = tl.load(qkv_ptr + v_base + half + i)
                 slot = kh * stride_kh + pos * stride_ks
                 tl.store(k_ptr + slot + i, k1.to(dt))
                 tl.store(k_ptr + slot + half + i, k2.to(dt))
-                v_base = (HEADS + HEADS // GROUP + kh) * D
-                tl.store(v_ptr + slot + i, tl.load(qkv_ptr + v_base + i))
-                tl.store(v_ptr + slot + half + i, tl.load(qkv_ptr + v_base + half + i))
+                tl.store(v_ptr + slot + i, v1)
+                tl.store(v_ptr + slot + half + i, v2)
+                if PRELOAD:   # the preloaded tile holds the old row at pos: patch it
+                    k_new = tl.reshape(tl.permute(tl.join(k1.to(dt), k2.to(dt)), (1, 0)), (D,))
+                    v_new = tl.reshape(tl.permute(tl.join(v1, v2), (1, 0)), (D,))
+                    here = (slots0 == pos)[:, None]
+                    k_pre = tl.where(here, k_new[None, :], k_pre)
+                    v_pre = tl.where(here, v_new[None, :], v_pre)
                 tl.debug_barrier()   # the block's own writes, visible to its loads below
             rows = tl.arange(0, GROUP_PAD)
             head = kh * GROUP + rows
@@ -190,17 +214,19 @@ if triton is not None:
             q2 = ((m2 * c2[None, :]).to(dt).to(tl.float32)
                   + (m1 * s2[None, :]).to(dt).to(tl.float32)).to(dt)
             q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, D))
-            dims = tl.arange(0, D)
             m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
             l_i = tl.zeros([GROUP_PAD], tl.float32)
             acc = tl.zeros([GROUP_PAD, D], tl.float32)
-            end = tl.minimum(start + SPLIT, pos + 1)
             for n0 in tl.static_range(0, SPLIT, BLOCK_N):   # masked past ``end``
                 slots = start + n0 + tl.arange(0, BLOCK_N)
                 ok = slots < end
-                kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
-                k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
-                v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
+                if PRELOAD and n0 == 0:
+                    k = k_pre
+                    v = v_pre
+                else:
+                    kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
+                    k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
+                    v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
                 if IEEE:
                     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
                 else:
@@ -248,7 +274,8 @@ def rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch
         qkv, q_norm, k_norm, cos, sin, pos, k_cache, v_cache, m, l_, acc, k_cache.stride(0),
         k_cache.stride(1), n_splits, d ** -0.5, eps, HEADS=heads, GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT=split, BLOCK_N=block_n,
-        IEEE=qkv.dtype == torch.float32, PDL=pdl, num_warps=warps, **launch_kwargs(pdl))
+        IEEE=qkv.dtype == torch.float32, PDL=pdl, num_warps=warps,
+        PRELOAD=os.environ.get("QWEN_TRT_ATTN_PRELOAD", "1") != "0", **launch_kwargs(pdl))
     _merge_kernel[(heads,)](m, l_, acc, pos, out, N_SPLITS=n_splits, D=d, SPLIT=split,
                             CHUNK=32, PDL=pdl, num_warps=4, **launch_kwargs(pdl))
     return out
