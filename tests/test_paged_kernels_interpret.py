@@ -49,10 +49,35 @@ def test_paged_kernels_match_the_references():
             ref = paged_attention_ref(q[i:i+1], kc, vc, s, torch.tensor([n - 1]))[0]
             err = max(err, ((got[i] - ref).norm() / ref.norm()).item())
         res["attn"] = err
+        # fused: norms + RoPE + K/V write inside the first attention kernel, the new token
+        # at the end of each row (pos = len - 1), with and without the K/V preload
+        import os
+        from qwen_trt.fast.paged_kernels import paged_rope_decode_attention
+        pos = torch.tensor(lens) - 1
+        slots = torch.tensor([int(tables[i, p // bs]) * bs + p % bs
+                              for i, p in enumerate(pos.tolist())])
+        qkv = torch.randn(4, (heads + 2 * kvh) * d)
+        fused = []
+        for pre in ("1", "0"):
+            os.environ["QWEN_TRT_ATTN_PRELOAD"] = pre
+            for split in (None, 16, 64):
+                c = [kc.clone(), vc.clone(), kc.clone(), vc.clone()]
+                q = paged_rope_cache(qkv, qn, kn, cos, sin, pos, slots, c[0], c[1], 1e-6,
+                                     heads)
+                ref = paged_decode_attention(q, c[0], c[1], tables,
+                                             torch.tensor(lens, dtype=torch.int32), bs)
+                got = paged_rope_decode_attention(qkv, qn, kn, cos, sin, pos, slots, c[2], c[3],
+                                                  tables, torch.tensor(lens, dtype=torch.int32),
+                                                  bs, 1e-6, heads, split=split)
+                fused.append(max(((got - ref).norm() / ref.norm()).item(),
+                                 (c[0] - c[2]).abs().max().item(),
+                                 (c[1] - c[3]).abs().max().item()))
+        res["fused"] = fused
         print(json.dumps(res))
     """)
     assert out["rope"] < 1e-5
     assert out["attn"] < 1e-5
+    assert len(out["fused"]) == 6 and max(out["fused"]) < 1e-5, out["fused"]
 
 
 def test_small_batch_projections_match_the_unfused_ops():

@@ -43,6 +43,7 @@ from qwen_trt.fast.kv_cache import LayerKVCache
 from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
 from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_attention_ref,
                                          paged_decode_attention, paged_rope_cache,
+                                         paged_rope_decode_attention,
                                          paged_varlen_attention, triton, varlen_max_tiles,
                                          varlen_tiles)
 from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK
@@ -491,6 +492,8 @@ class BatchedModel:
         pos, slots = self.g_pos[:b], self.g_slot[:b]
         tables, lens = self.g_tables[:b], self.g_lens[:b]
         x = F.embedding(self.g_tok[:b], m.embed)                    # [b, hidden]
+        # norms + RoPE + cache write inside the first attention kernel (fast/paged_kernels.py)
+        fused = os.environ.get("QWEN_TRT_FUSED_ROPE", "1") != "0"
         if impl == "gemv":
             from qwen_trt.fast.gemv import gemv
         elif impl == "bgemm":
@@ -503,9 +506,14 @@ class BatchedModel:
                 qkv = bgemm(layer.wqkv, rms_rows(x, layer.ln_in, eps))
             else:
                 qkv = F.linear(rms_norm(x, layer.ln_in, eps), layer.wqkv)
-            q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
-                                 kc, vc, eps, cfg.heads)
-            o = paged_decode_attention(q, kc, vc, tables, lens, self.block_size)
+            if fused:
+                o = paged_rope_decode_attention(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin,
+                                                pos, slots, kc, vc, tables, lens,
+                                                self.block_size, eps, cfg.heads)
+            else:
+                q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos,
+                                     slots, kc, vc, eps, cfg.heads)
+                o = paged_decode_attention(q, kc, vc, tables, lens, self.block_size)
             if impl == "gemv":
                 xv = gemv(layer.wo, o.view(cfg.q_size), residual=x.view(cfg.hidden))
                 act = gemv(layer.w_gate_up, xv, ln=layer.ln_post, eps=eps, gate_up=True)

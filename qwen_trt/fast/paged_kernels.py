@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 SPLIT = 64          # tokens per program of the attention's first kernel (a multiple of the block)
+ROPE_SPLIT = 128    # the same for paged_rope_decode_attention (as fast/attention.py)
 WARPS = 4
 
 
@@ -122,6 +123,131 @@ if triton is not None:
                 kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
                 k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
                 v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
+                if IEEE:
+                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                else:
+                    s = tl.dot(q, tl.trans(k)) * scale
+                s = tl.where(ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m_i - m_safe)
+                p = tl.exp(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if IEEE:
+                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                m_i = m_new
+            part = (b * HEADS + head) * n_splits + sp
+            tl.store(m_ptr + part, m_i, mask=row_ok)
+            tl.store(l_ptr + part, l_i, mask=row_ok)
+            tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+
+    @triton.jit
+    def _paged_rope_partial_kernel(qkv_ptr, stride_row, qn_ptr, kn_ptr, cos_ptr, sin_ptr,
+                                   pos_ptr, slot_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, m_ptr,
+                                   l_ptr, acc_ptr, stride_kh, stride_ks, stride_tb, n_splits,
+                                   scale, eps, HEADS: tl.constexpr, GROUP: tl.constexpr,
+                                   GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                                   SPLIT: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr,
+                                   PDL: tl.constexpr, PRELOAD: tl.constexpr):
+        """``_paged_partial_kernel`` with ``_paged_rope_cache_kernel`` folded in (decode rows:
+        row ``b``'s new token sits at position ``pos[b] = lens[b] - 1``, slot ``slot[b]``):
+        each program norms and rotates its query heads itself, and the program whose split
+        holds the new token writes its key and value first. ``PRELOAD``: the row's length,
+        position, first block of the table and that block's keys/values (written by earlier
+        steps) are loaded before the PDL wait; the new token's row is patched in registers.
+        Same rounding as the two kernels."""
+        b = tl.program_id(0)
+        kh = tl.program_id(1)
+        sp = tl.program_id(2)
+        dims = tl.arange(0, D)
+        start = sp * SPLIT
+        if PRELOAD:
+            seq_len = tl.load(lens_ptr + b)
+            toks0 = start + tl.arange(0, BS)
+            ok0 = toks0 < seq_len
+            blk0 = tl.load(table_ptr + b * stride_tb + start // BS, mask=start < seq_len,
+                           other=0).to(tl.int64)
+            off0 = kh * stride_kh + (blk0 * BS + tl.arange(0, BS))[:, None] * stride_ks \
+                + dims[None, :]
+            k_pre = tl.load(k_ptr + off0, mask=ok0[:, None], other=0.0)
+            v_pre = tl.load(v_ptr + off0, mask=ok0[:, None], other=0.0)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        if not PRELOAD:
+            seq_len = tl.load(lens_ptr + b)
+        if start < seq_len:
+            pos = tl.load(pos_ptr + b)
+            dt = qkv_ptr.dtype.element_ty
+            half: tl.constexpr = D // 2
+            i = tl.arange(0, half)
+            row_src = qkv_ptr + b * stride_row
+            c1 = tl.load(cos_ptr + pos * D + i).to(tl.float32)
+            c2 = tl.load(cos_ptr + pos * D + half + i).to(tl.float32)
+            s1 = tl.load(sin_ptr + pos * D + i).to(tl.float32)
+            s2 = tl.load(sin_ptr + pos * D + half + i).to(tl.float32)
+            if (pos >= start) & (pos < start + SPLIT):   # the new token: K/V into the cache
+                f1 = tl.load(row_src + (HEADS + kh) * D + i).to(tl.float32)
+                f2 = tl.load(row_src + (HEADS + kh) * D + half + i).to(tl.float32)
+                rstd = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
+                g1 = tl.load(kn_ptr + i).to(tl.float32)
+                g2 = tl.load(kn_ptr + half + i).to(tl.float32)
+                n1 = (g1 * (f1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+                n2 = (g2 * (f2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+                k1 = ((n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32))
+                k2 = ((n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32))
+                v_src = row_src + (HEADS + HEADS // GROUP + kh) * D
+                v1 = tl.load(v_src + i)
+                v2 = tl.load(v_src + half + i)
+                slot = tl.load(slot_ptr + b).to(tl.int64)
+                dst = kh * stride_kh + slot * stride_ks
+                tl.store(k_ptr + dst + i, k1.to(dt))
+                tl.store(k_ptr + dst + half + i, k2.to(dt))
+                tl.store(v_ptr + dst + i, v1)
+                tl.store(v_ptr + dst + half + i, v2)
+                if PRELOAD:   # the preloaded block holds the old row at pos: patch it
+                    k_new = tl.reshape(tl.permute(tl.join(k1.to(dt), k2.to(dt)), (1, 0)), (D,))
+                    v_new = tl.reshape(tl.permute(tl.join(v1, v2), (1, 0)), (D,))
+                    here = (toks0 == pos)[:, None]
+                    k_pre = tl.where(here, k_new[None, :], k_pre)
+                    v_pre = tl.where(here, v_new[None, :], v_pre)
+                tl.debug_barrier()   # the block's own writes, visible to its loads below
+            rows = tl.arange(0, GROUP_PAD)
+            head = kh * GROUP + rows
+            row_ok = rows < GROUP
+            qsrc = row_src + head[:, None] * D + i[None, :]
+            x1 = tl.load(qsrc, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            x2 = tl.load(qsrc + half, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            rstd_q = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+            h1 = tl.load(qn_ptr + i).to(tl.float32)[None, :]
+            h2 = tl.load(qn_ptr + half + i).to(tl.float32)[None, :]
+            m1 = (h1 * (x1 * rstd_q).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            m2 = (h2 * (x2 * rstd_q).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            q1 = ((m1 * c1[None, :]).to(dt).to(tl.float32)
+                  + (-m2 * s1[None, :]).to(dt).to(tl.float32)).to(dt)
+            q2 = ((m2 * c2[None, :]).to(dt).to(tl.float32)
+                  + (m1 * s2[None, :]).to(dt).to(tl.float32)).to(dt)
+            q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, D))
+            m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+            l_i = tl.zeros([GROUP_PAD], tl.float32)
+            acc = tl.zeros([GROUP_PAD, D], tl.float32)
+            for n0 in tl.static_range(0, SPLIT, BS):       # one block per step
+                first = start + n0
+                toks = first + tl.arange(0, BS)
+                ok = toks < seq_len
+                if PRELOAD and n0 == 0:
+                    k = k_pre
+                    v = v_pre
+                else:
+                    blk = tl.load(table_ptr + b * stride_tb + first // BS,
+                                  mask=first < seq_len, other=0).to(tl.int64)
+                    slots = blk * BS + tl.arange(0, BS)
+                    kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
+                    k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
+                    v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
                 if IEEE:
                     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
                 else:
@@ -276,6 +402,46 @@ def paged_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         k_cache.stride(0), k_cache.stride(1), eps, b, HEADS=heads, KV_HEADS=kv_heads, D=d,
         ROWS=rows, PDL=pdl, num_warps=1 if rows == 1 else 4, **launch_kwargs(pdl))
     return q
+
+
+def paged_rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
+                                cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+                                slots: torch.Tensor, k_cache: torch.Tensor,
+                                v_cache: torch.Tensor, block_tables: torch.Tensor,
+                                seq_lens: torch.Tensor, block_size: int, eps: float,
+                                heads: int, split: int | None = None) -> torch.Tensor:
+    """:func:`paged_rope_cache` then :func:`paged_decode_attention` for decode rows
+    (``seq_lens == pos + 1``) in two kernels instead of three: ``qkv [B, (heads + 2 kv) d]``
+    -> ``[B, heads, d]``; writes K/V at ``slots [B]``."""
+    kvh, _, d = k_cache.shape
+    bsz = qkv.shape[0]
+    group = heads // kvh
+    split = max(split or int(os.environ.get("QWEN_TRT_PAGED_SPLIT", ROPE_SPLIT)), block_size)
+    if (split % block_size or block_size & (block_size - 1) or block_size < 16
+            or v_cache.stride() != k_cache.stride() or d & (d - 1) or qkv.stride(-1) != 1):
+        raise ValueError("paged_rope_decode_attention needs a power-of-two block size >= 16 "
+                         "dividing the split, K and V of one layout, a power-of-two head_dim "
+                         "and rows of contiguous qkv")
+    n_splits = triton.cdiv(block_tables.shape[1] * block_size, split)
+    dev = qkv.device
+    m = torch.empty(bsz, heads, n_splits, dtype=torch.float32, device=dev)
+    l_ = torch.empty(bsz, heads, n_splits, dtype=torch.float32, device=dev)
+    acc = torch.empty(bsz, heads, n_splits, d, dtype=torch.float32, device=dev)
+    out = torch.empty(bsz, heads, d, dtype=qkv.dtype, device=dev)
+    pdl = pdl_enabled(dev)
+    _paged_rope_partial_kernel[(bsz, kvh, n_splits)](
+        qkv, qkv.stride(0), q_norm, k_norm, cos, sin, pos, slots, k_cache, v_cache,
+        block_tables, seq_lens, m, l_, acc, k_cache.stride(0), k_cache.stride(1),
+        block_tables.stride(0), n_splits, d ** -0.5, eps, HEADS=heads, GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT=split, BS=block_size,
+        IEEE=qkv.dtype == torch.float32, PDL=pdl,
+        PRELOAD=os.environ.get("QWEN_TRT_ATTN_PRELOAD", "1") != "0", num_warps=WARPS,
+        **launch_kwargs(pdl))
+    chunk = min(32, triton.next_power_of_2(n_splits))
+    _paged_merge_kernel[(bsz, heads)](m, l_, acc, seq_lens, out, HEADS=heads, N_SPLITS=n_splits,
+                                      D=d, SPLIT=split, CHUNK=chunk, PDL=pdl, num_warps=4,
+                                      **launch_kwargs(pdl))
+    return out
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
