@@ -61,15 +61,15 @@ class GemvConfig:
 def config_for(n: int, k: int, gate_up: bool = False) -> GemvConfig:
     """Block sizes for an ``n x k`` projection: the fastest in a sweep on an H200
     (``python -m qwen_trt.fast.kernel_bench --sweep``; µs per call with PDL; see
-    docs/benchmarks.md). ``QWEN_TRT_GEMV_<N>x<K>=block_n,warps,ctas_per_sm`` overrides the
+    docs/benchmarks.md). ``QWEN_TRT_GEMV_<N>x<K>=block_n:warps:ctas_per_sm`` overrides the
     persistent configuration of one shape (for sweeps inside the decode step)."""
     override = os.environ.get(f"QWEN_TRT_GEMV_{n}x{k}")
     if override:
         try:
-            bn, warps, ctas = (int(v) for v in override.split(","))
+            bn, warps, ctas = (int(v) for v in override.replace(":", ",").split(","))
         except ValueError:
             raise ValueError(f"QWEN_TRT_GEMV_{n}x{k}={override!r}: expected "
-                             "block_n,warps,ctas_per_sm") from None
+                             "block_n:warps:ctas_per_sm") from None
         return GemvConfig(block_n=bn, warps=warps, ctas_per_sm=ctas)
     if n >= 65536:          # LM head, 778 MB: 178 µs, 4.37 TB/s
         return GemvConfig(block_n=8, block_k=512, warps=4, pre_k=2048)
