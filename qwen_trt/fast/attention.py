@@ -22,8 +22,9 @@ from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pd
 # Measured on an H200 (python -m qwen_trt.fast.kernel_bench --sweep): about 7 / 9 us per layer
 # at 512 / 2048 tokens of context, against 10.2 / 11.2 with 128-slot splits of 32.
 SPLIT = 64       # cache slots per program of the first kernel
-ROPE_SPLIT = 128  # the same for rope_decode_attention, whose programs also norm and rotate q
-                  # (H200, docs/benchmarks.md: 128 beat 64 and 32 at 512 and 2048 tokens)
+ROPE_SPLIT = 64   # the same for rope_decode_attention, whose programs also norm and rotate q
+                  # and load their K/V tile before the PDL wait (H200, docs/benchmarks.md:
+                  # 64 beat 128 with the preload, 128 beat 64 and 32 without it)
 BLOCK_N = 64     # slots per inner iteration
 WARPS = 4
 

@@ -31,7 +31,9 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 SPLIT = 64          # tokens per program of the attention's first kernel (a multiple of the block)
-ROPE_SPLIT = 128    # the same for paged_rope_decode_attention (as fast/attention.py)
+ROPE_SPLIT = 128    # the same for paged_rope_decode_attention (measured with the batched
+                    # runner's bucket 1 on the H200; 64, best for the batch-1 kernel with its
+                    # 64-slot preload, was not measured here)
 WARPS = 4
 
 
