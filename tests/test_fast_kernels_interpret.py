@@ -70,7 +70,8 @@ def test_rope_cache_and_attention_kernels_match_unfused_ops(tmp_path):
         from qwen_trt.fast.attention import decode_attention, rope_decode_attention
         import os
         fused = []
-        for dt, pre in ((torch.float32, "1"), (torch.bfloat16, "1"), (torch.float32, "0")):
+        for dt, pre, split in ((torch.float32, "1", None), (torch.bfloat16, "1", None),
+                               (torch.float32, "0", None), (torch.float32, "1", 128)):
             os.environ["QWEN_TRT_ATTN_PRELOAD"] = pre   # K/V tile loaded before the wait
             for p in (0, 5, 63, 64, 130):
                 qkv = torch.randn(cfg.q_size + 2 * cfg.kv_size).to(dt)
@@ -81,7 +82,8 @@ def test_rope_cache_and_attention_kernels_match_unfused_ops(tmp_path):
                                   c[1], 1e-6, cfg.heads)
                 o1 = decode_attention(q, c[0], c[1], pos).float()
                 o2 = rope_decode_attention(qkv, qn.to(dt), kn.to(dt), cos.to(dt), sin.to(dt),
-                                           pos, c[2], c[3], 1e-6, cfg.heads).float()
+                                           pos, c[2], c[3], 1e-6, cfg.heads,
+                                           split=split).float()
                 fused.append([((o1 - o2).norm() / o1.norm()).item(),
                               (c[0].float() - c[2].float()).abs().max().item(),
                               (c[1].float() - c[3].float()).abs().max().item()])
@@ -92,6 +94,7 @@ def test_rope_cache_and_attention_kernels_match_unfused_ops(tmp_path):
     assert all(d[i] == 1.0 for i in range(3, len(d), 4))   # the key landed at pos
     assert res["attention"] is None, res["attention"]
     f32, bf16 = res["fused"][:5] + res["fused"][10:], res["fused"][5:10]
+    assert len(f32) == 15
     assert all(o < 1e-6 and k == 0 and v == 0 for o, k, v in f32), f32
     assert all(o < 1e-2 and k == 0 and v == 0 for o, k, v in bf16), bf16
 
