@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from qwen_trt.fast.kernel_parts import rope_group, softmax_step, write_new_kv
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 # Measured on an H200 (python -m qwen_trt.fast.kernel_bench --sweep): about 7 / 9 us per layer
@@ -80,21 +81,7 @@ if triton is not None:
                 kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
                 k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
                 v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
-                if IEEE:   # float32 models: exact products (tl.dot defaults to tf32)
-                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-                else:
-                    s = tl.dot(q, tl.trans(k)) * scale                    # [GROUP_PAD, BLOCK_N]
-                s = tl.where(ok[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                if IEEE:
-                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
+                m_i, l_i, acc = softmax_step(q, k, v, ok, m_i, l_i, acc, scale, IEEE, False)
             part = head * n_splits + sp
             tl.store(m_ptr + part, m_i, mask=row_ok)
             tl.store(l_ptr + part, l_i, mask=row_ok)
@@ -166,7 +153,6 @@ if triton is not None:
             pos = tl.load(pos_ptr)
             end = tl.minimum(start + SPLIT, pos + 1)
         if start <= pos:
-            dt = qkv_ptr.dtype.element_ty
             half: tl.constexpr = D // 2
             i = tl.arange(0, half)
             c1 = tl.load(cos_ptr + pos * D + i).to(tl.float32)
@@ -174,47 +160,22 @@ if triton is not None:
             s1 = tl.load(sin_ptr + pos * D + i).to(tl.float32)
             s2 = tl.load(sin_ptr + pos * D + half + i).to(tl.float32)
             if pos < start + SPLIT:   # this split holds the new token: K/V into the cache
-                kv_base = (HEADS + kh) * D
-                f1 = tl.load(qkv_ptr + kv_base + i).to(tl.float32)
-                f2 = tl.load(qkv_ptr + kv_base + half + i).to(tl.float32)
-                rstd = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
-                g1 = tl.load(kn_ptr + i).to(tl.float32)
-                g2 = tl.load(kn_ptr + half + i).to(tl.float32)
-                n1 = (g1 * (f1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-                n2 = (g2 * (f2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-                k1 = ((n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32))
-                k2 = ((n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32))
-                v_base = (HEADS + HEADS // GROUP + kh) * D
-                v1 = tl.load(qkv_ptr + v_base + i)
-                v2 = tl.load(qkv_ptr + v_base + half + i)
                 slot = kh * stride_kh + pos * stride_ks
-                tl.store(k_ptr + slot + i, k1.to(dt))
-                tl.store(k_ptr + slot + half + i, k2.to(dt))
-                tl.store(v_ptr + slot + i, v1)
-                tl.store(v_ptr + slot + half + i, v2)
-                if PRELOAD:   # the preloaded tile holds the old row at pos: patch it
-                    k_new = tl.reshape(tl.permute(tl.join(k1.to(dt), k2.to(dt)), (1, 0)), (D,))
-                    v_new = tl.reshape(tl.permute(tl.join(v1, v2), (1, 0)), (D,))
-                    here = (slots0 == pos)[:, None]
-                    k_pre = tl.where(here, k_new[None, :], k_pre)
-                    v_pre = tl.where(here, v_new[None, :], v_pre)
+                if PRELOAD:   # ... and into the row at pos of the preloaded tile
+                    k_pre, v_pre = write_new_kv(
+                        qkv_ptr + (HEADS + kh) * D, qkv_ptr + (HEADS + HEADS // GROUP + kh) * D,
+                        kn_ptr, k_ptr + slot, v_ptr + slot, c1, c2, s1, s2, eps, slots0, pos,
+                        k_pre, v_pre, D, True)
+                else:
+                    write_new_kv(qkv_ptr + (HEADS + kh) * D,
+                                 qkv_ptr + (HEADS + HEADS // GROUP + kh) * D, kn_ptr,
+                                 k_ptr + slot, v_ptr + slot, c1, c2, s1, s2, eps, pos, pos,
+                                 0.0, 0.0, D, False)
                 tl.debug_barrier()   # the block's own writes, visible to its loads below
             rows = tl.arange(0, GROUP_PAD)
             head = kh * GROUP + rows
             row_ok = rows < GROUP
-            qsrc = qkv_ptr + head[:, None] * D + i[None, :]
-            x1 = tl.load(qsrc, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            x2 = tl.load(qsrc + half, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            rstd_q = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
-            h1 = tl.load(qn_ptr + i).to(tl.float32)[None, :]
-            h2 = tl.load(qn_ptr + half + i).to(tl.float32)[None, :]
-            m1 = (h1 * (x1 * rstd_q).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            m2 = (h2 * (x2 * rstd_q).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            q1 = ((m1 * c1[None, :]).to(dt).to(tl.float32)
-                  + (-m2 * s1[None, :]).to(dt).to(tl.float32)).to(dt)
-            q2 = ((m2 * c2[None, :]).to(dt).to(tl.float32)
-                  + (m1 * s2[None, :]).to(dt).to(tl.float32)).to(dt)
-            q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, D))
+            q = rope_group(qkv_ptr, qn_ptr, kh * GROUP, c1, c2, s1, s2, eps, GROUP, GROUP_PAD, D)
             m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
             l_i = tl.zeros([GROUP_PAD], tl.float32)
             acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -228,21 +189,7 @@ if triton is not None:
                     kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
                     k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
                     v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
-                if IEEE:
-                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-                else:
-                    s = tl.dot(q, tl.trans(k)) * scale
-                s = tl.where(ok[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                if IEEE:
-                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
+                m_i, l_i, acc = softmax_step(q, k, v, ok, m_i, l_i, acc, scale, IEEE, False)
             part = head * n_splits + sp
             tl.store(m_ptr + part, m_i, mask=row_ok)
             tl.store(l_ptr + part, l_i, mask=row_ok)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
+from qwen_trt.fast.kernel_parts import norm_rope, rope_group, softmax_step, write_new_kv
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 try:
@@ -60,24 +61,21 @@ if triton is not None:
         x2 = tl.load(src + half + i, mask=rm, other=0.0)
         if h < HEADS + KV_HEADS:
             is_q = h < HEADS
-            f1 = x1.to(tl.float32)
-            f2 = x2.to(tl.float32)
-            rstd = tl.rsqrt((tl.sum(f1 * f1, 1) + tl.sum(f2 * f2, 1)) / D + eps)[:, None]
             if is_q:
                 g1 = tl.load(qn_ptr + i)
                 g2 = tl.load(qn_ptr + half + i)
             else:
                 g1 = tl.load(kn_ptr + i)
                 g2 = tl.load(kn_ptr + half + i)
-            n1 = (g1.to(tl.float32) * (f1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            n2 = (g2.to(tl.float32) * (f2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
             pd = pos[:, None] * D
             c1 = tl.load(cos_ptr + pd + i).to(tl.float32)
             c2 = tl.load(cos_ptr + pd + half + i).to(tl.float32)
             s1 = tl.load(sin_ptr + pd + i).to(tl.float32)
             s2 = tl.load(sin_ptr + pd + half + i).to(tl.float32)
-            o1 = ((n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32)).to(dt)
-            o2 = ((n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32)).to(dt)
+            o1, o2 = norm_rope(x1.to(tl.float32), x2.to(tl.float32), g1.to(tl.float32),
+                               g2.to(tl.float32), c1, c2, s1, s2, eps, D, 1, dt)
+            o1 = o1.to(dt)
+            o2 = o2.to(dt)
             if is_q:
                 dst = q_out_ptr + (row[:, None] * HEADS + h) * D
                 tl.store(dst + i, o1, mask=rm)
@@ -125,22 +123,7 @@ if triton is not None:
                 kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
                 k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
                 v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
-                if IEEE:
-                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-                else:
-                    s = tl.dot(q, tl.trans(k)) * scale
-                s = tl.where(ok[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m_i - m_safe)
-                p = tl.exp(s - m_safe[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                if IEEE:
-                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
+                m_i, l_i, acc = softmax_step(q, k, v, ok, m_i, l_i, acc, scale, IEEE, True)
             part = (b * HEADS + head) * n_splits + sp
             tl.store(m_ptr + part, m_i, mask=row_ok)
             tl.store(l_ptr + part, l_i, mask=row_ok)
@@ -183,7 +166,6 @@ if triton is not None:
             seq_len = tl.load(lens_ptr + b)
         if start < seq_len:
             pos = tl.load(pos_ptr + b)
-            dt = qkv_ptr.dtype.element_ty
             half: tl.constexpr = D // 2
             i = tl.arange(0, half)
             row_src = qkv_ptr + b * stride_row
@@ -192,47 +174,23 @@ if triton is not None:
             s1 = tl.load(sin_ptr + pos * D + i).to(tl.float32)
             s2 = tl.load(sin_ptr + pos * D + half + i).to(tl.float32)
             if (pos >= start) & (pos < start + SPLIT):   # the new token: K/V into the cache
-                f1 = tl.load(row_src + (HEADS + kh) * D + i).to(tl.float32)
-                f2 = tl.load(row_src + (HEADS + kh) * D + half + i).to(tl.float32)
-                rstd = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
-                g1 = tl.load(kn_ptr + i).to(tl.float32)
-                g2 = tl.load(kn_ptr + half + i).to(tl.float32)
-                n1 = (g1 * (f1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-                n2 = (g2 * (f2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-                k1 = ((n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32))
-                k2 = ((n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32))
-                v_src = row_src + (HEADS + HEADS // GROUP + kh) * D
-                v1 = tl.load(v_src + i)
-                v2 = tl.load(v_src + half + i)
-                slot = tl.load(slot_ptr + b).to(tl.int64)
-                dst = kh * stride_kh + slot * stride_ks
-                tl.store(k_ptr + dst + i, k1.to(dt))
-                tl.store(k_ptr + dst + half + i, k2.to(dt))
-                tl.store(v_ptr + dst + i, v1)
-                tl.store(v_ptr + dst + half + i, v2)
-                if PRELOAD:   # the preloaded block holds the old row at pos: patch it
-                    k_new = tl.reshape(tl.permute(tl.join(k1.to(dt), k2.to(dt)), (1, 0)), (D,))
-                    v_new = tl.reshape(tl.permute(tl.join(v1, v2), (1, 0)), (D,))
-                    here = (toks0 == pos)[:, None]
-                    k_pre = tl.where(here, k_new[None, :], k_pre)
-                    v_pre = tl.where(here, v_new[None, :], v_pre)
+                dst = kh * stride_kh + tl.load(slot_ptr + b).to(tl.int64) * stride_ks
+                if PRELOAD:   # ... and into the row at pos of the preloaded block
+                    k_pre, v_pre = write_new_kv(
+                        row_src + (HEADS + kh) * D, row_src + (HEADS + HEADS // GROUP + kh) * D,
+                        kn_ptr, k_ptr + dst, v_ptr + dst, c1, c2, s1, s2, eps, toks0, pos,
+                        k_pre, v_pre, D, True)
+                else:
+                    write_new_kv(row_src + (HEADS + kh) * D,
+                                 row_src + (HEADS + HEADS // GROUP + kh) * D, kn_ptr,
+                                 k_ptr + dst, v_ptr + dst, c1, c2, s1, s2, eps, pos, pos,
+                                 0.0, 0.0, D, False)
                 tl.debug_barrier()   # the block's own writes, visible to its loads below
             rows = tl.arange(0, GROUP_PAD)
             head = kh * GROUP + rows
             row_ok = rows < GROUP
-            qsrc = row_src + head[:, None] * D + i[None, :]
-            x1 = tl.load(qsrc, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            x2 = tl.load(qsrc + half, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            rstd_q = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
-            h1 = tl.load(qn_ptr + i).to(tl.float32)[None, :]
-            h2 = tl.load(qn_ptr + half + i).to(tl.float32)[None, :]
-            m1 = (h1 * (x1 * rstd_q).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            m2 = (h2 * (x2 * rstd_q).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            q1 = ((m1 * c1[None, :]).to(dt).to(tl.float32)
-                  + (-m2 * s1[None, :]).to(dt).to(tl.float32)).to(dt)
-            q2 = ((m2 * c2[None, :]).to(dt).to(tl.float32)
-                  + (m1 * s2[None, :]).to(dt).to(tl.float32)).to(dt)
-            q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, D))
+            q = rope_group(row_src, qn_ptr, kh * GROUP, c1, c2, s1, s2, eps, GROUP, GROUP_PAD,
+                           D)
             m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
             l_i = tl.zeros([GROUP_PAD], tl.float32)
             acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -250,22 +208,7 @@ if triton is not None:
                     kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
                     k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
                     v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
-                if IEEE:
-                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-                else:
-                    s = tl.dot(q, tl.trans(k)) * scale
-                s = tl.where(ok[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m_i - m_safe)
-                p = tl.exp(s - m_safe[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                if IEEE:
-                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
+                m_i, l_i, acc = softmax_step(q, k, v, ok, m_i, l_i, acc, scale, IEEE, True)
             part = (b * HEADS + head) * n_splits + sp
             tl.store(m_ptr + part, m_i, mask=row_ok)
             tl.store(l_ptr + part, l_i, mask=row_ok)

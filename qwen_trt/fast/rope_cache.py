@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from qwen_trt.fast.kernel_parts import norm_rope
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 from qwen_trt.fast.reference import split_norm_rope
 
@@ -43,23 +44,20 @@ if triton is not None:
         x2 = tl.load(qkv_ptr + h * D + half + i)
         if h < HEADS + KV_HEADS:
             is_q = h < HEADS
-            f1 = x1.to(tl.float32)
-            f2 = x2.to(tl.float32)
-            rstd = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / D + eps)
             if is_q:
                 g1 = tl.load(qn_ptr + i)
                 g2 = tl.load(qn_ptr + half + i)
             else:
                 g1 = tl.load(kn_ptr + i)
                 g2 = tl.load(kn_ptr + half + i)
-            n1 = (g1.to(tl.float32) * (f1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            n2 = (g2.to(tl.float32) * (f2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
             c1 = tl.load(cos_ptr + pos * D + i).to(tl.float32)
             c2 = tl.load(cos_ptr + pos * D + half + i).to(tl.float32)
             s1 = tl.load(sin_ptr + pos * D + i).to(tl.float32)
             s2 = tl.load(sin_ptr + pos * D + half + i).to(tl.float32)
-            o1 = ((n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32)).to(dt)
-            o2 = ((n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32)).to(dt)
+            o1, o2 = norm_rope(x1.to(tl.float32), x2.to(tl.float32), g1.to(tl.float32),
+                               g2.to(tl.float32), c1, c2, s1, s2, eps, D, 0, dt)
+            o1 = o1.to(dt)
+            o2 = o2.to(dt)
             if is_q:
                 tl.store(q_out_ptr + h * D + i, o1)
                 tl.store(q_out_ptr + h * D + half + i, o2)

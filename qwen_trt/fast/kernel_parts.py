@@ -1,0 +1,111 @@
+"""Pieces shared by the decode kernels (Triton ``@jit`` helpers, inlined where they are called).
+
+* :func:`norm_rope` -- q/k RMSNorm and rotary embedding of heads held as two halves, rounded
+  step by step like the unfused PyTorch ops (``fast/reference.py``);
+* :func:`rope_group` -- the query heads of one kv head from a ``qkv`` row, normed and rotated,
+  as one ``[GROUP_PAD, D]`` tile ready for ``tl.dot``;
+* :func:`write_new_kv` -- the new token's key (normed, rotated) and value into the cache, and
+  the same row patched into a tile preloaded before the write;
+* :func:`softmax_step` -- one tile of flash-decoding's online softmax.
+"""
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs: nothing here is launched
+    triton = None
+
+
+if triton is not None:
+    @triton.jit
+    def norm_rope(x1, x2, g1, g2, c1, c2, s1, s2, eps, D: tl.constexpr, AXIS: tl.constexpr,
+                  dt: tl.constexpr):
+        """float32 halves ``x1, x2`` of heads (reduced along ``AXIS``), norm weights ``g``
+        and rotary rows ``c, s`` (float32) -> the rotated halves in float32, each op rounded
+        to ``dt`` as PyTorch does: ``rms_norm`` then ``x * cos + rotate_half(x) * sin``."""
+        rstd = tl.rsqrt((tl.sum(x1 * x1, AXIS, keep_dims=True)
+                         + tl.sum(x2 * x2, AXIS, keep_dims=True)) / D + eps)
+        n1 = (g1 * (x1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        n2 = (g2 * (x2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        o1 = (n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32)
+        o2 = (n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32)
+        return o1, o2
+
+    @triton.jit
+    def rope_group(src, qn_ptr, first_head, c1, c2, s1, s2, eps, GROUP: tl.constexpr,
+                   GROUP_PAD: tl.constexpr, D: tl.constexpr):
+        """Query heads ``first_head .. + GROUP`` of the ``qkv`` row at ``src``, normed and
+        rotated at the position of the rotary rows ``c, s`` (``[D/2]`` float32 each):
+        ``[GROUP_PAD, D]`` in the model dtype, padding rows zero."""
+        dt = src.dtype.element_ty
+        half: tl.constexpr = D // 2
+        i = tl.arange(0, half)
+        rows = tl.arange(0, GROUP_PAD)
+        row_ok = (rows < GROUP)[:, None]
+        qsrc = src + (first_head + rows)[:, None] * D + i[None, :]
+        x1 = tl.load(qsrc, mask=row_ok, other=0.0).to(tl.float32)
+        x2 = tl.load(qsrc + half, mask=row_ok, other=0.0).to(tl.float32)
+        g1 = tl.load(qn_ptr + i).to(tl.float32)[None, :]
+        g2 = tl.load(qn_ptr + half + i).to(tl.float32)[None, :]
+        q1, q2 = norm_rope(x1, x2, g1, g2, c1[None, :], c2[None, :], s1[None, :], s2[None, :],
+                           eps, D, 1, dt)
+        return tl.reshape(tl.permute(tl.join(q1.to(dt), q2.to(dt)), (0, 2, 1)), (GROUP_PAD, D))
+
+    @triton.jit
+    def write_new_kv(k_src, v_src, kn_ptr, k_dst, v_dst, c1, c2, s1, s2, eps, toks, pos,
+                     k_tile, v_tile, D: tl.constexpr, PATCH: tl.constexpr):
+        """Key head at ``k_src`` (normed with ``kn_ptr``, rotated by ``c, s``) to ``k_dst``,
+        value head at ``v_src`` to ``v_dst``; with ``PATCH`` also into the row of
+        ``k_tile``/``v_tile`` (``[len(toks), D]``, loaded before the write) whose token in
+        ``toks`` is ``pos``. Returns the two tiles."""
+        dt = k_src.dtype.element_ty
+        half: tl.constexpr = D // 2
+        i = tl.arange(0, half)
+        f1 = tl.load(k_src + i).to(tl.float32)
+        f2 = tl.load(k_src + half + i).to(tl.float32)
+        g1 = tl.load(kn_ptr + i).to(tl.float32)
+        g2 = tl.load(kn_ptr + half + i).to(tl.float32)
+        k1, k2 = norm_rope(f1, f2, g1, g2, c1, c2, s1, s2, eps, D, 0, dt)
+        k1 = k1.to(dt)
+        k2 = k2.to(dt)
+        v1 = tl.load(v_src + i)
+        v2 = tl.load(v_src + half + i)
+        tl.store(k_dst + i, k1)
+        tl.store(k_dst + half + i, k2)
+        tl.store(v_dst + i, v1)
+        tl.store(v_dst + half + i, v2)
+        if PATCH:
+            here = (toks == pos)[:, None]
+            k_new = tl.reshape(tl.permute(tl.join(k1, k2), (1, 0)), (D,))
+            v_new = tl.reshape(tl.permute(tl.join(v1, v2), (1, 0)), (D,))
+            k_tile = tl.where(here, k_new[None, :], k_tile)
+            v_tile = tl.where(here, v_new[None, :], v_tile)
+        return k_tile, v_tile
+
+    @triton.jit
+    def softmax_step(q, k, v, ok, m_i, l_i, acc, scale, IEEE: tl.constexpr,
+                     SAFE: tl.constexpr):
+        """One ``[N]``-slot tile of keys ``k`` / values ``v`` (``ok``: slots that count) into
+        the running max ``m_i``, sum ``l_i`` and ``acc`` of the queries ``q``. ``IEEE``: exact
+        float32 products (``tl.dot`` defaults to tf32); ``SAFE``: rows with no slot yet keep
+        zeros instead of NaNs."""
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = m_new
+        if SAFE:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc * alpha[:, None] + pv
+else:  # pragma: no cover - CPU-only installs import the kernel modules but launch nothing
+    norm_rope = rope_group = write_new_kv = softmax_step = None
