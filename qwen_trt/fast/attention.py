@@ -17,7 +17,8 @@ import os
 
 import torch
 
-from qwen_trt.fast.kernel_parts import rope_group, softmax_step, write_new_kv
+from qwen_trt.fast.kernel_parts import (load_kv, rope_group, rope_rows, softmax_step,
+                                        write_new_kv)
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 # Measured on an H200 (python -m qwen_trt.fast.kernel_bench --sweep): about 7 / 9 us per layer
@@ -78,10 +79,9 @@ if triton is not None:
             for n0 in tl.static_range(0, SPLIT, BLOCK_N):   # masked past ``end``
                 slots = start + n0 + tl.arange(0, BLOCK_N)
                 ok = slots < end
-                kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
-                k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
-                v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
-                m_i, l_i, acc = softmax_step(q, k, v, ok, m_i, l_i, acc, scale, IEEE, False)
+                k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
+                m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
+                                             False)
             part = head * n_splits + sp
             tl.store(m_ptr + part, m_i, mask=row_ok)
             tl.store(l_ptr + part, l_i, mask=row_ok)
@@ -143,34 +143,26 @@ if triton is not None:
             end = tl.minimum(start + SPLIT, pos + 1)
             slots0 = start + tl.arange(0, BLOCK_N)
             ok0 = slots0 < end
-            off0 = kh * stride_kh + slots0[:, None] * stride_ks + dims[None, :]
-            k_pre = tl.load(k_ptr + off0, mask=ok0[:, None], other=0.0)
-            v_pre = tl.load(v_ptr + off0, mask=ok0[:, None], other=0.0)
+            k_pre, v_pre = load_kv(k_ptr, v_ptr, kh, slots0, ok0, dims, stride_kh, stride_ks)
         if PDL:   # qkv comes from the previous kernel
             gdc_launch_dependents()
             gdc_wait()
         if not PRELOAD:
             pos = tl.load(pos_ptr)
             end = tl.minimum(start + SPLIT, pos + 1)
+            slots0 = pos           # (unused without the preload)
+            k_pre = 0.0
+            v_pre = 0.0
         if start <= pos:
             half: tl.constexpr = D // 2
             i = tl.arange(0, half)
-            c1 = tl.load(cos_ptr + pos * D + i).to(tl.float32)
-            c2 = tl.load(cos_ptr + pos * D + half + i).to(tl.float32)
-            s1 = tl.load(sin_ptr + pos * D + i).to(tl.float32)
-            s2 = tl.load(sin_ptr + pos * D + half + i).to(tl.float32)
+            c1, c2, s1, s2 = rope_rows(cos_ptr, sin_ptr, pos * D, i, half)
             if pos < start + SPLIT:   # this split holds the new token: K/V into the cache
                 slot = kh * stride_kh + pos * stride_ks
-                if PRELOAD:   # ... and into the row at pos of the preloaded tile
-                    k_pre, v_pre = write_new_kv(
-                        qkv_ptr + (HEADS + kh) * D, qkv_ptr + (HEADS + HEADS // GROUP + kh) * D,
-                        kn_ptr, k_ptr + slot, v_ptr + slot, c1, c2, s1, s2, eps, slots0, pos,
-                        k_pre, v_pre, D, True)
-                else:
-                    write_new_kv(qkv_ptr + (HEADS + kh) * D,
-                                 qkv_ptr + (HEADS + HEADS // GROUP + kh) * D, kn_ptr,
-                                 k_ptr + slot, v_ptr + slot, c1, c2, s1, s2, eps, pos, pos,
-                                 0.0, 0.0, D, False)
+                k_pre, v_pre = write_new_kv(   # (and into the preloaded tile's row at pos)
+                    qkv_ptr + (HEADS + kh) * D, qkv_ptr + (HEADS + HEADS // GROUP + kh) * D,
+                    kn_ptr, k_ptr + slot, v_ptr + slot, c1, c2, s1, s2, eps, slots0, pos, k_pre,
+                    v_pre, D, PRELOAD)
                 tl.debug_barrier()   # the block's own writes, visible to its loads below
             rows = tl.arange(0, GROUP_PAD)
             head = kh * GROUP + rows
@@ -186,10 +178,9 @@ if triton is not None:
                     k = k_pre
                     v = v_pre
                 else:
-                    kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
-                    k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
-                    v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
-                m_i, l_i, acc = softmax_step(q, k, v, ok, m_i, l_i, acc, scale, IEEE, False)
+                    k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
+                m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
+                                             False)
             part = head * n_splits + sp
             tl.store(m_ptr + part, m_i, mask=row_ok)
             tl.store(l_ptr + part, l_i, mask=row_ok)

@@ -46,6 +46,7 @@ from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_att
                                          paged_rope_decode_attention,
                                          paged_varlen_attention, triton, varlen_max_tiles,
                                          varlen_tiles)
+from qwen_trt.fast.timing import replay_ms
 from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -591,24 +592,13 @@ class BatchedModel:
                         self.stats.notes.append(f"bucket {bucket} {impl}: {type(e).__name__}: "
                                                 f"{e}".splitlines()[0][:200])
                         continue
-                    timed[impl] = (self._time_replay(g), g)
+                    timed[impl] = (replay_ms(g, 10, warmup=1), g)
                 best = min(timed, key=lambda k: timed[k][0])
                 graph = timed[best][1]
                 self.stats.bucket_ms[bucket] = {k: round(v[0], 4) for k, v in timed.items()}
             self.stats.bucket_impl[bucket] = best
             self._graphs[bucket] = graph
         return graph
-
-    @staticmethod
-    def _time_replay(graph: torch.cuda.CUDAGraph, n: int = 10) -> float:
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / n
 
     def _check_step(self, graph: bool) -> str | None:
         """A mixed step (a decode row of one sequence beside a chunk after a prefix of another)

@@ -82,6 +82,22 @@ def config_for(n: int, k: int, gate_up: bool = False) -> GemvConfig:
 
 if triton is not None:
     @triton.jit
+    def _store_rows(y_acc, u_acc, rows, row_ok, res_ptr, out_ptr, dt: tl.constexpr,
+                    GATE_UP: tl.constexpr, RESIDUAL: tl.constexpr):
+        """The epilogue: float32 row sums ``y_acc`` (and the up rows' ``u_acc``) -> rounded
+        to ``dt``, ``silu(gate) * up`` and the residual add each rounded like PyTorch."""
+        y = y_acc.to(dt)
+        if GATE_UP:   # silu(gate) * up, each op rounded to the model dtype
+            up = u_acc.to(dt).to(tl.float32)
+            gf = y.to(tl.float32)
+            act = (gf / (1.0 + tl.exp(-gf))).to(dt)
+            y = (act.to(tl.float32) * up).to(dt)
+        if RESIDUAL:
+            r = tl.load(res_ptr + rows, mask=row_ok, other=0.0)
+            y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
+        tl.store(out_ptr + rows, y, mask=row_ok)
+
+    @triton.jit
     def _gemv_kernel(w_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
                      N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, NORM: tl.constexpr,
@@ -142,18 +158,10 @@ if triton is not None:
                 w2 = tl.load(w_ptr + N * K + offs, mask=mask, other=0.0)
                 acc2 += w2.to(tl.float32) * xf
         y_acc = tl.sum(acc_pre, 1) + tl.sum(acc, 1)
+        u_acc = y_acc
         if GATE_UP:
             u_acc = tl.sum(acc2_pre, 1) + tl.sum(acc2, 1)
-        y = y_acc.to(dt)
-        if GATE_UP:   # silu(gate) * up, each op rounded to the model dtype
-            up = u_acc.to(dt).to(tl.float32)
-            gf = y.to(tl.float32)
-            act = (gf / (1.0 + tl.exp(-gf))).to(dt)
-            y = (act.to(tl.float32) * up).to(dt)
-        if RESIDUAL:
-            r = tl.load(res_ptr + rows, mask=row_ok, other=0.0)
-            y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
-        tl.store(out_ptr + rows, y, mask=row_ok)
+        _store_rows(y_acc, u_acc, rows, row_ok, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
 
 
     @triton.jit
@@ -276,17 +284,8 @@ if triton is not None:
                 acc2 += w2.to(tl.float32) * xf
             if kc == n_k - 1:
                 rows = row0 + r
-                row_ok = rows < N
-                y = tl.sum(acc, 1).to(dt)
-                if GATE_UP:
-                    up = tl.sum(acc2, 1).to(dt).to(tl.float32)
-                    gf = y.to(tl.float32)
-                    act = (gf / (1.0 + tl.exp(-gf))).to(dt)
-                    y = (act.to(tl.float32) * up).to(dt)
-                if RESIDUAL:
-                    res = tl.load(res_ptr + rows, mask=row_ok, other=0.0)
-                    y = (res.to(tl.float32) + y.to(tl.float32)).to(dt)
-                tl.store(out_ptr + rows, y, mask=row_ok)
+                _store_rows(tl.sum(acc, 1), tl.sum(acc2, 1), rows, rows < N, res_ptr, out_ptr,
+                            dt, GATE_UP, RESIDUAL)
                 acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
                 acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
 

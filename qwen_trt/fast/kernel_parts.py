@@ -1,7 +1,9 @@
 """Pieces shared by the decode kernels (Triton ``@jit`` helpers, inlined where they are called).
 
 * :func:`norm_rope` -- q/k RMSNorm and rotary embedding of heads held as two halves, rounded
-  step by step like the unfused PyTorch ops (``fast/reference.py``);
+  step by step like the unfused PyTorch ops (``fast/reference.py``); :func:`rope_rows` loads
+  the rotary tables' rows;
+* :func:`load_kv` -- a tile of keys and values from the cache;
 * :func:`rope_group` -- the query heads of one kv head from a ``qkv`` row, normed and rotated,
   as one ``[GROUP_PAD, D]`` tile ready for ``tl.dot``;
 * :func:`write_new_kv` -- the new token's key (normed, rotated) and value into the cache, and
@@ -31,6 +33,25 @@ if triton is not None:
         o1 = (n1 * c1).to(dt).to(tl.float32) + (-n2 * s1).to(dt).to(tl.float32)
         o2 = (n2 * c2).to(dt).to(tl.float32) + (n1 * s2).to(dt).to(tl.float32)
         return o1, o2
+
+    @triton.jit
+    def rope_rows(cos_ptr, sin_ptr, row, i, half: tl.constexpr):
+        """The rotary tables' halves (float32) at offset ``row`` (``pos * D``: a scalar, or a
+        column for several positions) and columns ``i`` (``arange(D/2)``, as a row then)."""
+        c1 = tl.load(cos_ptr + row + i).to(tl.float32)
+        c2 = tl.load(cos_ptr + row + half + i).to(tl.float32)
+        s1 = tl.load(sin_ptr + row + i).to(tl.float32)
+        s2 = tl.load(sin_ptr + row + half + i).to(tl.float32)
+        return c1, c2, s1, s2
+
+    @triton.jit
+    def load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks):
+        """Keys and values of kv head ``kh`` at cache ``slots`` (rows where ``ok``; zeros
+        elsewhere): two ``[len(slots), D]`` tiles."""
+        kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
+        k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
+        v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
+        return k, v
 
     @triton.jit
     def rope_group(src, qn_ptr, first_head, c1, c2, s1, s2, eps, GROUP: tl.constexpr,
@@ -84,28 +105,34 @@ if triton is not None:
         return k_tile, v_tile
 
     @triton.jit
-    def softmax_step(q, k, v, ok, m_i, l_i, acc, scale, IEEE: tl.constexpr,
-                     SAFE: tl.constexpr):
-        """One ``[N]``-slot tile of keys ``k`` / values ``v`` (``ok``: slots that count) into
-        the running max ``m_i``, sum ``l_i`` and ``acc`` of the queries ``q``. ``IEEE``: exact
-        float32 products (``tl.dot`` defaults to tf32); ``SAFE``: rows with no slot yet keep
-        zeros instead of NaNs."""
+    def softmax_step(q, k, v, keep, m_i, l_i, acc, scale, IEEE: tl.constexpr,
+                     SAFE: tl.constexpr, EXP2: tl.constexpr = False):
+        """One tile of keys ``k`` / values ``v`` into the running max ``m_i``, sum ``l_i`` and
+        ``acc`` of the queries ``q``; ``keep``: which scores count (broadcast to ``[queries,
+        keys]``). ``IEEE``: exact float32 products (``tl.dot`` defaults to tf32); ``SAFE``: rows
+        with no key yet keep zeros instead of NaNs; ``EXP2``: ``scale`` includes log2(e)."""
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         else:
             s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(ok[None, :], s, float("-inf"))
+        s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = m_new
         if SAFE:
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_use)
-        p = tl.exp(s - m_use[:, None])
+        if EXP2:
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+        else:
+            alpha = tl.exp(m_i - m_use)
+            p = tl.exp(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
             pv = tl.dot(p.to(v.dtype), v)
         return m_new, l_i, acc * alpha[:, None] + pv
+
+
 else:  # pragma: no cover - CPU-only installs import the kernel modules but launch nothing
-    norm_rope = rope_group = write_new_kv = softmax_step = None
+    norm_rope = rope_rows = load_kv = rope_group = write_new_kv = softmax_step = None

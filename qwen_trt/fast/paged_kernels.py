@@ -22,7 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
-from qwen_trt.fast.kernel_parts import norm_rope, rope_group, softmax_step, write_new_kv
+from qwen_trt.fast.kernel_parts import (load_kv, norm_rope, rope_group, rope_rows,
+                                        softmax_step, write_new_kv)
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 try:
@@ -68,10 +69,7 @@ if triton is not None:
                 g1 = tl.load(kn_ptr + i)
                 g2 = tl.load(kn_ptr + half + i)
             pd = pos[:, None] * D
-            c1 = tl.load(cos_ptr + pd + i).to(tl.float32)
-            c2 = tl.load(cos_ptr + pd + half + i).to(tl.float32)
-            s1 = tl.load(sin_ptr + pd + i).to(tl.float32)
-            s2 = tl.load(sin_ptr + pd + half + i).to(tl.float32)
+            c1, c2, s1, s2 = rope_rows(cos_ptr, sin_ptr, pd, i, half)
             o1, o2 = norm_rope(x1.to(tl.float32), x2.to(tl.float32), g1.to(tl.float32),
                                g2.to(tl.float32), c1, c2, s1, s2, eps, D, 1, dt)
             o1 = o1.to(dt)
@@ -120,10 +118,9 @@ if triton is not None:
                 blk = tl.load(table_ptr + b * stride_tb + first // BS, mask=first < seq_len,
                               other=0).to(tl.int64)
                 slots = blk * BS + tl.arange(0, BS)
-                kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
-                k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
-                v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
-                m_i, l_i, acc = softmax_step(q, k, v, ok, m_i, l_i, acc, scale, IEEE, True)
+                k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
+                m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
+                                             True)
             part = (b * HEADS + head) * n_splits + sp
             tl.store(m_ptr + part, m_i, mask=row_ok)
             tl.store(l_ptr + part, l_i, mask=row_ok)
@@ -155,36 +152,28 @@ if triton is not None:
             ok0 = toks0 < seq_len
             blk0 = tl.load(table_ptr + b * stride_tb + start // BS, mask=start < seq_len,
                            other=0).to(tl.int64)
-            off0 = kh * stride_kh + (blk0 * BS + tl.arange(0, BS))[:, None] * stride_ks \
-                + dims[None, :]
-            k_pre = tl.load(k_ptr + off0, mask=ok0[:, None], other=0.0)
-            v_pre = tl.load(v_ptr + off0, mask=ok0[:, None], other=0.0)
+            k_pre, v_pre = load_kv(k_ptr, v_ptr, kh, blk0 * BS + tl.arange(0, BS), ok0, dims,
+                                   stride_kh, stride_ks)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
         if not PRELOAD:
             seq_len = tl.load(lens_ptr + b)
+            toks0 = start          # (unused without the preload)
+            k_pre = 0.0
+            v_pre = 0.0
         if start < seq_len:
             pos = tl.load(pos_ptr + b)
             half: tl.constexpr = D // 2
             i = tl.arange(0, half)
             row_src = qkv_ptr + b * stride_row
-            c1 = tl.load(cos_ptr + pos * D + i).to(tl.float32)
-            c2 = tl.load(cos_ptr + pos * D + half + i).to(tl.float32)
-            s1 = tl.load(sin_ptr + pos * D + i).to(tl.float32)
-            s2 = tl.load(sin_ptr + pos * D + half + i).to(tl.float32)
+            c1, c2, s1, s2 = rope_rows(cos_ptr, sin_ptr, pos * D, i, half)
             if (pos >= start) & (pos < start + SPLIT):   # the new token: K/V into the cache
                 dst = kh * stride_kh + tl.load(slot_ptr + b).to(tl.int64) * stride_ks
-                if PRELOAD:   # ... and into the row at pos of the preloaded block
-                    k_pre, v_pre = write_new_kv(
-                        row_src + (HEADS + kh) * D, row_src + (HEADS + HEADS // GROUP + kh) * D,
-                        kn_ptr, k_ptr + dst, v_ptr + dst, c1, c2, s1, s2, eps, toks0, pos,
-                        k_pre, v_pre, D, True)
-                else:
-                    write_new_kv(row_src + (HEADS + kh) * D,
-                                 row_src + (HEADS + HEADS // GROUP + kh) * D, kn_ptr,
-                                 k_ptr + dst, v_ptr + dst, c1, c2, s1, s2, eps, pos, pos,
-                                 0.0, 0.0, D, False)
+                k_pre, v_pre = write_new_kv(   # (and into the preloaded block's row at pos)
+                    row_src + (HEADS + kh) * D, row_src + (HEADS + HEADS // GROUP + kh) * D,
+                    kn_ptr, k_ptr + dst, v_ptr + dst, c1, c2, s1, s2, eps, toks0, pos, k_pre,
+                    v_pre, D, PRELOAD)
                 tl.debug_barrier()   # the block's own writes, visible to its loads below
             rows = tl.arange(0, GROUP_PAD)
             head = kh * GROUP + rows
@@ -205,10 +194,9 @@ if triton is not None:
                     blk = tl.load(table_ptr + b * stride_tb + first // BS,
                                   mask=first < seq_len, other=0).to(tl.int64)
                     slots = blk * BS + tl.arange(0, BS)
-                    kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
-                    k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
-                    v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
-                m_i, l_i, acc = softmax_step(q, k, v, ok, m_i, l_i, acc, scale, IEEE, True)
+                    k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
+                m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
+                                             True)
             part = (b * HEADS + head) * n_splits + sp
             tl.store(m_ptr + part, m_i, mask=row_ok)
             tl.store(l_ptr + part, l_i, mask=row_ok)
@@ -259,24 +247,9 @@ if triton is not None:
         ok = toks < n_keys
         blk = tl.load(table_ptr + s * stride_tb + toks // BS, mask=ok, other=0).to(tl.int64)
         slots = blk * BS + toks % BS
-        kv_off = kh * stride_kh + slots[:, None] * stride_ks + dims[None, :]
-        k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
-        if IEEE:
-            sc = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-        else:
-            sc = tl.dot(q, tl.trans(k)) * qk_scale
-        sc = tl.where((toks[None, :] <= q_pos[:, None]) & ok[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(sc - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        return m_new, l_i, acc * alpha[:, None] + pv
+        k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
+        keep = (toks[None, :] <= q_pos[:, None]) & ok[None, :]
+        return softmax_step(q, k, v, keep, m_i, l_i, acc, qk_scale, IEEE, True, True)
 
     @triton.jit
     def _paged_varlen_kernel(q_ptr, k_ptr, v_ptr, o_ptr, table_ptr, ctx_ptr, qstart_ptr,

@@ -19,6 +19,7 @@ import time
 import torch
 
 from qwen_trt.fast import SHAPES, load_fast_decoder
+from qwen_trt.fast.timing import replay_ms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,13 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     times = []
     for _ in range(5):
         set_pos()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(args.steps):
-            graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / args.steps)
+        times.append(replay_ms(graph, args.steps))
     step_ms = sorted(times)[len(times) // 2]
     wb = eng.model.weight_bytes
     res = {"kernels": stats.kernels, "attention": stats.attention, "notes": stats.notes,
@@ -183,13 +178,7 @@ def profile_variants(cfg, plans: list[str], ctxs: list[int], args) -> int:
                 tok.fill_(1)
                 for _ in range(5):
                     g.replay()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for _ in range(args.steps):
-                    g.replay()
-                b.record()
-                b.synchronize()
-                times[p].append(a.elapsed_time(b) / args.steps)
+                times[p].append(replay_ms(g, args.steps))
         rows = {}
         tok.fill_(1)
         graphs[plans[0], ctx].replay()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from qwen_trt.fast.kernel_parts import norm_rope
+from qwen_trt.fast.kernel_parts import norm_rope, rope_rows
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 from qwen_trt.fast.reference import split_norm_rope
 
@@ -50,10 +50,7 @@ if triton is not None:
             else:
                 g1 = tl.load(kn_ptr + i)
                 g2 = tl.load(kn_ptr + half + i)
-            c1 = tl.load(cos_ptr + pos * D + i).to(tl.float32)
-            c2 = tl.load(cos_ptr + pos * D + half + i).to(tl.float32)
-            s1 = tl.load(sin_ptr + pos * D + i).to(tl.float32)
-            s2 = tl.load(sin_ptr + pos * D + half + i).to(tl.float32)
+            c1, c2, s1, s2 = rope_rows(cos_ptr, sin_ptr, pos * D, i, half)
             o1, o2 = norm_rope(x1.to(tl.float32), x2.to(tl.float32), g1.to(tl.float32),
                                g2.to(tl.float32), c1, c2, s1, s2, eps, D, 0, dt)
             o1 = o1.to(dt)
