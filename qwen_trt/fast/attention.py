@@ -18,7 +18,7 @@ import os
 import torch
 
 from qwen_trt.fast.kernel_parts import (load_kv, rope_group, rope_rows, softmax_step,
-                                        write_new_kv)
+                                        store_partial, write_new_kv)
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 # Measured on an H200 (python -m qwen_trt.fast.kernel_bench --sweep): about 7 / 9 us per layer
@@ -83,9 +83,7 @@ if triton is not None:
                 m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
                                              False)
             part = head * n_splits + sp
-            tl.store(m_ptr + part, m_i, mask=row_ok)
-            tl.store(l_ptr + part, l_i, mask=row_ok)
-            tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+            store_partial(m_ptr, l_ptr, acc_ptr, part, m_i, l_i, acc, row_ok, dims, D)
 
     @triton.jit
     def _merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, out_ptr,
@@ -182,9 +180,7 @@ if triton is not None:
                 m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
                                              False)
             part = head * n_splits + sp
-            tl.store(m_ptr + part, m_i, mask=row_ok)
-            tl.store(l_ptr + part, l_i, mask=row_ok)
-            tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+            store_partial(m_ptr, l_ptr, acc_ptr, part, m_i, l_i, acc, row_ok, dims, D)
 
 
 def rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,

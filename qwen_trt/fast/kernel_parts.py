@@ -8,7 +8,8 @@
   as one ``[GROUP_PAD, D]`` tile ready for ``tl.dot``;
 * :func:`write_new_kv` -- the new token's key (normed, rotated) and value into the cache, and
   the same row patched into a tile preloaded before the write;
-* :func:`softmax_step` -- one tile of flash-decoding's online softmax.
+* :func:`softmax_step` -- one tile of flash-decoding's online softmax; :func:`store_partial`
+  writes a split's result for the merge; :func:`block_slots` looks a block up in a table.
 """
 from __future__ import annotations
 
@@ -52,6 +53,22 @@ if triton is not None:
         k = tl.load(k_ptr + kv_off, mask=ok[:, None], other=0.0)
         v = tl.load(v_ptr + kv_off, mask=ok[:, None], other=0.0)
         return k, v
+
+    @triton.jit
+    def store_partial(m_ptr, l_ptr, acc_ptr, part, m_i, l_i, acc, row_ok, dims,
+                      D: tl.constexpr):
+        """One split's running max, sum and accumulator of its query rows (``part``: their
+        indices in the partials, ``row_ok``: the real ones), for the merge kernel."""
+        tl.store(m_ptr + part, m_i, mask=row_ok)
+        tl.store(l_ptr + part, l_i, mask=row_ok)
+        tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+
+    @triton.jit
+    def block_slots(table_ptr, row, first, n, BS: tl.constexpr):
+        """Cache slots of the ``BS`` tokens from ``first`` (a block boundary) of the sequence
+        whose block-table row starts at ``row``; tokens from ``n`` on are never read."""
+        blk = tl.load(table_ptr + row + first // BS, mask=first < n, other=0).to(tl.int64)
+        return blk * BS + tl.arange(0, BS)
 
     @triton.jit
     def rope_group(src, qn_ptr, first_head, c1, c2, s1, s2, eps, GROUP: tl.constexpr,
@@ -136,3 +153,4 @@ if triton is not None:
 
 else:  # pragma: no cover - CPU-only installs import the kernel modules but launch nothing
     norm_rope = rope_rows = load_kv = rope_group = write_new_kv = softmax_step = None
+    store_partial = block_slots = None

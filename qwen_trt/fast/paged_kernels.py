@@ -22,8 +22,9 @@ from collections.abc import Sequence
 
 import torch
 
-from qwen_trt.fast.kernel_parts import (load_kv, norm_rope, rope_group, rope_rows,
-                                        softmax_step, write_new_kv)
+from qwen_trt.fast.kernel_parts import (block_slots, load_kv, norm_rope, rope_group,
+                                        rope_rows, softmax_step, store_partial,
+                                        write_new_kv)
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 try:
@@ -115,16 +116,12 @@ if triton is not None:
                 first = start + n0
                 toks = first + tl.arange(0, BS)
                 ok = toks < seq_len
-                blk = tl.load(table_ptr + b * stride_tb + first // BS, mask=first < seq_len,
-                              other=0).to(tl.int64)
-                slots = blk * BS + tl.arange(0, BS)
+                slots = block_slots(table_ptr, b * stride_tb, first, seq_len, BS)
                 k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
                 m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
                                              True)
             part = (b * HEADS + head) * n_splits + sp
-            tl.store(m_ptr + part, m_i, mask=row_ok)
-            tl.store(l_ptr + part, l_i, mask=row_ok)
-            tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+            store_partial(m_ptr, l_ptr, acc_ptr, part, m_i, l_i, acc, row_ok, dims, D)
 
     @triton.jit
     def _paged_rope_partial_kernel(qkv_ptr, stride_row, qn_ptr, kn_ptr, cos_ptr, sin_ptr,
@@ -150,10 +147,9 @@ if triton is not None:
             seq_len = tl.load(lens_ptr + b)
             toks0 = start + tl.arange(0, BS)
             ok0 = toks0 < seq_len
-            blk0 = tl.load(table_ptr + b * stride_tb + start // BS, mask=start < seq_len,
-                           other=0).to(tl.int64)
-            k_pre, v_pre = load_kv(k_ptr, v_ptr, kh, blk0 * BS + tl.arange(0, BS), ok0, dims,
-                                   stride_kh, stride_ks)
+            k_pre, v_pre = load_kv(k_ptr, v_ptr, kh,
+                                   block_slots(table_ptr, b * stride_tb, start, seq_len, BS), ok0,
+                                   dims, stride_kh, stride_ks)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -191,16 +187,12 @@ if triton is not None:
                     k = k_pre
                     v = v_pre
                 else:
-                    blk = tl.load(table_ptr + b * stride_tb + first // BS,
-                                  mask=first < seq_len, other=0).to(tl.int64)
-                    slots = blk * BS + tl.arange(0, BS)
+                    slots = block_slots(table_ptr, b * stride_tb, first, seq_len, BS)
                     k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
                 m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
                                              True)
             part = (b * HEADS + head) * n_splits + sp
-            tl.store(m_ptr + part, m_i, mask=row_ok)
-            tl.store(l_ptr + part, l_i, mask=row_ok)
-            tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+            store_partial(m_ptr, l_ptr, acc_ptr, part, m_i, l_i, acc, row_ok, dims, D)
 
     @triton.jit
     def _paged_merge_kernel(m_ptr, l_ptr, acc_ptr, lens_ptr, out_ptr,
