@@ -17,8 +17,8 @@ import os
 
 import torch
 
-from qwen_trt.fast.kernel_parts import (load_kv, rope_group, rope_rows, softmax_step,
-                                        store_partial, write_new_kv)
+from qwen_trt.fast.kernel_parts import (load_kv, merge_splits, rope_group, rope_rows,
+                                        softmax_step, store_partial, write_new_kv)
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 # Measured on an H200 (python -m qwen_trt.fast.kernel_bench --sweep): about 7 / 9 us per layer
@@ -53,85 +53,24 @@ def math_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, p
 
 if triton is not None:
     @triton.jit
-    def _partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
-                        stride_kh, stride_ks, n_splits, scale,
-                        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                        SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
-                        PDL: tl.constexpr):
-        kh = tl.program_id(0)
-        sp = tl.program_id(1)
-        if PDL:   # q and the new cache slot come from the previous kernel
-            gdc_launch_dependents()
-            gdc_wait()
-        pos = tl.load(pos_ptr)
-        start = sp * SPLIT
-        if start <= pos:
-            rows = tl.arange(0, GROUP_PAD)
-            dims = tl.arange(0, D)
-            head = kh * GROUP + rows
-            row_ok = rows < GROUP
-            q = tl.load(q_ptr + head[:, None] * D + dims[None, :], mask=row_ok[:, None],
-                        other=0.0)
-            m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-            l_i = tl.zeros([GROUP_PAD], tl.float32)
-            acc = tl.zeros([GROUP_PAD, D], tl.float32)
-            end = tl.minimum(start + SPLIT, pos + 1)
-            for n0 in tl.static_range(0, SPLIT, BLOCK_N):   # masked past ``end``
-                slots = start + n0 + tl.arange(0, BLOCK_N)
-                ok = slots < end
-                k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
-                m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
-                                             False)
-            part = head * n_splits + sp
-            store_partial(m_ptr, l_ptr, acc_ptr, part, m_i, l_i, acc, row_ok, dims, D)
+    def _partial_kernel(src_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr,
+                        m_ptr, l_ptr, acc_ptr, stride_kh, stride_ks, n_splits, scale, eps,
+                        HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                        D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                        IEEE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
+                        PRELOAD: tl.constexpr):
+        """Program ``(kv head, split)``: the online softmax of the query heads of one kv head
+        over ``SPLIT`` cache slots, for the merge kernel.
 
-    @triton.jit
-    def _merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, out_ptr,
-                      N_SPLITS: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-                      CHUNK: tl.constexpr, PDL: tl.constexpr):
-        h = tl.program_id(0)
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
-        active = tl.load(pos_ptr) // SPLIT + 1
-        dims = tl.arange(0, D)
-        m_max = tl.full([CHUNK], float("-inf"), tl.float32)
-        for c in tl.static_range(0, N_SPLITS, CHUNK):    # masked past the active splits
-            sp = c + tl.arange(0, CHUNK)
-            m = tl.load(m_ptr + h * N_SPLITS + sp, mask=sp < active, other=float("-inf"))
-            m_max = tl.maximum(m_max, m)
-        top = tl.max(m_max, 0)
-        total = tl.zeros([CHUNK], tl.float32)
-        acc = tl.zeros([CHUNK, D], tl.float32)
-        for c in tl.static_range(0, N_SPLITS, CHUNK):
-            sp = c + tl.arange(0, CHUNK)
-            ok = sp < active
-            m = tl.load(m_ptr + h * N_SPLITS + sp, mask=ok, other=float("-inf"))
-            l_s = tl.load(l_ptr + h * N_SPLITS + sp, mask=ok, other=0.0)
-            a = tl.load(acc_ptr + (h * N_SPLITS + sp)[:, None] * D + dims[None, :],
-                        mask=ok[:, None], other=0.0)
-            w = tl.exp(m - top)
-            total += w * l_s
-            acc += w[:, None] * a
-        out = tl.sum(acc, 0) / tl.sum(total, 0)
-        tl.store(out_ptr + h * D + dims, out.to(out_ptr.dtype.element_ty))
+        ``src_ptr`` is ``q [heads, d]`` (its norms, RoPE and the cache write done by
+        ``qk_rope_cache`` before), or with ``ROPE`` the fused projection ``qkv``: each
+        program then norms and rotates its query heads itself, and the program whose split
+        holds ``pos`` writes the new key and value first (same rounding as the kernel apart).
 
-
-    @triton.jit
-    def _rope_partial_kernel(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr,
-                             m_ptr, l_ptr, acc_ptr, stride_kh, stride_ks, n_splits, scale, eps,
-                             HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                             D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                             IEEE: tl.constexpr, PDL: tl.constexpr, PRELOAD: tl.constexpr):
-        """``_partial_kernel`` with the work of ``_rope_cache_kernel`` folded in: each program
-        norms and rotates the query heads of its kv head itself (from ``qkv``), and the
-        program whose split holds ``pos`` also writes the new key and value to the cache
-        before it reads its slots. Same rounding as the two kernels.
-
-        ``PRELOAD``: the position and the first tile of cached keys/values were written by
-        earlier steps, not by the kernel before this one, so they are loaded before the PDL
-        wait -- the cache read overlaps the qkv projection's tail -- and the new token's row
-        of that tile is patched in registers."""
+        ``PRELOAD`` (``ROPE`` only): the position and the first tile of cached keys/values
+        were written by earlier steps, not by the kernel before this one, so they are loaded
+        before the PDL wait -- the cache read overlaps the qkv projection's tail -- and the new
+        token's row of that tile is patched in registers."""
         kh = tl.program_id(0)
         sp = tl.program_id(1)
         dims = tl.arange(0, D)
@@ -142,7 +81,7 @@ if triton is not None:
             slots0 = start + tl.arange(0, BLOCK_N)
             ok0 = slots0 < end
             k_pre, v_pre = load_kv(k_ptr, v_ptr, kh, slots0, ok0, dims, stride_kh, stride_ks)
-        if PDL:   # qkv comes from the previous kernel
+        if PDL:   # q / qkv (and the new cache slot) come from the previous kernel
             gdc_launch_dependents()
             gdc_wait()
         if not PRELOAD:
@@ -152,20 +91,25 @@ if triton is not None:
             k_pre = 0.0
             v_pre = 0.0
         if start <= pos:
-            half: tl.constexpr = D // 2
-            i = tl.arange(0, half)
-            c1, c2, s1, s2 = rope_rows(cos_ptr, sin_ptr, pos * D, i, half)
-            if pos < start + SPLIT:   # this split holds the new token: K/V into the cache
-                slot = kh * stride_kh + pos * stride_ks
-                k_pre, v_pre = write_new_kv(   # (and into the preloaded tile's row at pos)
-                    qkv_ptr + (HEADS + kh) * D, qkv_ptr + (HEADS + HEADS // GROUP + kh) * D,
-                    kn_ptr, k_ptr + slot, v_ptr + slot, c1, c2, s1, s2, eps, slots0, pos, k_pre,
-                    v_pre, D, PRELOAD)
-                tl.debug_barrier()   # the block's own writes, visible to its loads below
             rows = tl.arange(0, GROUP_PAD)
             head = kh * GROUP + rows
             row_ok = rows < GROUP
-            q = rope_group(qkv_ptr, qn_ptr, kh * GROUP, c1, c2, s1, s2, eps, GROUP, GROUP_PAD, D)
+            if ROPE:
+                half: tl.constexpr = D // 2
+                i = tl.arange(0, half)
+                c1, c2, s1, s2 = rope_rows(cos_ptr, sin_ptr, pos * D, i, half)
+                if pos < start + SPLIT:   # this split holds the new token: K/V into the cache
+                    slot = kh * stride_kh + pos * stride_ks
+                    k_pre, v_pre = write_new_kv(   # (and into the preloaded tile's row)
+                        src_ptr + (HEADS + kh) * D, src_ptr + (HEADS + HEADS // GROUP + kh) * D,
+                        kn_ptr, k_ptr + slot, v_ptr + slot, c1, c2, s1, s2, eps, slots0, pos,
+                        k_pre, v_pre, D, PRELOAD)
+                    tl.debug_barrier()   # the block's own writes, visible to its loads below
+                q = rope_group(src_ptr, qn_ptr, kh * GROUP, c1, c2, s1, s2, eps, GROUP,
+                               GROUP_PAD, D)
+            else:
+                q = tl.load(src_ptr + head[:, None] * D + dims[None, :], mask=row_ok[:, None],
+                            other=0.0)
             m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
             l_i = tl.zeros([GROUP_PAD], tl.float32)
             acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -179,8 +123,51 @@ if triton is not None:
                     k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
                 m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
                                              False)
-            part = head * n_splits + sp
-            store_partial(m_ptr, l_ptr, acc_ptr, part, m_i, l_i, acc, row_ok, dims, D)
+            store_partial(m_ptr, l_ptr, acc_ptr, head * n_splits + sp, m_i, l_i, acc, row_ok,
+                          dims, D)
+
+    @triton.jit
+    def _merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, out_ptr,
+                      N_SPLITS: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+                      CHUNK: tl.constexpr, PDL: tl.constexpr):
+        h = tl.program_id(0)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        out = merge_splits(m_ptr, l_ptr, acc_ptr, h * N_SPLITS, tl.load(pos_ptr) // SPLIT + 1,
+                           N_SPLITS, D, CHUNK)
+        tl.store(out_ptr + h * D + tl.arange(0, D), out.to(out_ptr.dtype.element_ty))
+
+
+def _split_attend(src: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  pos: torch.Tensor, heads: int, split: int, block_n: int, warps: int,
+                  rope: tuple | None = None) -> torch.Tensor:
+    """Both kernels: ``src`` is ``q`` (``rope`` None) or ``qkv`` with ``rope = (q_norm,
+    k_norm, cos, sin, eps)``. Returns ``[heads, d]``."""
+    kvh, slots, d = k_cache.shape
+    if rope is not None and (v_cache.stride() != k_cache.stride() or d & (d - 1)):
+        raise ValueError("rope_decode_attention needs K and V caches of one layout and a "
+                         "power-of-two head_dim")
+    group = heads // kvh
+    block_n = min(block_n, split)
+    n_splits = triton.cdiv(slots, split)
+    dev = src.device
+    m = torch.empty(heads, n_splits, dtype=torch.float32, device=dev)
+    l_ = torch.empty(heads, n_splits, dtype=torch.float32, device=dev)
+    acc = torch.empty(heads, n_splits, d, dtype=torch.float32, device=dev)
+    out = torch.empty(heads, d, dtype=src.dtype, device=dev)
+    q_norm, k_norm, cos, sin, eps = rope if rope is not None else (src, src, src, src, 0.0)
+    pdl = pdl_enabled(dev)
+    _partial_kernel[(kvh, n_splits)](
+        src, q_norm, k_norm, cos, sin, pos, k_cache, v_cache, m, l_, acc, k_cache.stride(0),
+        k_cache.stride(1), n_splits, d ** -0.5, eps, HEADS=heads, GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT=split, BLOCK_N=block_n,
+        IEEE=src.dtype == torch.float32, PDL=pdl, ROPE=rope is not None,
+        PRELOAD=rope is not None and os.environ.get("QWEN_TRT_ATTN_PRELOAD", "1") != "0",
+        num_warps=warps, **launch_kwargs(pdl))
+    _merge_kernel[(heads,)](m, l_, acc, pos, out, N_SPLITS=n_splits, D=d, SPLIT=split,
+                            CHUNK=32, PDL=pdl, num_warps=4, **launch_kwargs(pdl))
+    return out
 
 
 def rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
@@ -191,53 +178,16 @@ def rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch
     """:func:`~qwen_trt.fast.rope_cache.qk_rope_cache` then :func:`decode_attention` in two
     kernels instead of three: the q/k norms, RoPE and the cache write happen in the first
     attention kernel. ``qkv [(heads + 2 kv) d]`` -> ``[heads, d]``; writes K/V at ``pos``."""
-    kvh, slots, d = k_cache.shape
-    if v_cache.stride() != k_cache.stride() or d & (d - 1):
-        raise ValueError("rope_decode_attention needs K and V caches of one layout and a "
-                         "power-of-two head_dim")
-    group = heads // kvh
     split = split or int(os.environ.get("QWEN_TRT_ATTN_SPLIT", ROPE_SPLIT))   # (for sweeps)
-    block_n = min(block_n, split)
-    n_splits = triton.cdiv(slots, split)
-    dev = qkv.device
-    m = torch.empty(heads, n_splits, dtype=torch.float32, device=dev)
-    l_ = torch.empty(heads, n_splits, dtype=torch.float32, device=dev)
-    acc = torch.empty(heads, n_splits, d, dtype=torch.float32, device=dev)
-    out = torch.empty(heads, d, dtype=qkv.dtype, device=dev)
-    pdl = pdl_enabled(dev)
-    _rope_partial_kernel[(kvh, n_splits)](
-        qkv, q_norm, k_norm, cos, sin, pos, k_cache, v_cache, m, l_, acc, k_cache.stride(0),
-        k_cache.stride(1), n_splits, d ** -0.5, eps, HEADS=heads, GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT=split, BLOCK_N=block_n,
-        IEEE=qkv.dtype == torch.float32, PDL=pdl, num_warps=warps,
-        PRELOAD=os.environ.get("QWEN_TRT_ATTN_PRELOAD", "1") != "0", **launch_kwargs(pdl))
-    _merge_kernel[(heads,)](m, l_, acc, pos, out, N_SPLITS=n_splits, D=d, SPLIT=split,
-                            CHUNK=32, PDL=pdl, num_warps=4, **launch_kwargs(pdl))
-    return out
+    return _split_attend(qkv, k_cache, v_cache, pos, heads, split, block_n, warps,
+                         rope=(q_norm, k_norm, cos, sin, eps))
 
 
 def _triton_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    pos: torch.Tensor, split: int = SPLIT, block_n: int = BLOCK_N,
                    warps: int = WARPS) -> torch.Tensor:
-    heads, d = q.shape
-    kvh, slots, _ = k_cache.shape
-    group = heads // kvh
-    n_splits = triton.cdiv(slots, split)
-    dev = q.device
-    m = torch.empty(heads, n_splits, dtype=torch.float32, device=dev)
-    l_ = torch.empty(heads, n_splits, dtype=torch.float32, device=dev)
-    acc = torch.empty(heads, n_splits, d, dtype=torch.float32, device=dev)
-    out = torch.empty_like(q)
-    q = q.contiguous()
-    pdl = pdl_enabled(q.device)
-    _partial_kernel[(kvh, n_splits)](
-        q, k_cache, v_cache, pos, m, l_, acc, k_cache.stride(0), k_cache.stride(1), n_splits,
-        d ** -0.5, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d,
-        SPLIT=split, BLOCK_N=block_n, IEEE=q.dtype == torch.float32, PDL=pdl, num_warps=warps,
-        **launch_kwargs(pdl))
-    _merge_kernel[(heads,)](m, l_, acc, pos, out, N_SPLITS=n_splits, D=d, SPLIT=split,
-                            CHUNK=32, PDL=pdl, num_warps=4, **launch_kwargs(pdl))
-    return out
+    return _split_attend(q.contiguous(), k_cache, v_cache, pos, q.shape[0], split, block_n,
+                         warps)
 
 
 @torch.library.custom_op("qwen_trt::decode_attention", mutates_args=())

@@ -52,10 +52,6 @@ class GemvConfig:
                            # whole rows, so block_k and pre_k do not apply to it
     programs: int = 0      # persistent: exactly this many programs instead (e.g. a divisor
                            # of the row blocks, so the last wave is full)
-    stages: int = 0        # > 0: the tiled kernel -- [block_n, block_k] tiles in one flat
-                           # loop over (row block, column chunk), software-pipelined this
-                           # many tiles deep (loads land in shared memory, not registers)
-    tma: bool = False      # tiled kernel: load the tiles with the bulk tensor copy engine
 
 
 def config_for(n: int, k: int, gate_up: bool = False) -> GemvConfig:
@@ -224,86 +220,6 @@ if triton is not None:
             w = w_next
 
 
-    @triton.jit
-    def _gemv_tiled_kernel(w_ptr, w_desc, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
-                           N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-                           GATE_UP: tl.constexpr, PDL: tl.constexpr, P: tl.constexpr,
-                           STAGES: tl.constexpr, TMA: tl.constexpr):
-        """Same function as ``_gemv_kernel``; program ``pid`` of ``P`` takes row blocks
-        ``pid, pid + P, ...`` and walks them as one flat loop of ``[BLOCK_N, BLOCK_K]`` weight
-        tiles, which the compiler pipelines ``STAGES`` deep (``TMA``: through the bulk tensor
-        copy engine via ``w_desc``), so many tiles are in flight per SM without holding them
-        in registers. Products accumulate elementwise per row block and are reduced once at
-        its last chunk."""
-        pid = tl.program_id(0)
-        dt = x_ptr.dtype.element_ty
-        n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-        n_k: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-        iters: tl.constexpr = (n_blocks + P - 1) // P * n_k
-        cols = tl.arange(0, BLOCK_K)
-        r = tl.arange(0, BLOCK_N)
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
-        rstd = 0.0
-        if NORM:
-            ss = tl.zeros([BLOCK_K], tl.float32)
-            for k0 in tl.static_range(0, K, BLOCK_K):
-                xs = tl.load(x_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
-                ss += xs * xs
-            rstd = tl.rsqrt(tl.sum(ss, 0) / K + eps)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for t in tl.range(0, iters, num_stages=STAGES):   # a program with a block fewer
-            # than the others masks its last one out (rows >= N: no loads, no stores)
-            rb = pid + (t // n_k) * P
-            kc = t % n_k
-            row0 = rb * BLOCK_N
-            kk = kc * BLOCK_K + cols
-            k_ok = kk < K
-            if TMA:
-                w = w_desc.load([row0, kc * BLOCK_K])
-                if GATE_UP:
-                    w2 = w_desc.load([N + row0, kc * BLOCK_K])
-            else:
-                rows = row0 + r
-                m = (rows < N)[:, None] & k_ok[None, :]
-                offs = rows[:, None] * K + kk[None, :]
-                w = tl.load(w_ptr + offs, mask=m, other=0.0, eviction_policy="evict_first")
-                if GATE_UP:
-                    w2 = tl.load(w_ptr + N * K + offs, mask=m, other=0.0,
-                                 eviction_policy="evict_first")
-            xv = tl.load(x_ptr + kk, mask=k_ok, other=0.0)
-            if NORM:
-                g = tl.load(ln_ptr + kk, mask=k_ok, other=0.0)
-                xv = (g.to(tl.float32) * (xv.to(tl.float32) * rstd).to(dt).to(tl.float32)).to(dt)
-            xf = xv.to(tl.float32)[None, :]
-            acc += w.to(tl.float32) * xf
-            if GATE_UP:
-                acc2 += w2.to(tl.float32) * xf
-            if kc == n_k - 1:
-                rows = row0 + r
-                _store_rows(tl.sum(acc, 1), tl.sum(acc2, 1), rows, rows < N, res_ptr, out_ptr,
-                            dt, GATE_UP, RESIDUAL)
-                acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-                acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-
-
-_DESCRIPTORS: dict[tuple, object] = {}
-
-
-def _descriptor(w: torch.Tensor, block: tuple[int, int]):
-    """A host TMA descriptor of ``w`` (cached per tensor and tile shape)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    key = (w.data_ptr(), tuple(w.shape), w.dtype, block)
-    d = _DESCRIPTORS.get(key)
-    if d is None:
-        d = _DESCRIPTORS[key] = TensorDescriptor.from_tensor(w, list(block))
-    return d
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -331,17 +247,6 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, ep
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     res = residual.reshape(n) if residual is not None else out
     pdl = pdl_enabled(x.device)
-    if cfg.stages > 0 and x.device.type == "cuda":
-        sms = _sm_count(x.device.index if x.device.index is not None
-                        else torch.cuda.current_device())
-        grid = min(triton.cdiv(n, cfg.block_n), cfg.programs or sms * max(cfg.ctas_per_sm, 1))
-        bk = min(cfg.block_k, triton.next_power_of_2(k))
-        _gemv_tiled_kernel[(grid,)](
-            w, _descriptor(w, (cfg.block_n, bk)) if cfg.tma else w, x, out,
-            ln if ln is not None else x, res, eps, N=n, K=k, BLOCK_N=cfg.block_n, BLOCK_K=bk,
-            NORM=ln is not None, RESIDUAL=residual is not None, GATE_UP=gate_up, PDL=pdl,
-            P=grid, STAGES=cfg.stages, TMA=cfg.tma, num_warps=cfg.warps, **launch_kwargs(pdl))
-        return out
     if (cfg.ctas_per_sm > 0 or cfg.programs > 0) and x.device.type == "cuda":
         sms = _sm_count(x.device.index if x.device.index is not None
                         else torch.cuda.current_device())

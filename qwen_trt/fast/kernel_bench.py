@@ -153,8 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="try every block configuration")
     ap.add_argument("--only", default=None, help="comma-separated shape names")
     ap.add_argument("--budget-s", type=float, default=400, help="stop sweeping after this")
-    ap.add_argument("--tiled", action="store_true",
-                    help="sweep the tiled TMA kernel (block_n x stages x programs per SM)")
     ap.add_argument("--programs", default="",
                     help="comma-separated grid sizes: sweep the persistent projections over "
                          "these exact program counts (block_n 1 and 2, the picked warps)")
@@ -180,9 +178,6 @@ def main(argv: list[str] | None = None) -> int:
                               spec.get("gate_up", False))
             configs += [GemvConfig(bn, 512, auto.warps, 8192, 0, int(p))
                         for p in args.programs.split(",") for bn in (1, 2)]
-        if args.tiled and name != "lm_head":
-            configs += [GemvConfig(bn, 256, 4, 8192, c, 0, st, True)
-                        for bn, st, c in itertools.product((8, 16, 32), (3, 5, 8), (1, 2))]
         r = bench_shape(name, spec, configs, QWEN3_4B.layers)
         result["shapes"][name] = r
         cub = r["runs"][0]

@@ -9,7 +9,8 @@
 * :func:`write_new_kv` -- the new token's key (normed, rotated) and value into the cache, and
   the same row patched into a tile preloaded before the write;
 * :func:`softmax_step` -- one tile of flash-decoding's online softmax; :func:`store_partial`
-  writes a split's result for the merge; :func:`block_slots` looks a block up in a table.
+  writes a split's result for the merge, :func:`merge_splits` merges them; :func:`block_slots`
+  looks a block up in a table.
 """
 from __future__ import annotations
 
@@ -62,6 +63,32 @@ if triton is not None:
         tl.store(m_ptr + part, m_i, mask=row_ok)
         tl.store(l_ptr + part, l_i, mask=row_ok)
         tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
+
+    @triton.jit
+    def merge_splits(m_ptr, l_ptr, acc_ptr, base, active, N_SPLITS: tl.constexpr,
+                     D: tl.constexpr, CHUNK: tl.constexpr):
+        """The attention output (float32 ``[D]``) of one query head from the partials of its
+        first ``active`` splits at ``base .. base + N_SPLITS``."""
+        dims = tl.arange(0, D)
+        m_max = tl.full([CHUNK], float("-inf"), tl.float32)
+        for c in tl.static_range(0, N_SPLITS, CHUNK):    # masked past the active splits
+            sp = c + tl.arange(0, CHUNK)
+            m = tl.load(m_ptr + base + sp, mask=sp < active, other=float("-inf"))
+            m_max = tl.maximum(m_max, m)
+        top = tl.max(m_max, 0)
+        total = tl.zeros([CHUNK], tl.float32)
+        acc = tl.zeros([CHUNK, D], tl.float32)
+        for c in tl.static_range(0, N_SPLITS, CHUNK):
+            sp = c + tl.arange(0, CHUNK)
+            ok = sp < active
+            m = tl.load(m_ptr + base + sp, mask=ok, other=float("-inf"))
+            l_s = tl.load(l_ptr + base + sp, mask=ok, other=0.0)
+            a = tl.load(acc_ptr + (base + sp)[:, None] * D + dims[None, :], mask=ok[:, None],
+                        other=0.0)
+            w = tl.where(ok, tl.exp(m - top), 0.0)
+            total += w * l_s
+            acc += w[:, None] * a
+        return tl.sum(acc, 0) / tl.sum(total, 0)
 
     @triton.jit
     def block_slots(table_ptr, row, first, n, BS: tl.constexpr):
@@ -153,4 +180,4 @@ if triton is not None:
 
 else:  # pragma: no cover - CPU-only installs import the kernel modules but launch nothing
     norm_rope = rope_rows = load_kv = rope_group = write_new_kv = softmax_step = None
-    store_partial = block_slots = None
+    store_partial = block_slots = merge_splits = None

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
-from qwen_trt.fast.kernel_parts import (block_slots, load_kv, norm_rope, rope_group,
-                                        rope_rows, softmax_step, store_partial,
+from qwen_trt.fast.kernel_parts import (block_slots, load_kv, merge_splits, norm_rope,
+                                        rope_group, rope_rows, softmax_step, store_partial,
                                         write_new_kv)
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
@@ -89,55 +89,25 @@ if triton is not None:
             tl.store(base + half + i, x2, mask=rm)
 
     @triton.jit
-    def _paged_partial_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr,
-                              stride_kh, stride_ks, stride_tb, n_splits, scale,
+    def _paged_partial_kernel(src_ptr, stride_row, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
+                              slot_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, m_ptr, l_ptr,
+                              acc_ptr, stride_kh, stride_ks, stride_tb, n_splits, scale, eps,
                               HEADS: tl.constexpr, GROUP: tl.constexpr,
                               GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
-                              BS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-        b = tl.program_id(0)
-        kh = tl.program_id(1)
-        sp = tl.program_id(2)
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
-        seq_len = tl.load(lens_ptr + b)
-        start = sp * SPLIT
-        if start < seq_len:
-            rows = tl.arange(0, GROUP_PAD)
-            dims = tl.arange(0, D)
-            head = kh * GROUP + rows
-            row_ok = rows < GROUP
-            q = tl.load(q_ptr + (b * HEADS + head[:, None]) * D + dims[None, :],
-                        mask=row_ok[:, None], other=0.0)
-            m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-            l_i = tl.zeros([GROUP_PAD], tl.float32)
-            acc = tl.zeros([GROUP_PAD, D], tl.float32)
-            for n0 in tl.static_range(0, SPLIT, BS):       # one block per step
-                first = start + n0
-                toks = first + tl.arange(0, BS)
-                ok = toks < seq_len
-                slots = block_slots(table_ptr, b * stride_tb, first, seq_len, BS)
-                k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
-                m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
-                                             True)
-            part = (b * HEADS + head) * n_splits + sp
-            store_partial(m_ptr, l_ptr, acc_ptr, part, m_i, l_i, acc, row_ok, dims, D)
+                              BS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+                              ROPE: tl.constexpr, PRELOAD: tl.constexpr):
+        """Program ``(row, kv head, split)``: the online softmax of the query heads of one kv
+        head over ``SPLIT`` tokens of the row (one cache block per step), for the merge.
 
-    @triton.jit
-    def _paged_rope_partial_kernel(qkv_ptr, stride_row, qn_ptr, kn_ptr, cos_ptr, sin_ptr,
-                                   pos_ptr, slot_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, m_ptr,
-                                   l_ptr, acc_ptr, stride_kh, stride_ks, stride_tb, n_splits,
-                                   scale, eps, HEADS: tl.constexpr, GROUP: tl.constexpr,
-                                   GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                                   SPLIT: tl.constexpr, BS: tl.constexpr, IEEE: tl.constexpr,
-                                   PDL: tl.constexpr, PRELOAD: tl.constexpr):
-        """``_paged_partial_kernel`` with ``_paged_rope_cache_kernel`` folded in (decode rows:
-        row ``b``'s new token sits at position ``pos[b] = lens[b] - 1``, slot ``slot[b]``):
-        each program norms and rotates its query heads itself, and the program whose split
-        holds the new token writes its key and value first. ``PRELOAD``: the row's length,
-        position, first block of the table and that block's keys/values (written by earlier
-        steps) are loaded before the PDL wait; the new token's row is patched in registers.
-        Same rounding as the two kernels."""
+        ``src_ptr`` rows are ``q [B, heads, d]`` (normed, rotated and cached before by
+        ``_paged_rope_cache_kernel``), or with ``ROPE`` the fused projection ``qkv`` of decode
+        rows (row ``b``'s new token at ``pos[b] = lens[b] - 1``, slot ``slot[b]``): each
+        program then norms and rotates its query heads itself, and the program whose split
+        holds the new token writes its key and value first (same rounding as apart).
+
+        ``PRELOAD`` (``ROPE`` only): the row's length, first block of the table and that
+        block's keys/values (written by earlier steps) are loaded before the PDL wait; the new
+        token's row is patched in registers."""
         b = tl.program_id(0)
         kh = tl.program_id(1)
         sp = tl.program_id(2)
@@ -159,23 +129,27 @@ if triton is not None:
             k_pre = 0.0
             v_pre = 0.0
         if start < seq_len:
-            pos = tl.load(pos_ptr + b)
-            half: tl.constexpr = D // 2
-            i = tl.arange(0, half)
-            row_src = qkv_ptr + b * stride_row
-            c1, c2, s1, s2 = rope_rows(cos_ptr, sin_ptr, pos * D, i, half)
-            if (pos >= start) & (pos < start + SPLIT):   # the new token: K/V into the cache
-                dst = kh * stride_kh + tl.load(slot_ptr + b).to(tl.int64) * stride_ks
-                k_pre, v_pre = write_new_kv(   # (and into the preloaded block's row at pos)
-                    row_src + (HEADS + kh) * D, row_src + (HEADS + HEADS // GROUP + kh) * D,
-                    kn_ptr, k_ptr + dst, v_ptr + dst, c1, c2, s1, s2, eps, toks0, pos, k_pre,
-                    v_pre, D, PRELOAD)
-                tl.debug_barrier()   # the block's own writes, visible to its loads below
+            row_src = src_ptr + b * stride_row
             rows = tl.arange(0, GROUP_PAD)
             head = kh * GROUP + rows
             row_ok = rows < GROUP
-            q = rope_group(row_src, qn_ptr, kh * GROUP, c1, c2, s1, s2, eps, GROUP, GROUP_PAD,
-                           D)
+            if ROPE:
+                pos = tl.load(pos_ptr + b)
+                half: tl.constexpr = D // 2
+                i = tl.arange(0, half)
+                c1, c2, s1, s2 = rope_rows(cos_ptr, sin_ptr, pos * D, i, half)
+                if (pos >= start) & (pos < start + SPLIT):   # the new token: K/V into the cache
+                    dst = kh * stride_kh + tl.load(slot_ptr + b).to(tl.int64) * stride_ks
+                    k_pre, v_pre = write_new_kv(   # (and into the preloaded block's row)
+                        row_src + (HEADS + kh) * D, row_src + (HEADS + HEADS // GROUP + kh) * D,
+                        kn_ptr, k_ptr + dst, v_ptr + dst, c1, c2, s1, s2, eps, toks0, pos,
+                        k_pre, v_pre, D, PRELOAD)
+                    tl.debug_barrier()   # the block's own writes, visible to its loads below
+                q = rope_group(row_src, qn_ptr, kh * GROUP, c1, c2, s1, s2, eps, GROUP,
+                               GROUP_PAD, D)
+            else:
+                q = tl.load(row_src + head[:, None] * D + dims[None, :], mask=row_ok[:, None],
+                            other=0.0)
             m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
             l_i = tl.zeros([GROUP_PAD], tl.float32)
             acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -191,8 +165,8 @@ if triton is not None:
                     k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
                 m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
                                              True)
-            part = (b * HEADS + head) * n_splits + sp
-            store_partial(m_ptr, l_ptr, acc_ptr, part, m_i, l_i, acc, row_ok, dims, D)
+            store_partial(m_ptr, l_ptr, acc_ptr, (b * HEADS + head) * n_splits + sp, m_i, l_i,
+                          acc, row_ok, dims, D)
 
     @triton.jit
     def _paged_merge_kernel(m_ptr, l_ptr, acc_ptr, lens_ptr, out_ptr,
@@ -204,28 +178,10 @@ if triton is not None:
             gdc_launch_dependents()
             gdc_wait()
         active = (tl.load(lens_ptr + b) + SPLIT - 1) // SPLIT
-        base = (b * HEADS + h) * N_SPLITS
-        dims = tl.arange(0, D)
-        m_max = tl.full([CHUNK], float("-inf"), tl.float32)
-        for c in tl.static_range(0, N_SPLITS, CHUNK):
-            sp = c + tl.arange(0, CHUNK)
-            m = tl.load(m_ptr + base + sp, mask=sp < active, other=float("-inf"))
-            m_max = tl.maximum(m_max, m)
-        top = tl.max(m_max, 0)
-        total = tl.zeros([CHUNK], tl.float32)
-        acc = tl.zeros([CHUNK, D], tl.float32)
-        for c in tl.static_range(0, N_SPLITS, CHUNK):
-            sp = c + tl.arange(0, CHUNK)
-            ok = sp < active
-            m = tl.load(m_ptr + base + sp, mask=ok, other=float("-inf"))
-            l_s = tl.load(l_ptr + base + sp, mask=ok, other=0.0)
-            a = tl.load(acc_ptr + (base + sp)[:, None] * D + dims[None, :], mask=ok[:, None],
-                        other=0.0)
-            w = tl.where(ok, tl.exp(m - top), 0.0)
-            total += w * l_s
-            acc += w[:, None] * a
-        out = tl.sum(acc, 0) / tl.sum(total, 0)
-        tl.store(out_ptr + (b * HEADS + h) * D + dims, out.to(out_ptr.dtype.element_ty))
+        out = merge_splits(m_ptr, l_ptr, acc_ptr, (b * HEADS + h) * N_SPLITS, active, N_SPLITS,
+                           D, CHUNK)
+        tl.store(out_ptr + (b * HEADS + h) * D + tl.arange(0, D),
+                 out.to(out_ptr.dtype.element_ty))
 
 
 if triton is not None:
@@ -314,6 +270,45 @@ def paged_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     return q
 
 
+def _paged_split_attend(src: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
+                        heads: int, split: int, rope: tuple | None = None) -> torch.Tensor:
+    """Both kernels: rows of ``src`` are ``q`` (``rope`` None) or ``qkv`` with ``rope =
+    (q_norm, k_norm, cos, sin, pos, slots, eps)``. Returns ``[B, heads, d]``."""
+    kvh, _, d = k_cache.shape
+    bsz = src.shape[0]
+    split = max(split, block_size)
+    if split % block_size or block_size & (block_size - 1) or block_size < 16:
+        raise ValueError("paged attention needs a power-of-two block size >= 16 dividing SPLIT")
+    if rope is not None and (v_cache.stride() != k_cache.stride() or d & (d - 1)
+                             or src.stride(-1) != 1):
+        raise ValueError("paged_rope_decode_attention needs K and V of one layout, a "
+                         "power-of-two head_dim and rows of contiguous qkv")
+    n_splits = triton.cdiv(block_tables.shape[1] * block_size, split)
+    dev = src.device
+    m = torch.empty(bsz, heads, n_splits, dtype=torch.float32, device=dev)
+    l_ = torch.empty(bsz, heads, n_splits, dtype=torch.float32, device=dev)
+    acc = torch.empty(bsz, heads, n_splits, d, dtype=torch.float32, device=dev)
+    out = torch.empty(bsz, heads, d, dtype=src.dtype, device=dev)
+    q_norm, k_norm, cos, sin, pos, slots, eps = (
+        rope if rope is not None else (src, src, src, src, seq_lens, seq_lens, 0.0))
+    pdl = pdl_enabled(dev)
+    _paged_partial_kernel[(bsz, kvh, n_splits)](
+        src, src.stride(0), q_norm, k_norm, cos, sin, pos, slots, k_cache, v_cache,
+        block_tables, seq_lens, m, l_, acc, k_cache.stride(0), k_cache.stride(1),
+        block_tables.stride(0), n_splits, d ** -0.5, eps, HEADS=heads,
+        GROUP=heads // kvh, GROUP_PAD=max(16, triton.next_power_of_2(heads // kvh)), D=d,
+        SPLIT=split, BS=block_size, IEEE=src.dtype == torch.float32, PDL=pdl,
+        ROPE=rope is not None,
+        PRELOAD=rope is not None and os.environ.get("QWEN_TRT_ATTN_PRELOAD", "1") != "0",
+        num_warps=WARPS, **launch_kwargs(pdl))
+    chunk = min(32, triton.next_power_of_2(n_splits))
+    _paged_merge_kernel[(bsz, heads)](m, l_, acc, seq_lens, out, HEADS=heads, N_SPLITS=n_splits,
+                                      D=d, SPLIT=split, CHUNK=chunk, PDL=pdl, num_warps=4,
+                                      **launch_kwargs(pdl))
+    return out
+
+
 def paged_rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
                                 cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
                                 slots: torch.Tensor, k_cache: torch.Tensor,
@@ -323,35 +318,9 @@ def paged_rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm:
     """:func:`paged_rope_cache` then :func:`paged_decode_attention` for decode rows
     (``seq_lens == pos + 1``) in two kernels instead of three: ``qkv [B, (heads + 2 kv) d]``
     -> ``[B, heads, d]``; writes K/V at ``slots [B]``."""
-    kvh, _, d = k_cache.shape
-    bsz = qkv.shape[0]
-    group = heads // kvh
-    split = max(split or int(os.environ.get("QWEN_TRT_PAGED_SPLIT", ROPE_SPLIT)), block_size)
-    if (split % block_size or block_size & (block_size - 1) or block_size < 16
-            or v_cache.stride() != k_cache.stride() or d & (d - 1) or qkv.stride(-1) != 1):
-        raise ValueError("paged_rope_decode_attention needs a power-of-two block size >= 16 "
-                         "dividing the split, K and V of one layout, a power-of-two head_dim "
-                         "and rows of contiguous qkv")
-    n_splits = triton.cdiv(block_tables.shape[1] * block_size, split)
-    dev = qkv.device
-    m = torch.empty(bsz, heads, n_splits, dtype=torch.float32, device=dev)
-    l_ = torch.empty(bsz, heads, n_splits, dtype=torch.float32, device=dev)
-    acc = torch.empty(bsz, heads, n_splits, d, dtype=torch.float32, device=dev)
-    out = torch.empty(bsz, heads, d, dtype=qkv.dtype, device=dev)
-    pdl = pdl_enabled(dev)
-    _paged_rope_partial_kernel[(bsz, kvh, n_splits)](
-        qkv, qkv.stride(0), q_norm, k_norm, cos, sin, pos, slots, k_cache, v_cache,
-        block_tables, seq_lens, m, l_, acc, k_cache.stride(0), k_cache.stride(1),
-        block_tables.stride(0), n_splits, d ** -0.5, eps, HEADS=heads, GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT=split, BS=block_size,
-        IEEE=qkv.dtype == torch.float32, PDL=pdl,
-        PRELOAD=os.environ.get("QWEN_TRT_ATTN_PRELOAD", "1") != "0", num_warps=WARPS,
-        **launch_kwargs(pdl))
-    chunk = min(32, triton.next_power_of_2(n_splits))
-    _paged_merge_kernel[(bsz, heads)](m, l_, acc, seq_lens, out, HEADS=heads, N_SPLITS=n_splits,
-                                      D=d, SPLIT=split, CHUNK=chunk, PDL=pdl, num_warps=4,
-                                      **launch_kwargs(pdl))
-    return out
+    split = split or int(os.environ.get("QWEN_TRT_PAGED_SPLIT", ROPE_SPLIT))
+    return _paged_split_attend(qkv, k_cache, v_cache, block_tables, seq_lens, block_size,
+                               heads, split, rope=(q_norm, k_norm, cos, sin, pos, slots, eps))
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -359,31 +328,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            split: int = SPLIT) -> torch.Tensor:
     """``q [B, heads, d]`` over each row's first ``seq_lens[b]`` tokens -> ``[B, heads, d]``.
     ``block_tables [B, max_blocks]`` int32; entries past a row's length are never read."""
-    bsz, heads, d = q.shape
-    kvh = k_cache.shape[0]
-    group = heads // kvh
-    split = max(split, block_size)
-    if split % block_size or block_size & (block_size - 1) or block_size < 16:
-        raise ValueError("paged attention needs a power-of-two block size >= 16 dividing SPLIT")
-    n_splits = triton.cdiv(block_tables.shape[1] * block_size, split)
-    dev = q.device
-    m = torch.empty(bsz, heads, n_splits, dtype=torch.float32, device=dev)
-    l_ = torch.empty(bsz, heads, n_splits, dtype=torch.float32, device=dev)
-    acc = torch.empty(bsz, heads, n_splits, d, dtype=torch.float32, device=dev)
-    out = torch.empty_like(q)
-    q = q.contiguous()
-    pdl = pdl_enabled(dev)
-    _paged_partial_kernel[(bsz, kvh, n_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, m, l_, acc, k_cache.stride(0),
-        k_cache.stride(1), block_tables.stride(0), n_splits, d ** -0.5, HEADS=heads,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT=split,
-        BS=block_size, IEEE=q.dtype == torch.float32, PDL=pdl, num_warps=WARPS,
-        **launch_kwargs(pdl))
-    chunk = min(32, triton.next_power_of_2(n_splits))
-    _paged_merge_kernel[(bsz, heads)](m, l_, acc, seq_lens, out, HEADS=heads, N_SPLITS=n_splits,
-                                      D=d, SPLIT=split, CHUNK=chunk, PDL=pdl, num_warps=4,
-                                      **launch_kwargs(pdl))
-    return out
+    return _paged_split_attend(q.contiguous(), k_cache, v_cache, block_tables, seq_lens,
+                               block_size, q.shape[1], split)
 
 
 VARLEN_BLOCK_Q = 16  # query tokens per program of the varlen attention (the smallest tried)
