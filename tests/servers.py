@@ -3,12 +3,15 @@
 Every wait is a bounded loop; processes are stopped by their own PID."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +57,29 @@ class Served:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+
+
+@contextlib.contextmanager
+def app_in_thread(app, port: int | None = None) -> Iterator[str]:
+    """Serve the ASGI ``app`` with uvicorn in a thread on 127.0.0.1 (``port`` or a free one);
+    yields its origin ``http://127.0.0.1:PORT`` once it listens, stops it afterwards."""
+    import uvicorn
+
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not server.started:
+        server.should_exit = True
+        raise RuntimeError(f"the test server on port {port} did not start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float = 90,

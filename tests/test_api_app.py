@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import streamlit as st
-import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from streamlit.testing.v1 import AppTest
 
-from servers import free_port, start_serve
+from servers import app_in_thread, start_serve
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 KEY = "app-key"
@@ -103,17 +100,8 @@ def cutting_server():
                                                           "finish_reason": None}]}) + "\n\n"
         return StreamingResponse(gen(), media_type="text/event-stream")
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    t.join(10)
+    with app_in_thread(app) as origin:
+        yield f"{origin}/v1"
 
 
 def test_app_keeps_partial_text_when_the_server_goes_away(cutting_server, monkeypatch):

@@ -4,14 +4,12 @@ error bodies, an error event inside the stream, a stream cut without a finish)."
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import httpx
 import pytest
 
 pytest.importorskip("openai")
-import uvicorn  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 
@@ -22,7 +20,7 @@ from qwen_trt.chat.session import ChatSession  # noqa: E402
 from qwen_trt.errors import BackendUnavailableError, ConfigError  # noqa: E402
 from qwen_trt.params import SamplingParams  # noqa: E402
 from qwen_trt.serving.service import Delta, Failed, Finished  # noqa: E402
-from servers import free_port, start_serve  # noqa: E402
+from servers import app_in_thread, free_port, start_serve  # noqa: E402
 
 KEY = "client-key"
 CTX = 512
@@ -176,18 +174,8 @@ def _stub_app() -> FastAPI:
 
 @pytest.fixture(scope="module")
 def stub():
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_stub_app(), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    t.join(10)
+    with app_in_thread(_stub_app()) as origin:
+        yield f"{origin}/v1"
 
 
 def test_stub_needs_the_context_flag_then_streams(stub):

@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 openai = pytest.importorskip("openai")
-import uvicorn  # noqa: E402
 
 from fakes import ScriptedBackend  # noqa: E402
 from qwen_trt.api.errors import ApiError  # noqa: E402
@@ -18,7 +17,7 @@ from qwen_trt.api.protocol import parse_chat_request  # noqa: E402
 from qwen_trt.api.server import ServerSettings, create_app  # noqa: E402
 from qwen_trt.api.stops import StopScanner  # noqa: E402
 from qwen_trt.serving.service import InferenceService  # noqa: E402
-from servers import free_port  # noqa: E402
+from servers import app_in_thread, free_port  # noqa: E402
 
 TEXT = "Héllo wörld 你好 END and more"
 
@@ -59,16 +58,10 @@ def env(tiny_tokenizer):
     service = Recording(backend)
     port = free_port()
     app = create_app(service, ServerSettings(port=port, max_queue=1), model_name="fake")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    assert wait_until(lambda: server.started, 20)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0,
-                           timeout=30)
-    yield backend, service, client, f"http://127.0.0.1:{port}"
-    backend.gate.set()
-    server.should_exit = True
-    thread.join(10)
+    with app_in_thread(app, port) as origin:
+        client = openai.OpenAI(base_url=f"{origin}/v1", api_key="x", max_retries=0, timeout=30)
+        yield backend, service, client, origin
+        backend.gate.set()
     service.close()
 
 
