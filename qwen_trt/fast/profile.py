@@ -128,7 +128,7 @@ def _env(variant: str) -> dict[str, str]:
     return out
 
 
-def profile_variants(cfg, plans: list[str], ctxs: list[int], args) -> int:
+def profile_variants(cfg, variants: list[str], ctxs: list[int], args) -> int:
     """Graph replay time of the batch-1 decode step (Triton kernels + greedy argmax, position
     fixed at each context) under each variant (environment settings read when the kernels
     are launched, so each captured graph keeps its variant); the variants are timed
@@ -136,7 +136,7 @@ def profile_variants(cfg, plans: list[str], ctxs: list[int], args) -> int:
     first's (``logits_equal_first``; bit for bit) and its relative difference reported."""
     import os
 
-    envs = {p: _env(p) for p in plans}      # a typo fails here, before the model is built
+    envs = {p: _env(p) for p in variants}      # a typo fails here, before the model is built
     t = time.perf_counter()
     eng = load_fast_decoder(cfg, weights=None, max_seq_len=args.max_seq_len,
                             dtype=torch.bfloat16, device="cuda", warmup=False, kernels="triton")
@@ -147,7 +147,7 @@ def profile_variants(cfg, plans: list[str], ctxs: list[int], args) -> int:
     graphs, logits, keep = {}, {}, []   # keep: the graphs' inputs stay allocated
     saved = dict(os.environ)
     try:
-        for p in plans:
+        for p in variants:
             os.environ.update(envs[p])
             for ctx in ctxs:
                 pos = torch.tensor([ctx], device="cuda")
@@ -171,9 +171,9 @@ def profile_variants(cfg, plans: list[str], ctxs: list[int], args) -> int:
         os.environ.clear()
         os.environ.update(saved)
     for ctx in ctxs:
-        times: dict[str, list[float]] = {p: [] for p in plans}
+        times: dict[str, list[float]] = {p: [] for p in variants}
         for _ in range(7):
-            for p in plans:
+            for p in variants:
                 g = graphs[p, ctx]
                 tok.fill_(1)
                 for _ in range(5):
@@ -181,10 +181,10 @@ def profile_variants(cfg, plans: list[str], ctxs: list[int], args) -> int:
                 times[p].append(replay_ms(g, args.steps))
         rows = {}
         tok.fill_(1)
-        graphs[plans[0], ctx].replay()
+        graphs[variants[0], ctx].replay()
         torch.cuda.synchronize()
-        first = logits[plans[0], ctx].clone()
-        for p in plans:
+        first = logits[variants[0], ctx].clone()
+        for p in variants:
             tok.fill_(1)
             graphs[p, ctx].replay()
             torch.cuda.synchronize()
@@ -197,9 +197,9 @@ def profile_variants(cfg, plans: list[str], ctxs: list[int], args) -> int:
             print(f"ctx {ctx:5d}  {p:40s} {ms:.4f} ms  {1e3 / ms:6.1f} tok/s  "
                   f"(min {min(times[p]):.4f}){'' if same else f'  logits differ: {rel:.1e}'}")
         tok.fill_(1)
-        graphs[plans[0], ctx].replay()
+        graphs[variants[0], ctx].replay()
         torch.cuda.synchronize()
-        rows["first_plan_repeatable"] = bool(torch.equal(first, logits[plans[0], ctx]))
+        rows["first_plan_repeatable"] = bool(torch.equal(first, logits[variants[0], ctx]))
         print(f"ctx {ctx:5d}  first plan repeatable: {rows['first_plan_repeatable']}")
         out["ctx"][str(ctx)] = rows
     _save(args.out, out)
