@@ -7,6 +7,11 @@ the GPU kernels grouped by name (time per step, share), so launch gaps and slow 
 ``--variants "QWEN_TRT_FUSED_ROPE=0;"`` times the decode step under each set of environment
 settings, round-robin in one process.
 
+``--prefill 512,2048`` times the batch-1 decoder's prefill graphs and the first token (prefill +
+choice + copy to the host, what TTFT measures on the GPU side) and lists the prefill's kernels;
+with ``--variants`` it builds one decoder per variant (settings read when the decoder is built)
+and times them round-robin.
+
 ``--step-tokens 512,1024`` does the same for the batched runner's steps that prefill: a fresh
 prompt of N tokens, and N tokens = 8 decode rows + a chunk after a prefix of N tokens.
 """
@@ -18,7 +23,7 @@ import time
 
 import torch
 
-from qwen_trt.fast import SHAPES, load_fast_decoder
+from qwen_trt.fast import SHAPES, FastDecoder, load_fast_decoder
 from qwen_trt.fast.timing import replay_ms
 
 
@@ -37,8 +42,13 @@ def main(argv: list[str] | None = None) -> int:
                          "ENV=VALUE settings (empty: as is): time the batch-1 decode step "
                          "under each, at --ctxs")
     ap.add_argument("--ctxs", default="512,2048", help="contexts for --variants")
+    ap.add_argument("--prefill", default="",
+                    help="comma-separated prompt lengths: profile the batch-1 prefill")
     args = ap.parse_args(argv)
     cfg = SHAPES[args.shape]
+    if args.prefill:
+        return profile_prefill(cfg, [int(x) for x in args.prefill.split(",")],
+                               args.variants.split(";") if args.variants else [""], args)
     if args.variants:
         return profile_variants(cfg, args.variants.split(";"),
                                 [int(x) for x in args.ctxs.split(",")], args)
@@ -202,6 +212,93 @@ def profile_variants(cfg, variants: list[str], ctxs: list[int], args) -> int:
         rows["first_plan_repeatable"] = bool(torch.equal(first, logits[variants[0], ctx]))
         print(f"ctx {ctx:5d}  first plan repeatable: {rows['first_plan_repeatable']}")
         out["ctx"][str(ctx)] = rows
+    _save(args.out, out)
+    return 0
+
+
+def profile_prefill(cfg, lengths: list[int], variants: list[str], args) -> int:
+    """The batch-1 prefill at each length under each variant: graph replay ms (round-robin),
+    first-token ms on the host (prefill graph + token choice + copy back), logits compared
+    with the first variant's, and the prefill's kernels (compiled, not captured)."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from qwen_trt.fast import build_model
+    from qwen_trt.fast.weights import init_random
+    from qwen_trt.params import SamplingParams
+
+    envs = {p: _env(p) for p in variants}
+    t = time.perf_counter()
+    m = build_model(cfg, max_seq_len=args.max_seq_len, dtype=torch.bfloat16, device="cuda")
+    init_random(m, seed=0)
+    out: dict = {"load_s": round(time.perf_counter() - t, 2), "lengths": {}}
+    decs = {}
+    saved = dict(os.environ)
+    try:
+        for p in variants:
+            os.environ.update(envs[p])
+            dec = FastDecoder(m, kernels="triton")
+            with torch.inference_mode():
+                for n in lengths:
+                    dec._prefill_graph(n)
+            decs[p] = dec
+            os.environ.clear()
+            os.environ.update(saved)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    g = torch.Generator().manual_seed(0)
+    params = SamplingParams(max_new_tokens=1, temperature=0)
+    for n in lengths:
+        ids = torch.randint(1, cfg.vocab_size, (n,), generator=g)
+        for dec in decs.values():
+            dec.ids[:n].copy_(ids)
+            dec.last.fill_(n - 1)
+        times: dict[str, list[float]] = {p: [] for p in variants}
+        first_tok: dict[str, list[float]] = {p: [] for p in variants}
+        with torch.inference_mode():
+            for _ in range(7):
+                for p, dec in decs.items():
+                    graph = dec._prefill_graphs[n]
+                    dec.last.fill_(n - 1)
+                    times[p].append(replay_ms(graph, max(5, args.steps // 10), warmup=2))
+                    for _ in range(3):
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        dec._start(ids.tolist(), params, "greedy")()
+                        first_tok[p].append((time.perf_counter() - t0) * 1e3)
+        rows: dict = {}
+        ref = None
+        for p, dec in decs.items():
+            with torch.inference_mode():
+                dec.last.fill_(n - 1)
+                dec._prefill_graphs[n].replay()
+            torch.cuda.synchronize()
+            lg = dec.logits.float().clone()
+            ref = lg if ref is None else ref
+            rel = ((lg - ref).norm() / ref.norm()).item()
+            ms = sorted(times[p])[len(times[p]) // 2]
+            ft = sorted(first_tok[p])[len(first_tok[p]) // 2]
+            rows[p] = {"prefill_graph_ms": round(ms, 4), "first_token_ms": round(ft, 3),
+                       "logits_rel_diff_first": rel}
+            print(f"prefill {n:5d}  {p:40s} graph {ms:.4f} ms  first token {ft:.3f} ms"
+                  f"{f'  logits differ: {rel:.1e}' if rel else ''}")
+        for p, dec in decs.items():
+            with torch.inference_mode():
+                dec.last.fill_(n - 1)
+                for _ in range(2):
+                    dec._prefill_step(n)
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(3):
+                        dec._prefill_step(n)
+                    torch.cuda.synchronize()
+            rows[p].update(kernel_table(prof, 3, top=14))
+            print(f"prefill {n:5d}  {p}: kernels {rows[p]['kernel_us_per_step'] / 1e3:.3f} ms, "
+                  f"{rows[p]['kernels_per_step']} per prefill")
+            _print_top(rows[p]["top"])
+        out["lengths"][str(n)] = rows
     _save(args.out, out)
     return 0
 
