@@ -50,14 +50,34 @@ def prefill_layer(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torc
                   v_cache: torch.Tensor) -> torch.Tensor:
     """One decoder layer over a prompt at positions ``pos = 0..T-1`` (causal SDPA over the
     prompt itself); writes K/V into the layer's cache. ``weights`` = (ln_in, wqkv, q_norm,
-    k_norm, wo, ln_post, w_gate_up, w_down)."""
+    k_norm, wo, ln_post, w_gate_up, w_down).
+
+    The attention reads K/V back from the cache slots it just wrote (``[kv_heads, T, d]``, the
+    layout SDPA wants) with grouped-query heads (``enable_gqa``), so no copy of K/V is made."""
+    ln_in, wqkv, q_norm, k_norm, wo, ln_post, w_gate_up, w_down = weights
+    t = x.shape[0]
+    q, k, v = qkv_rope(cfg, x, pos, cos, sin, ln_in, wqkv, q_norm, k_norm)
+    k_cache.index_copy_(1, pos, k.transpose(0, 1))   # no slicing: keeps T symbolic
+    v_cache.index_copy_(1, pos, v.transpose(0, 1))
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k_cache.narrow(1, 0, t).unsqueeze(0),
+        v_cache.narrow(1, 0, t).unsqueeze(0), is_causal=True, enable_gqa=True)
+    o = o.squeeze(0).transpose(0, 1).reshape(t, cfg.q_size)
+    x = x + F.linear(o, wo)
+    return mlp(cfg, x, ln_post, w_gate_up, w_down)
+
+
+def prefill_layer_expand(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor, weights: tuple[torch.Tensor, ...],
+                         k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """:func:`prefill_layer` with K/V expanded to the query heads (copies) before SDPA: the
+    form before ``enable_gqa`` (``QWEN_TRT_PREFILL_ATTN=expand``, for same-run comparisons)."""
     ln_in, wqkv, q_norm, k_norm, wo, ln_post, w_gate_up, w_down = weights
     t = x.shape[0]
     group = cfg.heads // cfg.kv_heads
     q, k, v = qkv_rope(cfg, x, pos, cos, sin, ln_in, wqkv, q_norm, k_norm)
-    k_cache.index_copy_(1, pos, k.transpose(0, 1))   # no slicing: keeps T symbolic
+    k_cache.index_copy_(1, pos, k.transpose(0, 1))
     v_cache.index_copy_(1, pos, v.transpose(0, 1))
-    # GQA by expanding K/V to the query heads (a copy of T x kv size: cheap, any torch).
     kx = k.transpose(0, 1).unsqueeze(1).expand(cfg.kv_heads, group, t, cfg.head_dim)
     vx = v.transpose(0, 1).unsqueeze(1).expand(cfg.kv_heads, group, t, cfg.head_dim)
     o = F.scaled_dot_product_attention(
@@ -66,6 +86,9 @@ def prefill_layer(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torc
     o = o.squeeze(0).transpose(0, 1).reshape(t, cfg.q_size)
     x = x + F.linear(o, wo)
     return mlp(cfg, x, ln_post, w_gate_up, w_down)
+
+
+PREFILL_LAYERS = {"gqa": prefill_layer, "expand": prefill_layer_expand}
 
 
 class Qwen3Layer(torch.nn.Module):
