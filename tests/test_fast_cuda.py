@@ -1,6 +1,7 @@
 """Fast path on a GPU: greedy parity with HF, and CUDA-graph replay == the same code without."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -165,6 +166,37 @@ def test_fused_rope_attention_matches_the_two_kernels(dtype):
             assert not torch.equal(c[2][:, p], hist[0][:, p])        # the new key landed
             err = ((got - ref).norm() / ref.norm()).item()
             assert err < (1e-5 if dtype == torch.float32 else 1e-2), (split, p, err)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_prefill_gqa_attention_matches_expanded_heads(dtype):
+    """The prefill layer's grouped-query SDPA over the cache slots (cuDNN/flash in bf16) gives
+    the layer output of SDPA over K/V expanded to every query head, at Qwen3-4B head shapes;
+    a wrong head grouping would be far off."""
+    from qwen_trt.fast.model import prefill_layer, prefill_layer_expand
+    from qwen_trt.fast.weights import init_random
+
+    cfg = dataclasses.replace(QWEN3_4B, layers=1)
+    model = build_model(cfg, max_seq_len=1024, dtype=dtype, device="cuda")
+    init_random(model, seed=0)
+    layer = model.layers[0]
+    weights = (layer.ln_in, layer.wqkv, layer.q_norm, layer.k_norm, layer.wo, layer.ln_post,
+               layer.w_gate_up, layer.w_down)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for t in (7, 300, 1000):
+        x = torch.randn(t, cfg.hidden, device="cuda", generator=gen).to(dtype)
+        pos = torch.arange(t, device="cuda")
+        outs, caches = [], []
+        for fn in (prefill_layer, prefill_layer_expand):
+            k_cache, v_cache = (c.zero_() for c in model.cache.kv(0))
+            with torch.inference_mode():
+                outs.append(fn(cfg, x, pos, model.cos, model.sin, weights, k_cache,
+                               v_cache).float())
+            caches.append((k_cache.clone(), v_cache.clone()))
+        assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+        delta = outs[0] - outs[1]
+        rel = (delta.norm() / (outs[1] - x.float()).norm()).item()   # of the layer's update
+        assert rel < (2e-2 if dtype == torch.bfloat16 else 1e-5), (t, rel)
 
 
 def test_prefill_graph_captured_mid_request(tiny_model_dir):

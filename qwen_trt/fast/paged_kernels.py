@@ -34,9 +34,11 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 SPLIT = 64          # tokens per program of the attention's first kernel (a multiple of the block)
-ROPE_SPLIT = 128    # the same for paged_rope_decode_attention (measured with the batched
-                    # runner's bucket 1 on the H200; 64, best for the batch-1 kernel with its
-                    # 64-slot preload, was not measured here)
+# The same for paged_rope_decode_attention, by decode rows (the batched runner's chained
+# decode graph on the H200 at ctx 512: 64 -> 2.451 / 3.797 ms per step for 1 / 8 rows, 128 ->
+# 2.530 / 3.824); wider steps keep 128 unless measured otherwise.
+ROPE_SPLIT_NARROW, NARROW_ROWS = 64, 8
+ROPE_SPLIT = 128
 WARPS = 4
 
 
@@ -318,7 +320,8 @@ def paged_rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm:
     """:func:`paged_rope_cache` then :func:`paged_decode_attention` for decode rows
     (``seq_lens == pos + 1``) in two kernels instead of three: ``qkv [B, (heads + 2 kv) d]``
     -> ``[B, heads, d]``; writes K/V at ``slots [B]``."""
-    split = split or int(os.environ.get("QWEN_TRT_PAGED_SPLIT", ROPE_SPLIT))
+    default = ROPE_SPLIT_NARROW if qkv.shape[0] <= NARROW_ROWS else ROPE_SPLIT
+    split = split or int(os.environ.get("QWEN_TRT_PAGED_SPLIT", default))
     return _paged_split_attend(qkv, k_cache, v_cache, block_tables, seq_lens, block_size,
                                heads, split, rope=(q_norm, k_norm, cos, sin, pos, slots, eps))
 
