@@ -65,21 +65,16 @@ class SamplerState(torch.nn.Module):
         buf("uniforms", rows, max_tokens)
         buf("step", rows, dtype=torch.long)
         buf("seen", rows, vocab, dtype=torch.bool)
-        # What set() last wrote per row: a request with the same settings as the row's previous
-        # one skips those writes (each is a kernel launch: ~20 us of host time before a prefill)
-        self._settings: dict[int, tuple] = {}
 
     def set(self, params: SamplingParams, row: int = 0) -> None:
         """Load ``params`` into ``row`` for a new request: step 0, nothing generated yet."""
         self.step[row] = 0
         self.seen[row] = False
-        settings = (0.0 if params.greedy else params.temperature, params.top_p,
-                    params.top_k if params.top_k > 0 else self.seen.shape[1],
-                    params.presence_penalty, params.repetition_penalty)
-        if self._settings.get(row) != settings:
-            (self.temperature[row], self.top_p[row], self.top_k[row], self.presence[row],
-             self.repetition[row]) = settings
-            self._settings[row] = settings
+        self.temperature[row] = 0.0 if params.greedy else params.temperature
+        self.top_p[row] = params.top_p
+        self.top_k[row] = params.top_k if params.top_k > 0 else self.seen.shape[1]
+        self.presence[row] = params.presence_penalty
+        self.repetition[row] = params.repetition_penalty
         gen = make_generator(params, self.uniforms.device)
         if gen is not None:
             n = min(params.max_new_tokens, self.uniforms.shape[1])

@@ -117,16 +117,6 @@ def check_decode_kernels(model: Qwen3Fast, positions: Sequence[int] | None = Non
     return None
 
 
-class _NoEvent:
-    """Stands in for a CUDA event on CPU, where copies are synchronous."""
-
-    def record(self) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
 class _HostTokens:
     """Token ids coming back to the host: a pinned ring + events on CUDA, plain reads on CPU."""
 
@@ -208,9 +198,6 @@ class FastDecoder:
         self.positions = torch.arange(n, device=dev)
         self.logits = torch.zeros(1, model.cfg.vocab_size, dtype=model.dtype, device=dev)
         self.sampler = SamplerState(n, model.cfg.vocab_size, dev)
-        # prompt ids reach the device through a pinned staging buffer (an asynchronous copy)
-        self._ids_host = torch.zeros(n, dtype=torch.long, pin_memory=on_cuda)
-        self._ids_copied = torch.cuda.Event() if on_cuda else _NoEvent()
         self._host = _HostTokens(dev)
         self.stats.compile, self.stats.graphs, self.stats.attention, self.stats.kernels = (
             self.compile, self.graphs, attention, kernels)
@@ -333,20 +320,12 @@ class FastDecoder:
             length = min(-(-t // PREFILL_PAD) * PREFILL_PAD, self.max_seq_len)
         else:
             length = t
-        self._stage_ids(prompt_ids)
+        self.ids[:t].copy_(torch.tensor(list(prompt_ids), dtype=torch.long))
         self.last.fill_(t - 1)
         if self.graphs and length in self.prefill_buckets:
             self._prefill_graph(length).replay()
         else:
             self._prefill_step(length)
-
-    def _stage_ids(self, prompt_ids: Sequence[int]) -> None:
-        """Prompt ids into ``self.ids`` (asynchronously, through the pinned staging buffer)."""
-        self._ids_copied.synchronize()    # the previous copy out of the staging buffer is done
-        staged = self._ids_host[:len(prompt_ids)]
-        staged.numpy()[:] = prompt_ids    # ~8 us for 512 ids (torch.tensor(list): ~35)
-        self.ids[:len(prompt_ids)].copy_(staged, non_blocking=True)
-        self._ids_copied.record()
 
     def _run_decode(self, pos: int, kind: Kind) -> None:
         kv_len = bucket_for(pos + 1, self.kv_buckets)

@@ -34,10 +34,10 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 SPLIT = 64          # tokens per program of the attention's first kernel (a multiple of the block)
-# The same for paged_rope_decode_attention, by decode rows (the batched runner's chained
-# decode graph on the H200 at ctx 512: 64 -> 2.451 / 3.797 ms per step for 1 / 8 rows, 128 ->
-# 2.530 / 3.824); wider steps keep 128 unless measured otherwise.
-ROPE_SPLIT_NARROW, NARROW_ROWS = 64, 8
+# The same for paged_rope_decode_attention, by decode rows; the batched runner's chained decode
+# graph on the H200 at ctx 512, ms per step for 1 / 8 / 32 rows, two runs on two machines:
+# split 64: 2.451, 2.455 / 3.797, 4.145 / 5.206; split 128: 2.530, 2.534 / 3.824, 4.049 / 4.919.
+ROPE_SPLIT_NARROW, NARROW_ROWS = 64, 1
 ROPE_SPLIT = 128
 WARPS = 4
 

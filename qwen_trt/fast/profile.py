@@ -281,7 +281,7 @@ def profile_prefill(cfg, lengths: list[int], variants: list[str], args) -> int:
                     t0 = time.perf_counter()
                     dec.sampler.set(params)
                     t1 = time.perf_counter()
-                    dec._stage_ids(prompt)
+                    dec.ids[:n].copy_(torch.tensor(prompt, dtype=torch.long))
                     t2 = time.perf_counter()
                     host["sampler_set"].append((t1 - t0) * 1e3)
                     host["ids_copy"].append((t2 - t1) * 1e3)
