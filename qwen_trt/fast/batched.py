@@ -66,6 +66,22 @@ def _post_attention(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torc
     return x + F.linear(F.silu(gate) * up, w_down)
 
 
+def _compile_for_any_rows(fn, n_row_args: int):
+    """``fn`` compiled once for every row count: dim 0 of its first ``n_row_args`` arguments
+    (the activations) is symbolic, the weights' shapes stay constants in the generated kernels.
+    (``torch.compile(dynamic=True)`` made the weights' shapes symbolic as well;
+    ``QWEN_TRT_STEP_DYNAMIC=all`` restores that, for same-run comparisons.)"""
+    if os.environ.get("QWEN_TRT_STEP_DYNAMIC") == "all":
+        return torch.compile(fn, dynamic=True, fullgraph=True)
+    compiled = torch.compile(fn, fullgraph=True)
+
+    def call(*args):
+        for a in args[:n_row_args]:
+            torch._dynamo.maybe_mark_dynamic(a, 0)
+        return compiled(*args)
+    return call
+
+
 class PagedKVCache(LayerKVCache):
     """Per layer K and V ``[kv_heads, num_blocks * block_size, head_dim]``: slot
     ``block * block_size + offset`` holds one token. Block 0 is scratch (padding rows)."""
@@ -151,8 +167,8 @@ class BatchedModel:
         self.varlen_tile: dict[int, tuple[int, int]] = {}
         self._pre, self._post = _pre_attention, _post_attention
         if self.triton and os.environ.get("QWEN_TRT_STEP_COMPILE", "1") != "0":
-            self._pre = torch.compile(_pre_attention, dynamic=True, fullgraph=True)
-            self._post = torch.compile(_post_attention, dynamic=True, fullgraph=True)
+            self._pre = _compile_for_any_rows(_pre_attention, 1)
+            self._post = _compile_for_any_rows(_post_attention, 2)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         if self.graphs:
