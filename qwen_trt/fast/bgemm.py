@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qwen_trt.fast.kernel_parts import silu_mul
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 try:
@@ -100,11 +101,8 @@ if triton is not None:
                 else:
                     acc2 += tl.dot(x, tl.trans(w2))
         y = acc.to(dt)
-        if GATE_UP:   # silu(gate) * up, each op rounded to the model dtype
-            up = acc2.to(dt).to(tl.float32)
-            gf = y.to(tl.float32)
-            act = (gf / (1.0 + tl.exp(-gf))).to(dt)
-            y = (act.to(tl.float32) * up).to(dt)
+        if GATE_UP:
+            y = silu_mul(y, acc2.to(dt), dt)
         om = m_ok[:, None] & n_ok[None, :]
         offs = rm[:, None] * N + rn[None, :]
         if RESIDUAL:

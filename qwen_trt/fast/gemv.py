@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from qwen_trt.fast.kernel_parts import silu_mul
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 from qwen_trt.fast.reference import rms_norm
 
@@ -87,11 +88,8 @@ if triton is not None:
         """The epilogue: float32 row sums ``y_acc`` (and the up rows' ``u_acc``) -> rounded
         to ``dt``, ``silu(gate) * up`` and the residual add each rounded like PyTorch."""
         y = y_acc.to(dt)
-        if GATE_UP:   # silu(gate) * up, each op rounded to the model dtype
-            up = u_acc.to(dt).to(tl.float32)
-            gf = y.to(tl.float32)
-            act = (gf / (1.0 + tl.exp(-gf))).to(dt)
-            y = (act.to(tl.float32) * up).to(dt)
+        if GATE_UP:
+            y = silu_mul(y, u_acc.to(dt), dt)
         if RESIDUAL:
             r = tl.load(res_ptr + rows, mask=row_ok, other=0.0)
             y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
@@ -211,10 +209,7 @@ if triton is not None:
             if GATE_UP:
                 w2_next = tl.load(w_ptr + N * K + nrows[:, None] * K + cols[None, :], mask=nm,
                                   other=0.0, eviction_policy=EVICT)
-                up = tl.sum(w2.to(tl.float32) * xf, 1).to(dt).to(tl.float32)
-                gf = y.to(tl.float32)
-                act = (gf / (1.0 + tl.exp(-gf))).to(dt)
-                y = (act.to(tl.float32) * up).to(dt)
+                y = silu_mul(y, tl.sum(w2.to(tl.float32) * xf, 1).to(dt), dt)
                 w2 = w2_next
             row_ok = rows < N
             if RESIDUAL:

@@ -10,7 +10,9 @@
   the same row patched into a tile preloaded before the write;
 * :func:`softmax_step` -- one tile of flash-decoding's online softmax; :func:`store_partial`
   writes a split's result for the merge, :func:`merge_splits` merges them; :func:`block_slots`
-  looks a block up in a table.
+  looks a block up in a table;
+* :func:`silu_mul` -- the gate/up projections' ``silu(gate) * up`` epilogue, rounded like
+  PyTorch (the GEMVs of ``fast/gemv.py`` and the small-batch GEMM of ``fast/bgemm.py``).
 """
 from __future__ import annotations
 
@@ -22,6 +24,14 @@ except ImportError:  # pragma: no cover - CPU-only installs: nothing here is lau
 
 
 if triton is not None:
+    @triton.jit
+    def silu_mul(gate, up, dt: tl.constexpr):
+        """``silu(gate) * up`` of two projections already rounded to ``dt``, each op rounded
+        to ``dt`` as the unfused PyTorch ops do."""
+        gf = gate.to(tl.float32)
+        act = (gf / (1.0 + tl.exp(-gf))).to(dt)
+        return (act.to(tl.float32) * up.to(tl.float32)).to(dt)
+
     @triton.jit
     def norm_rope(x1, x2, g1, g2, c1, c2, s1, s2, eps, D: tl.constexpr, AXIS: tl.constexpr,
                   dt: tl.constexpr):
