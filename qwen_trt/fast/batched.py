@@ -46,7 +46,7 @@ from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_att
                                          paged_rope_decode_attention,
                                          paged_varlen_attention, triton, varlen_max_tiles,
                                          varlen_tiles)
-from qwen_trt.fast.timing import replay_ms
+from qwen_trt.fast.graphs import capture, replay_ms
 from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -382,17 +382,7 @@ class BatchedModel:
                 tok, pos, slots = (self.s_meta[j, :bucket] for j in range(3))
                 self.s_logits.copy_(self._varlen_body(tok, pos, slots, meta, self.s_rows, tile))
 
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    reset()
-                    body()
-            torch.cuda.current_stream().wait_stream(stream)
-            reset()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                body()
+            graph = capture(body, reset, self._pool)
             self._s_graphs[bucket] = graph
             self.stats.step_graphs = len(self._s_graphs)
         return graph
@@ -569,26 +559,15 @@ class BatchedModel:
             self.g_lens[:bucket].fill_(1)
             self.g_tables[:bucket].zero_()
 
-        saved = [self.g_meta.clone(), self.g_i32.clone()]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                reset()
-                if feedback:
-                    self._locate(bucket)
-                self._decode_body(bucket, impl)
-                if feedback:
-                    self._advance(bucket)
-        torch.cuda.current_stream().wait_stream(stream)
-        reset()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        def body() -> None:
             if feedback:
                 self._locate(bucket)
             self._decode_body(bucket, impl)
             if feedback:
                 self._advance(bucket)
+
+        saved = [self.g_meta.clone(), self.g_i32.clone()]
+        graph = capture(body, reset, self._pool)
         self.g_meta.copy_(saved[0])
         self.g_i32.copy_(saved[1])
         return graph

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from qwen_trt.fast.attention import check_triton, triton_usable
+from qwen_trt.fast.graphs import capture
 from qwen_trt.fast.model import PREFILL_LAYERS, Qwen3Fast
 from qwen_trt.backends.sampling import Kind, SamplerState, pick, sampler_kind
 from qwen_trt.params import SamplingParams
@@ -237,20 +238,6 @@ class FastDecoder:
         self.sampler.advance(self.tok)
 
     # ---- compile + capture ---------------------------------------------------------------
-    def _capture(self, fn: Callable[[], None], reset: Callable[[], None]) -> torch.cuda.CUDAGraph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):   # compiles/autotunes outside the capture
-                reset()
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        reset()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            fn()
-        return graph
-
     def _decode_graph(self, kv_len: int, kind: Kind) -> torch.cuda.CUDAGraph:
         key = (kv_len, kind)
         graph = self._decode_graphs.get(key)
@@ -264,7 +251,7 @@ class FastDecoder:
                 self.pos.fill_(self.max_seq_len)
                 self.sampler.step.zero_()
 
-            graph = self._capture(lambda: self._decode_step(kv_len, kind), reset)
+            graph = capture(lambda: self._decode_step(kv_len, kind), reset, self._pool)
             for b, v in zip(state, saved):
                 b.copy_(v)
             self._decode_graphs[key] = graph
@@ -281,7 +268,7 @@ class FastDecoder:
             def reset() -> None:
                 self.last.fill_(length - 1)
 
-            graph = self._capture(lambda: self._prefill_step(length), reset)
+            graph = capture(lambda: self._prefill_step(length), reset, self._pool)
             self.last.copy_(saved)
             self._prefill_graphs[length] = graph
             self.stats.prefill_graphs = len(self._prefill_graphs)

@@ -24,7 +24,7 @@ import time
 import torch
 
 from qwen_trt.fast import SHAPES, FastDecoder, load_fast_decoder
-from qwen_trt.fast.timing import replay_ms
+from qwen_trt.fast.graphs import capture, replay_ms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +169,7 @@ def profile_variants(cfg, variants: list[str], ctxs: list[int], args) -> int:
                     tok.copy_(lg.argmax(-1))
 
                 with torch.inference_mode():
-                    graphs[p, ctx] = eng._capture(step, lambda: tok.fill_(1))
+                    graphs[p, ctx] = capture(step, lambda: tok.fill_(1), eng._pool)
                 logits[p, ctx] = buf
                 keep.append(pos)
             for k in envs[p]:
