@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import pytest
@@ -173,7 +174,7 @@ def test_prefill_gqa_attention_matches_expanded_heads(dtype):
     """The prefill layer's grouped-query SDPA over the cache slots (cuDNN/flash in bf16) gives
     the layer output of SDPA over K/V expanded to every query head, at Qwen3-4B head shapes;
     a wrong head grouping would be far off."""
-    from qwen_trt.fast.model import prefill_layer, prefill_layer_expand
+    from qwen_trt.fast.model import prefill_layer
     from qwen_trt.fast.weights import init_random
 
     cfg = dataclasses.replace(QWEN3_4B, layers=1)
@@ -187,7 +188,7 @@ def test_prefill_gqa_attention_matches_expanded_heads(dtype):
         x = torch.randn(t, cfg.hidden, device="cuda", generator=gen).to(dtype)
         pos = torch.arange(t, device="cuda")
         outs, caches = [], []
-        for fn in (prefill_layer, prefill_layer_expand):
+        for fn in (prefill_layer, functools.partial(prefill_layer, expand_kv=True)):
             k_cache, v_cache = (c.zero_() for c in model.cache.kv(0))
             with torch.inference_mode():
                 outs.append(fn(cfg, x, pos, model.cos, model.sin, weights, k_cache,

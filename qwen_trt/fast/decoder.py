@@ -15,6 +15,7 @@ On CPU (CI) the same code runs eagerly, without compile or graphs.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -27,7 +28,7 @@ import torch
 
 from qwen_trt.fast.attention import check_triton, triton_usable
 from qwen_trt.fast.graphs import capture
-from qwen_trt.fast.model import PREFILL_LAYERS, Qwen3Fast
+from qwen_trt.fast.model import Qwen3Fast, prefill_layer
 from qwen_trt.backends.sampling import Kind, SamplerState, pick, sampler_kind
 from qwen_trt.params import SamplingParams
 
@@ -70,13 +71,13 @@ class EngineStats:
 
 
 def prefill_layer_for(name: str):
-    """The prefill layer function named by ``QWEN_TRT_PREFILL_ATTN`` (``gqa``, the default, or
-    ``expand``: the previous form, for same-run comparisons)."""
-    try:
-        return PREFILL_LAYERS[name]
-    except KeyError:
-        raise ValueError(f"QWEN_TRT_PREFILL_ATTN={name!r}: expected one of "
-                         f"{', '.join(PREFILL_LAYERS)}") from None
+    """The prefill layer named by ``QWEN_TRT_PREFILL_ATTN``: ``gqa`` (the default) or
+    ``expand`` (K/V copied per query head, the form before; for same-run comparisons)."""
+    if name == "gqa":
+        return prefill_layer
+    if name == "expand":
+        return functools.partial(prefill_layer, expand_kv=True)
+    raise ValueError(f"QWEN_TRT_PREFILL_ATTN={name!r}: expected gqa or expand")
 
 
 def check_decode_kernels(model: Qwen3Fast, positions: Sequence[int] | None = None) -> str | None:

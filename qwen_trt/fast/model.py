@@ -78,15 +78,6 @@ def prefill_layer(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torc
     return mlp(cfg, x, ln_post, w_gate_up, w_down)
 
 
-def prefill_layer_expand(*args) -> torch.Tensor:
-    """:func:`prefill_layer` with K/V expanded to the query heads
-    (``QWEN_TRT_PREFILL_ATTN=expand``)."""
-    return prefill_layer(*args, expand_kv=True)
-
-
-PREFILL_LAYERS = {"gqa": prefill_layer, "expand": prefill_layer_expand}
-
-
 class Qwen3Layer(torch.nn.Module):
     """Weights of one decoder layer (fused projections)."""
 
