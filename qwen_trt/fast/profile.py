@@ -18,7 +18,9 @@ prompt of N tokens, and N tokens = 8 decode rows + a chunk after a prefix of N t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
 
 import torch
@@ -138,14 +140,24 @@ def _env(variant: str) -> dict[str, str]:
     return out
 
 
+@contextlib.contextmanager
+def _env_applied(env: dict[str, str]):
+    """``env`` set in ``os.environ`` inside the block, the previous environment restored after."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def profile_variants(cfg, variants: list[str], ctxs: list[int], args) -> int:
     """Graph replay time of the batch-1 decode step (Triton kernels + greedy argmax, position
     fixed at each context) under each variant (environment settings read when the kernels
     are launched, so each captured graph keeps its variant); the variants are timed
     round-robin so drift hits them alike, and each one's logits are compared with the
     first's (``logits_equal_first``; bit for bit) and its relative difference reported."""
-    import os
-
     envs = {p: _env(p) for p in variants}      # a typo fails here, before the model is built
     t = time.perf_counter()
     eng = load_fast_decoder(cfg, weights=None, max_seq_len=args.max_seq_len,
@@ -155,10 +167,8 @@ def profile_variants(cfg, variants: list[str], ctxs: list[int], args) -> int:
            "weight_GB": m.weight_bytes / 1e9, "ctx": {}}
     tok = torch.ones(1, dtype=torch.long, device="cuda")
     graphs, logits, keep = {}, {}, []   # keep: the graphs' inputs stay allocated
-    saved = dict(os.environ)
-    try:
-        for p in variants:
-            os.environ.update(envs[p])
+    for p in variants:
+        with _env_applied(envs[p]):
             for ctx in ctxs:
                 pos = torch.tensor([ctx], device="cuda")
                 buf = torch.empty(1, cfg.vocab_size, dtype=m.dtype, device="cuda")
@@ -172,14 +182,6 @@ def profile_variants(cfg, variants: list[str], ctxs: list[int], args) -> int:
                     graphs[p, ctx] = capture(step, lambda: tok.fill_(1), eng._pool)
                 logits[p, ctx] = buf
                 keep.append(pos)
-            for k in envs[p]:
-                if k in saved:
-                    os.environ[k] = saved[k]
-                else:
-                    del os.environ[k]
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
     for ctx in ctxs:
         times: dict[str, list[float]] = {p: [] for p in variants}
         for _ in range(7):
@@ -220,8 +222,6 @@ def profile_prefill(cfg, lengths: list[int], variants: list[str], args) -> int:
     """The batch-1 prefill at each length under each variant: graph replay ms (round-robin),
     first-token ms on the host (prefill graph + token choice + copy back), logits compared
     with the first variant's, and the prefill's kernels (compiled, not captured)."""
-    import os
-
     from torch.profiler import ProfilerActivity, profile
 
     from qwen_trt.fast import build_model
@@ -234,20 +234,13 @@ def profile_prefill(cfg, lengths: list[int], variants: list[str], args) -> int:
     init_random(m, seed=0)
     out: dict = {"load_s": round(time.perf_counter() - t, 2), "lengths": {}}
     decs = {}
-    saved = dict(os.environ)
-    try:
-        for p in variants:
-            os.environ.update(envs[p])
+    for p in variants:
+        with _env_applied(envs[p]):
             dec = FastDecoder(m, kernels="triton")
             with torch.inference_mode():
                 for n in lengths:
                     dec._prefill_graph(n)
-            decs[p] = dec
-            os.environ.clear()
-            os.environ.update(saved)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        decs[p] = dec
     g = torch.Generator().manual_seed(0)
     params = SamplingParams(max_new_tokens=1, temperature=0)
     for n in lengths:
