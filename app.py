@@ -13,10 +13,10 @@ from contextlib import closing
 import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
-from qwen_trt.backends.openai_backend import start_service_for, submit_plan
+from qwen_trt.serving.remote import start_service_for, submit_plan
 from qwen_trt.serving import service as serving
 from qwen_trt.options import app_parser, config_from, config_key
-from qwen_trt.chat.session import ChatSession
+from qwen_trt.serving.session import ChatSession
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.ui.progress import BackgroundLoad, StageWriter
 from qwen_trt.ui.settings import SLIDERS, params_from, settings_dict, slider_args

@@ -7,7 +7,8 @@ from qwen_trt.backends import BackendConfig, load_backend
 ti = time.perf_counter() - t
 b = load_backend(BackendConfig(model=sys.argv[1]), for_runner=True)
 tl = time.perf_counter() - t - ti
-r = b.runner()
+from qwen_trt.serving.scheduler import batch_runner_for
+r = batch_runner_for(b)
 tr = time.perf_counter() - t - ti - tl
 st = r.model.stats
 try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 from qwen_trt.backends.base import Backend, BackendInfo
-from qwen_trt.chat.template import default_stop_ids
+from qwen_trt.model.template import default_stop_ids
 
 
 class ScriptedBackend(Backend):

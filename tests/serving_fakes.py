@@ -9,7 +9,7 @@ from collections import deque
 
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.errors import ModelSourceError
-from qwen_trt.serving.runner import RunnerStats, TokenEvent
+from qwen_trt.backends.runner import RunnerStats, TokenEvent
 
 STEP_S = 0.002        # the fake engine's time per token, so streams overlap visibly
 

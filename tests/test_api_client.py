@@ -1,4 +1,4 @@
-"""The ``openai`` backend (qwen_trt.backends.openai_backend): against ``qwen-trt serve`` on the
+"""The ``openai`` backend (qwen_trt.serving.remote): against ``qwen-trt serve`` on the
 tiny model, and against a stub server that answers the ways other servers do (flat and nested
 error bodies, an error event inside the stream, a stream cut without a finish)."""
 from __future__ import annotations
@@ -13,10 +13,10 @@ pytest.importorskip("openai")
 from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 
-from qwen_trt.backends.openai_backend import (EstimatingTokenizer, OpenAIConfig,  # noqa: E402
+from qwen_trt.serving.remote import (EstimatingTokenizer, OpenAIConfig,  # noqa: E402
                                               OpenAIService, RemoteServerError, error_line,
                                               submit_plan)
-from qwen_trt.chat.session import ChatSession  # noqa: E402
+from qwen_trt.serving.session import ChatSession  # noqa: E402
 from qwen_trt.errors import BackendUnavailableError, ConfigError  # noqa: E402
 from qwen_trt.params import SamplingParams  # noqa: E402
 from qwen_trt.serving.service import Delta, Failed, Finished  # noqa: E402

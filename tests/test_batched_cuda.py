@@ -12,7 +12,8 @@ from qwen_trt.fast.batched import (GRAPH_BUCKETS, STEP_TOKEN_BUCKETS, SeqChunk, 
                                    make_batched)
 from qwen_trt.fast.weights import init_random
 from qwen_trt.params import SamplingParams
-from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig, generate
+from qwen_trt.backends.runner import generate
+from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig
 
 pytestmark = pytest.mark.cuda
 

@@ -152,7 +152,7 @@ def test_prompt_argument_with_bytes_that_are_not_utf8(tiny_model_dir):
 
 
 def test_valid_text_replaces_lone_surrogates():
-    from qwen_trt.chat.session import valid_text
+    from qwen_trt.serving.session import valid_text
 
     assert valid_text("café") == ("café", False)
     assert valid_text("caf\udce9!") == ("caf\ufffd!", True)      # an escaped byte

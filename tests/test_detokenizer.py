@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from qwen_trt.chat.detokenizer import REPLACEMENT, IncrementalDetokenizer
+from qwen_trt.model.detokenizer import REPLACEMENT, IncrementalDetokenizer
 
 TEXTS = [
     "你好，世界！今天天气很好。",

@@ -68,11 +68,11 @@ def test_rope_cache_and_attention_kernels_match_unfused_ops(tmp_path):
         # the fused kernel (norms + RoPE + cache write inside the first attention kernel)
         # against the two steps, over a cache with history, in float32 and bfloat16
         from qwen_trt.fast.attention import decode_attention, rope_decode_attention
-        import os
+        from qwen_trt.fast.options import KernelOptions, configure
         fused = []
         for dt, pre, split in ((torch.float32, "1", None), (torch.bfloat16, "1", None),
                                (torch.float32, "0", None), (torch.float32, "1", 128)):
-            os.environ["QWEN_TRT_ATTN_PRELOAD"] = pre   # K/V tile loaded before the wait
+            configure(KernelOptions(attn_preload=pre == "1"))   # K/V tile loaded before the wait
             for p in (0, 5, 63, 64, 130):
                 qkv = torch.randn(cfg.q_size + 2 * cfg.kv_size).to(dt)
                 pos = torch.tensor([p])

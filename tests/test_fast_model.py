@@ -1,6 +1,7 @@
 """The fast path's model and engine on CPU (float32, eager): same numbers and tokens as HF."""
 from __future__ import annotations
 
+import functools
 import json
 import threading
 
@@ -9,7 +10,7 @@ import torch
 
 from qwen_trt.errors import ModelSourceError, PromptTooLongError
 from qwen_trt.fast import FastConfig, FastDecoder, build_model
-from qwen_trt.backends.sampling import SamplerState, pick, sampler_kind
+from qwen_trt.fast.sampling import SamplerState, pick, sampler_kind
 from qwen_trt.fast.weights import load_safetensors
 from qwen_trt.params import SamplingParams
 
@@ -238,7 +239,6 @@ def test_triton_decode_that_cannot_run_falls_back_with_a_note(tiny_model_dir, fa
 def test_prefill_gqa_attention_equals_expanded_heads(fast_cfg, tiny_model_dir, dtype):
     """The default prefill layer (SDPA over the cache slots with grouped-query heads) gives the
     same logits and cache as the older form that copies K/V per query head."""
-    from qwen_trt.fast.decoder import prefill_layer_for
     from qwen_trt.fast.model import prefill_layer
 
     model = build_model(fast_cfg, max_seq_len=64, dtype=dtype, device="cpu")
@@ -247,18 +247,9 @@ def test_prefill_gqa_attention_equals_expanded_heads(fast_cfg, tiny_model_dir, d
     last = torch.tensor([len(ids) - 1])
     got = model.prefill(ids, last, layer_fn=prefill_layer)
     cache = [t.clone() for t in model.cache.kv(1)]
-    want = model.prefill(ids, last, layer_fn=prefill_layer_for("expand"))
+    want = model.prefill(ids, last, layer_fn=functools.partial(prefill_layer, expand_kv=True))
     assert torch.allclose(got.float(), want.float(), rtol=0, atol=1e-5 if dtype == torch.float32
                           else 1e-2)
     assert all(torch.equal(a, b) for a, b in zip(cache, model.cache.kv(1)))
 
 
-def test_prefill_attention_switch_names_its_choices():
-    from qwen_trt.fast.decoder import prefill_layer_for
-    from qwen_trt.fast.model import prefill_layer
-
-    assert prefill_layer_for("gqa") is prefill_layer
-    expand = prefill_layer_for("expand")
-    assert expand.func is prefill_layer and expand.keywords == {"expand_kv": True}
-    with pytest.raises(ValueError, match="QWEN_TRT_PREFILL_ATTN='bogus': expected gqa or expand"):
-        prefill_layer_for("bogus")

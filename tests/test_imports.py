@@ -66,3 +66,68 @@ def test_no_import_cycles():
 
 def test_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+# The stack, bottom to top (README "Architecture"): a module may import its own layer and the
+# layers below it, never one above — at module level or inside a function.
+LAYERS = {
+    "qwen_trt": 0, "qwen_trt.errors": 0, "qwen_trt.params": 0, "qwen_trt.progress": 0,
+    "qwen_trt.settings": 0,
+    "qwen_trt.model": 1,
+    "qwen_trt.fast": 2,
+    "qwen_trt.backends": 3, "qwen_trt.engine": 3, "qwen_trt.onnx": 3,
+    "qwen_trt.serving": 4,
+    "qwen_trt.api": 5, "qwen_trt.ui": 5, "qwen_trt.options": 5,
+    "qwen_trt.commands": 6, "qwen_trt.bench": 6, "qwen_trt.cli": 6, "qwen_trt.__main__": 6,
+}
+ALLOWED_UPWARD: set[tuple[str, str]] = set()     # (importer, imported): none
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in LAYERS:
+            return LAYERS[".".join(parts[:n])]
+    raise KeyError(f"{module} is in no layer of LAYERS")
+
+
+def all_imports(tree: ast.Module, known: set[str]):
+    """Every qwen_trt module imported anywhere in the file (functions and classes included)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name in known)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                if sub in known:
+                    yield sub
+                elif node.module in known:
+                    yield node.module
+
+
+def upward_imports() -> list[str]:
+    files = {module_name(p): p for p in PKG.rglob("*.py")}
+    known = set(files)
+    bad = []
+    for m, p in sorted(files.items()):
+        for dep in sorted(set(all_imports(ast.parse(p.read_text()), known))):
+            if layer_of(dep) > layer_of(m) and (m, dep) not in ALLOWED_UPWARD:
+                bad.append(f"{m} (layer {layer_of(m)}) imports {dep} (layer {layer_of(dep)})")
+    return bad
+
+
+def test_every_module_has_a_layer():
+    for p in PKG.rglob("*.py"):
+        layer_of(module_name(p))
+
+
+def test_imports_run_down_the_stack():
+    assert not ALLOWED_UPWARD
+    bad = upward_imports()
+    assert not bad, "\n".join(bad)
+
+
+def test_layer_check_sees_function_level_imports():
+    tree = ast.parse("def f():\n    from qwen_trt.serving.worker import main\n")
+    assert list(all_imports(tree, {"qwen_trt.serving.worker"})) == ["qwen_trt.serving.worker"]
+    assert layer_of("qwen_trt.serving.worker") > layer_of("qwen_trt.fast.batched")

@@ -104,17 +104,29 @@ def test_max_batch_out_of_range_is_one_line(bad):
         parse_app_config(["--max-batch", bad], {})
 
 
-def test_max_batch_picks_the_runner():
+def test_max_batch_picks_the_runner(monkeypatch):
+    from qwen_trt.serving import scheduler
     from qwen_trt.serving.scheduler import SchedulerConfig
     from qwen_trt.serving.serial import SerialRunner
     from qwen_trt.serving.worker import make_runner
 
-    class Batching:                     # a backend with a continuous-batching runner
-        info = None
+    class Batching:                     # a backend whose weights a batching runner can take
+        class info:
+            stop_token_ids = (7,)
 
-        def runner(self, config=None):
-            return ("batched", config)
+        attached_runner = None
 
-    assert make_runner(Batching()) == ("batched", None)
-    assert make_runner(Batching(), max_batch=4) == ("batched", SchedulerConfig(max_batch=4))
+        def take_model(self):
+            return "weights"
+
+        def attach_runner(self, runner):
+            self.attached_runner = runner
+
+    monkeypatch.setattr(scheduler, "make_batch_runner",
+                        lambda model, config, **kw: ("batched", model, config, kw["stop_ids"]))
+    assert make_runner(Batching()) == ("batched", "weights", None, (7,))
+    assert make_runner(Batching(), max_batch=4) == ("batched", "weights",
+                                                    SchedulerConfig(max_batch=4), (7,))
+    backend = Batching()
+    assert make_runner(backend) is backend.attached_runner      # built once, then attached
     assert isinstance(make_runner(Batching(), max_batch=1), SerialRunner)

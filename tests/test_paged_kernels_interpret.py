@@ -51,7 +51,7 @@ def test_paged_kernels_match_the_references():
         res["attn"] = err
         # fused: norms + RoPE + K/V write inside the first attention kernel, the new token
         # at the end of each row (pos = len - 1), with and without the K/V preload
-        import os
+        from qwen_trt.fast.options import KernelOptions, configure
         from qwen_trt.fast.paged_kernels import paged_rope_decode_attention
         pos = torch.tensor(lens) - 1
         slots = torch.tensor([int(tables[i, p // bs]) * bs + p % bs
@@ -59,7 +59,7 @@ def test_paged_kernels_match_the_references():
         qkv = torch.randn(4, (heads + 2 * kvh) * d)
         fused = []
         for pre in ("1", "0"):
-            os.environ["QWEN_TRT_ATTN_PRELOAD"] = pre
+            configure(KernelOptions(attn_preload=pre == "1"))
             for split in (None, 16, 64):
                 c = [kc.clone(), vc.clone(), kc.clone(), vc.clone()]
                 q = paged_rope_cache(qkv, qn, kn, cos, sin, pos, slots, c[0], c[1], 1e-6,

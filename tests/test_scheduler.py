@@ -12,7 +12,8 @@ from qwen_trt.fast import TINY, FastDecoder, build_model
 from qwen_trt.fast.batched import BatchedModel
 from qwen_trt.fast.weights import init_random
 from qwen_trt.params import SamplingParams
-from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig, generate
+from qwen_trt.backends.runner import generate
+from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig
 
 MAX_SEQ = 256
 
@@ -230,15 +231,16 @@ def test_stop_ids_and_errors(weights):
         runner.add(3, p, greedy(2))
 
 
-def test_fast_backend_exposes_the_runner(tiny_model_dir):
+def test_fast_backend_hands_its_weights_to_the_runner(tiny_model_dir):
     from qwen_trt.backends.fast_backend import FastBackend
-    from qwen_trt.serving.scheduler import BatchRunner
+    from qwen_trt.serving.scheduler import BatchRunner, batch_runner_for
 
     backend = FastBackend.load(str(tiny_model_dir), device="cpu", max_seq_len=128, warmup=False)
     ids = [3, 9, 27, 81, 243]
     before = list(backend.stream(ids, greedy(12)))
-    runner = backend.runner(SchedulerConfig(max_batch=4, token_budget=64), kv_tokens=512)
-    assert isinstance(runner, BatchRunner) and runner is backend.runner()
+    runner = batch_runner_for(backend, SchedulerConfig(max_batch=4, token_budget=64),
+                              kv_tokens=512)
+    assert isinstance(runner, BatchRunner) and runner is batch_runner_for(backend)
     from qwen_trt.serving.worker import make_runner
 
     assert make_runner(backend) is runner                        # what the worker process runs

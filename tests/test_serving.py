@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from qwen_trt.backends.base import Backend, BackendInfo
-from qwen_trt.chat.session import ChatSession
+from qwen_trt.serving.session import ChatSession
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import SamplingParams
 from service_checks import (check_cancel_mid_reply_leaves_engine_clean,

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from qwen_trt.backends import BackendConfig
-from qwen_trt.chat.session import ChatSession
+from qwen_trt.serving.session import ChatSession
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.service import start_service
 

@@ -17,8 +17,8 @@ from service_checks import (check_cancel_mid_reply_leaves_engine_clean,
                             check_threads_get_their_own_replies)
 
 from qwen_trt.backends import BackendConfig
-from qwen_trt.chat.generation import ReplyStream
-from qwen_trt.chat.session import ChatSession
+from qwen_trt.serving.generation import ReplyStream
+from qwen_trt.serving.session import ChatSession
 from qwen_trt.errors import ModelSourceError, QwenTrtError
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving import service as service_mod

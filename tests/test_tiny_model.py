@@ -4,7 +4,7 @@ import json
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from qwen_trt.chat.template import QWEN3_INSTRUCT_CHAT_TEMPLATE
+from qwen_trt.model.template import QWEN3_INSTRUCT_CHAT_TEMPLATE
 from qwen_trt.model.tiny import TinyShape, write_tiny_model
 
 

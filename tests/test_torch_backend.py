@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from qwen_trt.backends.torch_backend import TorchBackend
-from qwen_trt.chat.generation import ReplyStream
-from qwen_trt.chat.template import default_stop_ids
+from qwen_trt.serving.generation import ReplyStream
+from qwen_trt.model.template import default_stop_ids
 from qwen_trt.errors import EmptyMessageError, PromptTooLongError
 from qwen_trt.params import SamplingParams
 

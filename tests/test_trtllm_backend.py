@@ -24,8 +24,8 @@ from qwen_trt.backends.trtllm_backend import (NO_END_ID, RequestStream, Routed, 
                                               auto_engine_dir, final_stop_token,
                                               request_ids_for, runner_kwargs,
                                               sampling_config_kwargs)
-from qwen_trt.chat.generation import ReplyStream  # noqa: E402
-from qwen_trt.chat.template import ENDOFTEXT, IM_END  # noqa: E402
+from qwen_trt.serving.generation import ReplyStream  # noqa: E402
+from qwen_trt.model.template import ENDOFTEXT, IM_END  # noqa: E402
 from qwen_trt.errors import EngineMismatchError, PromptTooLongError  # noqa: E402
 from qwen_trt.params import SamplingParams  # noqa: E402
 

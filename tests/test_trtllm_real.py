@@ -107,7 +107,7 @@ def test_cancel_then_next_request(trt_backend):
 
 
 def test_reply_stream_metrics(trt_backend):
-    from qwen_trt.chat.generation import ReplyStream
+    from qwen_trt.serving.generation import ReplyStream
 
     ids = trt_backend.tokenizer.encode("Hello", add_special_tokens=False)
     rs = ReplyStream(trt_backend, ids, SamplingParams(max_new_tokens=16, temperature=0))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fakes import ScriptedBackend
-from qwen_trt.chat.session import ChatSession
+from qwen_trt.serving.session import ChatSession
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
 from qwen_trt.serving.service import Delta, InferenceService, Finished, Started, Waiting
 from qwen_trt.ui.state import ChatState, TurnNote

@@ -1,6 +1,6 @@
 """Messages -> prompt ids through the model's own chat template, contents as plain text (a
 ``<|im_start|>`` typed into a message is text, never a control token): the same encoder the
-app uses (:func:`qwen_trt.chat.session.encode_messages`), behind one function here."""
+app uses (:func:`qwen_trt.serving.session.encode_messages`), behind one function here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -10,7 +10,7 @@ from qwen_trt.errors import QwenTrtError
 
 
 def encode_messages(tokenizer, messages: Sequence[dict]) -> list[int]:
-    from qwen_trt.chat.session import encode_messages as encode
+    from qwen_trt.serving.session import encode_messages as encode
 
     try:
         return encode(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])

@@ -105,12 +105,12 @@ def engine_built_from(engine_dir, model: str) -> bool:
 
 def load_backend(cfg: BackendConfig, *, for_runner: bool = False) -> Backend:
     """``for_runner``: the caller will serve the fast path through its continuous-batching
-    runner (``backend.runner()``), so the batch-1 decoder's warm-up is skipped
+    runner (``qwen_trt.serving.scheduler.batch_runner_for``), so the batch-1 decoder's warm-up is skipped
     (:meth:`FastBackend.load`); other backends ignore it."""
     name = choose_backend(cfg)
     if name == "openai":
         raise ConfigError("The openai backend streams chats, not token ids: start it with "
-                          "qwen_trt.backends.openai_backend.start_service_for().")
+                          "qwen_trt.serving.remote.start_service_for().")
     if name == "trtllm":
         from qwen_trt.backends.trtllm_backend import TrtllmBackend
 

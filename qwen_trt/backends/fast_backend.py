@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from qwen_trt.backends.base import Backend, BackendInfo
+from qwen_trt.backends.runner import Runner, generate
 from qwen_trt.backends.torch_backend import prepare_torch_load
-from qwen_trt.chat.template import default_stop_ids
+from qwen_trt.model.template import default_stop_ids
 from qwen_trt.model.source import ModelSource
 from qwen_trt.params import SamplingParams
 
@@ -58,25 +59,25 @@ class FastBackend(Backend):
                                     max_seq_len=p.max_seq_len, warmup=warmup and not for_runner)
         return cls(p.source, decoder, p.tokenizer)
 
-    def runner(self, config=None, *, kv_tokens: int | None = None):
-        """The continuous-batching runner over this backend's weights
-        (:class:`qwen_trt.serving.scheduler.BatchRunner`), built on first call. It replaces the
-        batch-1 decoder's static cache and graphs; :meth:`stream` then goes through it too."""
-        if self._runner is None:
-            from qwen_trt.serving.scheduler import make_batch_runner
+    def take_model(self):
+        """Hand the weights to a continuous-batching runner (``qwen_trt.serving.scheduler``):
+        the batch-1 decoder's static cache and CUDA graphs are dropped; the model is returned."""
+        dec = self.decoder
+        dec._decode_graphs.clear()      # they replay the static cache, which the runner frees
+        dec._prefill_graphs.clear()
+        return dec.model
 
-            dec = self.decoder
-            dec._decode_graphs.clear()      # they replay the static cache, freed below
-            dec._prefill_graphs.clear()
-            self._runner = make_batch_runner(dec.model, config, kv_tokens=kv_tokens,
-                                             checked=True, stop_ids=self.info.stop_token_ids)
+    def attach_runner(self, runner: Runner) -> None:
+        """From now on :meth:`stream` goes through ``runner`` (built over :meth:`take_model`)."""
+        self._runner = runner
+
+    @property
+    def attached_runner(self) -> Runner | None:
         return self._runner
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
         cancel = self._begin()
         if self._runner is not None:
-            from qwen_trt.serving.scheduler import generate
-
             for tok in generate(self._runner, prompt_ids, params):
                 yield tok
                 if cancel.is_set():

@@ -2,7 +2,7 @@
 
 Decoding is a plain loop in the caller's thread (prefill, then one forward per token with the
 KV cache), so closing the generator or :meth:`cancel` stops work before the next token. Sampling
-runs on the device with the fast path's sampler (:mod:`qwen_trt.backends.sampling`), so a seed
+runs on the device with the fast path's sampler (:mod:`qwen_trt.fast.sampling`), so a seed
 gives the same tokens on both; only the chosen token id crosses to the host.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from qwen_trt.backends.base import Backend, BackendInfo
-from qwen_trt.chat.template import default_stop_ids
+from qwen_trt.model.template import default_stop_ids
 from qwen_trt.errors import BackendUnavailableError, ModelSourceError
 from qwen_trt.model.source import ModelSource, load_tokenizer, resolve_model
 from qwen_trt.params import SamplingParams
@@ -120,7 +120,7 @@ class TorchBackend(Backend):
         import torch
         from transformers import DynamicCache
 
-        from qwen_trt.backends.sampling import SamplerState, pick, sampler_kind
+        from qwen_trt.fast.sampling import SamplerState, pick, sampler_kind
 
         cancel = self._begin()
         stop = self.stop_ids(params)

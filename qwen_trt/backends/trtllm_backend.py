@@ -49,10 +49,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from qwen_trt.backends.base import Backend, BackendInfo
-from qwen_trt.chat.template import default_stop_ids, end_and_pad_ids
+from qwen_trt.model.template import default_stop_ids, end_and_pad_ids
 from qwen_trt.errors import BackendUnavailableError, QwenTrtError
 from qwen_trt.params import SamplingParams
-from qwen_trt.serving.runner import RunnerStats, TokenEvent
+from qwen_trt.backends.runner import RunnerStats, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +354,7 @@ def auto_engine_dir() -> Path | None:
 # ---------------------------------------------------------------- the worker-side runner
 
 class TrtllmRunner:
-    """The :class:`~qwen_trt.serving.runner.Runner` contract over the executor's in-flight
+    """The :class:`~qwen_trt.backends.runner.Runner` contract over the executor's in-flight
     batching. Thread-confined like the contract says (one worker thread calls every method);
     the dispatcher thread only fills the ready queue.
 

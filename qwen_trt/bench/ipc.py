@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from qwen_trt.serving.ipc import SocketConn
-from qwen_trt.serving.runner import RunnerStats, TokenEvent
+from qwen_trt.backends.runner import RunnerStats, TokenEvent
 
 TOKEN_IDS = (14990, 1879, 11, 419, 374, 264, 1273, 13)   # real ids: detokenizing does real work
 

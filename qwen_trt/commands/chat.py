@@ -9,10 +9,10 @@ import signal
 import sys
 import threading
 
-from qwen_trt.chat.session import ChatSession, check_message, check_room, valid_text
+from qwen_trt.serving.session import ChatSession, check_message, check_room, valid_text
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.ui.text import user_error
-from qwen_trt.backends.openai_backend import submit_plan
+from qwen_trt.serving.remote import submit_plan
 from qwen_trt.options import add_backend_args, config_from
 from qwen_trt.params import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K,
                              DEFAULT_TOP_P, SamplingParams)
@@ -140,7 +140,7 @@ def run(args) -> int:
         check_room(cfg.max_seq_len, cfg.max_seq_len, params.max_new_tokens)
     if not args.json:
         print("loading model...", file=sys.stderr)
-    from qwen_trt.backends.openai_backend import start_service_for
+    from qwen_trt.serving.remote import start_service_for
 
     service = None
     try:

@@ -378,7 +378,7 @@ def engine_weights(shape: ModelShape, params: int, dtype: str) -> dict:
 
 
 def _tokenizer_info(source: ModelSource) -> dict:
-    from qwen_trt.chat.template import default_stop_ids, end_and_pad_ids
+    from qwen_trt.model.template import default_stop_ids, end_and_pad_ids
 
     tok = load_tokenizer(source.path, source.name)
     end_id, pad_id = end_and_pad_ids(tok)

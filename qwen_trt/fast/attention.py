@@ -19,9 +19,10 @@ import torch
 
 from qwen_trt.fast.kernel_parts import (load_kv, merge_splits, rope_group, rope_rows,
                                         softmax_step, store_partial, write_new_kv)
+from qwen_trt.fast.options import options
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
-# Measured on an H200 (python -m qwen_trt.fast.kernel_bench --sweep): about 7 / 9 us per layer
+# Measured on an H200 (python -m qwen_trt.bench.kernel_bench --sweep): about 7 / 9 us per layer
 # at 512 / 2048 tokens of context, against 10.2 / 11.2 with 128-slot splits of 32.
 SPLIT = 64       # cache slots per program of the first kernel
 ROPE_SPLIT = 64   # the same for rope_decode_attention, whose programs also norm and rotate q
@@ -163,7 +164,7 @@ def _split_attend(src: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k_cache.stride(1), n_splits, d ** -0.5, eps, HEADS=heads, GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, SPLIT=split, BLOCK_N=block_n,
         IEEE=src.dtype == torch.float32, PDL=pdl, ROPE=rope is not None,
-        PRELOAD=rope is not None and os.environ.get("QWEN_TRT_ATTN_PRELOAD", "1") != "0",
+        PRELOAD=rope is not None and options().attn_preload,
         num_warps=warps, **launch_kwargs(pdl))
     _merge_kernel[(heads,)](m, l_, acc, pos, out, N_SPLITS=n_splits, D=d, SPLIT=split,
                             CHUNK=32, PDL=pdl, num_warps=4, **launch_kwargs(pdl))
@@ -178,7 +179,7 @@ def rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch
     """:func:`~qwen_trt.fast.rope_cache.qk_rope_cache` then :func:`decode_attention` in two
     kernels instead of three: the q/k norms, RoPE and the cache write happen in the first
     attention kernel. ``qkv [(heads + 2 kv) d]`` -> ``[heads, d]``; writes K/V at ``pos``."""
-    split = split or int(os.environ.get("QWEN_TRT_ATTN_SPLIT", ROPE_SPLIT))   # (for sweeps)
+    split = split or options().attn_split or ROPE_SPLIT
     return _split_attend(qkv, k_cache, v_cache, pos, heads, split, block_n, warps,
                          rope=(q_norm, k_norm, cos, sin, eps))
 

@@ -20,7 +20,7 @@ On CUDA every step replays a CUDA graph:
   context lengths (no per-context buckets, no K/V gather, no mask tensor).
 
 Token choice runs on the device after the step, per row, with each row's own settings, by the
-one sampler of both torch paths (:mod:`qwen_trt.backends.sampling`, driven by the runner). On
+one sampler of both torch paths (:mod:`qwen_trt.fast.sampling`, driven by the runner). On
 CPU (and where a Triton self-check failed) the step runs eagerly with the math attention
 (:func:`~qwen_trt.fast.paged_kernels.paged_attention_ref`), which CI tests on the tiny model.
 
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qwen_trt.fast.kv_cache import LayerKVCache
+from qwen_trt.fast.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK, LayerKVCache
 from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
 from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_attention_ref,
                                          paged_decode_attention, paged_rope_cache,
@@ -47,7 +47,7 @@ from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_att
                                          paged_varlen_attention, triton, varlen_max_tiles,
                                          varlen_tiles)
 from qwen_trt.fast.graphs import capture, replay_ms
-from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK
+from qwen_trt.fast.options import options
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
 STEP_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)     # rows of a step that prefills
@@ -68,11 +68,8 @@ def _post_attention(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torc
 
 def _compile_for_any_rows(fn, n_row_args: int):
     """``fn`` compiled once for every row count: dim 0 of its first ``n_row_args`` arguments
-    (the activations) is symbolic, the weights' shapes stay constants in the generated kernels.
-    (``torch.compile(dynamic=True)`` made the weights' shapes symbolic as well;
-    ``QWEN_TRT_STEP_DYNAMIC=all`` restores that, for same-run comparisons.)"""
-    if os.environ.get("QWEN_TRT_STEP_DYNAMIC") == "all":
-        return torch.compile(fn, dynamic=True, fullgraph=True)
+    (the activations) is symbolic, the weights' shapes stay constants in the generated kernels
+    (``torch.compile(dynamic=True)`` would make them symbolic too: 1.06x slower steps)."""
     compiled = torch.compile(fn, fullgraph=True)
 
     def call(*args):
@@ -160,13 +157,13 @@ class BatchedModel:
         # Steps that prefill: the Triton varlen attention (checked at warm-up, else the math
         # step) and, around it, the norms / activation / residual adds compiled once for any
         # row count (fused elementwise kernels; inside a graph nothing is left of their host
-        # cost). QWEN_TRT_STEP_COMPILE=0 keeps the PyTorch ops.
+        # cost). KernelOptions.step_compile=False keeps the PyTorch ops.
         self.varlen = self.triton
         self.step_graphs = False
         # (block_q, warps) of the varlen attention per token bucket: timed at warm-up
         self.varlen_tile: dict[int, tuple[int, int]] = {}
         self._pre, self._post = _pre_attention, _post_attention
-        if self.triton and os.environ.get("QWEN_TRT_STEP_COMPILE", "1") != "0":
+        if self.triton and options().step_compile:
             self._pre = _compile_for_any_rows(_pre_attention, 1)
             self._post = _compile_for_any_rows(_post_attention, 2)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -407,8 +404,7 @@ class BatchedModel:
     def can_chain(self, b: int) -> bool:
         """Whether a greedy decode step of ``b`` rows may use :meth:`decode_launch` (CUDA
         graphs; ``QWEN_TRT_CHAIN=0`` turns it off)."""
-        return (self.graphs and b <= self.buckets[-1]
-                and os.environ.get("QWEN_TRT_CHAIN", "1") != "0")
+        return self.graphs and b <= self.buckets[-1] and options().chain
 
     @torch.inference_mode()
     def decode_launch(self, tokens: Sequence[int], positions: Sequence[int],
@@ -500,7 +496,6 @@ class BatchedModel:
         tables, lens = self.g_tables[:b], self.g_lens[:b]
         x = F.embedding(self.g_tok[:b], m.embed)                    # [b, hidden]
         # norms + RoPE + cache write inside the first attention kernel (fast/paged_kernels.py)
-        fused = os.environ.get("QWEN_TRT_FUSED_ROPE", "1") != "0"
         if impl == "gemv":
             from qwen_trt.fast.gemv import gemv
         elif impl == "bgemm":
@@ -513,14 +508,9 @@ class BatchedModel:
                 qkv = bgemm(layer.wqkv, rms_rows(x, layer.ln_in, eps))
             else:
                 qkv = F.linear(rms_norm(x, layer.ln_in, eps), layer.wqkv)
-            if fused:
-                o = paged_rope_decode_attention(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin,
-                                                pos, slots, kc, vc, tables, lens,
-                                                self.block_size, eps, cfg.heads)
-            else:
-                q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos,
-                                     slots, kc, vc, eps, cfg.heads)
-                o = paged_decode_attention(q, kc, vc, tables, lens, self.block_size)
+            o = paged_rope_decode_attention(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin,
+                                            pos, slots, kc, vc, tables, lens,
+                                            self.block_size, eps, cfg.heads)
             if impl == "gemv":
                 xv = gemv(layer.wo, o.view(cfg.q_size), residual=x.view(cfg.hidden))
                 act = gemv(layer.w_gate_up, xv, ln=layer.ln_post, eps=eps, gate_up=True)

@@ -15,8 +15,6 @@ On CPU (CI) the same code runs eagerly, without compile or graphs.
 """
 from __future__ import annotations
 
-import functools
-import os
 import sys
 import threading
 import time
@@ -29,7 +27,7 @@ import torch
 from qwen_trt.fast.attention import check_triton, triton_usable
 from qwen_trt.fast.graphs import capture
 from qwen_trt.fast.model import Qwen3Fast, prefill_layer
-from qwen_trt.backends.sampling import Kind, SamplerState, pick, sampler_kind
+from qwen_trt.fast.sampling import Kind, SamplerState, pick, sampler_kind
 from qwen_trt.params import SamplingParams
 
 PREFILL_GRAPH_MAX = 4096   # prompts longer than this run compiled but not graph-captured
@@ -68,16 +66,6 @@ class EngineStats:
     prefill_graphs: int = 0
     decode_graphs: int = 0
     notes: list[str] = field(default_factory=list)
-
-
-def prefill_layer_for(name: str):
-    """The prefill layer named by ``QWEN_TRT_PREFILL_ATTN``: ``gqa`` (the default) or
-    ``expand`` (K/V copied per query head, the form before; for same-run comparisons)."""
-    if name == "gqa":
-        return prefill_layer
-    if name == "expand":
-        return functools.partial(prefill_layer, expand_kv=True)
-    raise ValueError(f"QWEN_TRT_PREFILL_ATTN={name!r}: expected gqa or expand")
 
 
 def check_decode_kernels(model: Qwen3Fast, positions: Sequence[int] | None = None) -> str | None:
@@ -203,17 +191,16 @@ class FastDecoder:
         self._host = _HostTokens(dev)
         self.stats.compile, self.stats.graphs, self.stats.attention, self.stats.kernels = (
             self.compile, self.graphs, attention, kernels)
-        layer_fn = prefill_layer_for(os.environ.get("QWEN_TRT_PREFILL_ATTN", "gqa"))
         if self.compile:
             # The Triton decode is already fused by hand: it is captured as is.
             self._decode_fn = model.decode if kernels == "triton" else torch.compile(
                 model.decode, fullgraph=True, options=DECODE_COMPILE_OPTIONS)
             # One compile of one layer serves all layers and every prompt length: seconds
             # instead of a minute for the whole 36-layer graph on a cold cache.
-            self._prefill_layer = torch.compile(layer_fn, fullgraph=True)
+            self._prefill_layer = torch.compile(prefill_layer, fullgraph=True)
         else:
             self._decode_fn = model.decode
-            self._prefill_layer = layer_fn
+            self._prefill_layer = prefill_layer
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self._decode_graphs: dict[tuple[int, Kind], torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}

@@ -20,18 +20,18 @@ a program loads its first weight columns, then waits for the previous kernel, so
 projections overlap their ramp-up with the previous kernel's tail.
 
 ``x`` is ``[K]`` (or ``[1, K]``), the result is ``[N]``. Block sizes come from :func:`config_for`
-(measured on an H200 by ``python -m qwen_trt.fast.kernel_bench --sweep``).
+(measured on an H200 by ``python -m qwen_trt.bench.kernel_bench --sweep``).
 """
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from qwen_trt.fast.kernel_parts import silu_mul
+from qwen_trt.fast.options import options
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 from qwen_trt.fast.reference import rms_norm
 
@@ -57,16 +57,12 @@ class GemvConfig:
 
 def config_for(n: int, k: int, gate_up: bool = False) -> GemvConfig:
     """Block sizes for an ``n x k`` projection: the fastest in a sweep on an H200
-    (``python -m qwen_trt.fast.kernel_bench --sweep``; µs per call with PDL; see
+    (``python -m qwen_trt.bench.kernel_bench --sweep``; µs per call with PDL; see
     docs/benchmarks.md). ``QWEN_TRT_GEMV_<N>x<K>=block_n:warps:ctas_per_sm`` overrides the
     persistent configuration of one shape (for sweeps inside the decode step)."""
-    override = os.environ.get(f"QWEN_TRT_GEMV_{n}x{k}")
+    override = options().gemv.get((n, k))
     if override:
-        try:
-            bn, warps, ctas = (int(v) for v in override.replace(":", ",").split(","))
-        except ValueError:
-            raise ValueError(f"QWEN_TRT_GEMV_{n}x{k}={override!r}: expected "
-                             "block_n:warps:ctas_per_sm") from None
+        bn, warps, ctas = override
         return GemvConfig(block_n=bn, warps=warps, ctas_per_sm=ctas)
     if n >= 65536:          # LM head, 778 MB: 178 µs, 4.37 TB/s
         return GemvConfig(block_n=8, block_k=512, warps=4, pre_k=2048)
@@ -233,8 +229,7 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, ep
          residual: torch.Tensor | None = None, gate_up: bool = False,
          config: GemvConfig | None = None) -> torch.Tensor:
     """Triton GEMV with the fusions listed in the module docstring; returns ``[N]``. The
-    persistent configurations stream the weights with the evict-first L2 policy
-    (``QWEN_TRT_EVICT_FIRST=0``: the default policy)."""
+    persistent configurations stream the weights with the evict-first L2 policy."""
     rows, k = w.shape
     n = rows // 2 if gate_up else rows
     x = x.reshape(k)
@@ -250,11 +245,10 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, ep
         sms = _sm_count(x.device.index if x.device.index is not None
                         else torch.cuda.current_device())
         grid = min(triton.cdiv(n, cfg.block_n), cfg.programs or sms * cfg.ctas_per_sm)
-        evict = "" if os.environ.get("QWEN_TRT_EVICT_FIRST", "1") == "0" else "evict_first"
         _gemv_persistent_kernel[(grid,)](
             w, x, out, ln if ln is not None else x, res, eps, N=n, K=k,
             KP=triton.next_power_of_2(k), BLOCK_N=cfg.block_n, NORM=ln is not None,
-            RESIDUAL=residual is not None, GATE_UP=gate_up, PDL=pdl, P=grid, EVICT=evict,
+            RESIDUAL=residual is not None, GATE_UP=gate_up, PDL=pdl, P=grid, EVICT="evict_first",
             num_warps=cfg.warps, **launch_kwargs(pdl))
         return out
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import torch
 
+# The paged layout (qwen_trt.fast.batched): tokens per KV block, and the block every padded row
+# writes to (never handed to a sequence).
+DEFAULT_BLOCK_SIZE = 32
+SCRATCH_BLOCK = 0
+
 
 class LayerKVCache(torch.nn.Module):
     """One K and one V buffer of ``shape`` per layer (buffers ``k{i}``/``v{i}``, not saved);

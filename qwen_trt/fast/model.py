@@ -26,7 +26,6 @@ from qwen_trt.fast.config import FastConfig
 from qwen_trt.fast.gemv import gemv
 from qwen_trt.fast.kv_cache import StaticKVCache
 from qwen_trt.fast.reference import rms_norm, rope_tables, split_norm_rope
-from qwen_trt.fast.rope_cache import qk_rope_cache
 
 
 def qkv_rope(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
@@ -192,23 +191,17 @@ class Qwen3Fast(torch.nn.Module):
 
     def _decode_kernels(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """:meth:`decode` with the fused Triton kernels (CUDA): per layer norm+qkv GEMV,
-        attention in 2 kernels (the first also does the q/k norms, RoPE and the cache write;
-        ``QWEN_TRT_FUSED_ROPE=0``: a kernel of its own for those), o GEMV+residual, norm+gate/up
+        attention in 2 kernels (the first also does the q/k norms, RoPE and the cache write),
+        o GEMV+residual, norm+gate/up
         GEMV with SiLU*up, down GEMV+residual; then norm+LM head."""
         cfg = self.cfg
         eps = cfg.rms_eps
-        fused = os.environ.get("QWEN_TRT_FUSED_ROPE", "1") != "0"
         x = F.embedding(tok, self.embed).view(cfg.hidden)
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = self.cache.kv(i)
             qkv = gemv(layer.wqkv, x, ln=layer.ln_in, eps=eps)
-            if fused:
-                o = rope_decode_attention(qkv, layer.q_norm, layer.k_norm, self.cos, self.sin,
-                                          pos, k_cache, v_cache, eps, cfg.heads)
-            else:
-                q = qk_rope_cache(qkv, layer.q_norm, layer.k_norm, self.cos, self.sin, pos,
-                                  k_cache, v_cache, eps, cfg.heads)
-                o = decode_attention(q, k_cache, v_cache, pos)
+            o = rope_decode_attention(qkv, layer.q_norm, layer.k_norm, self.cos, self.sin,
+                                      pos, k_cache, v_cache, eps, cfg.heads)
             x = gemv(layer.wo, o, residual=x)
             act = gemv(layer.w_gate_up, x, ln=layer.ln_post, eps=eps, gate_up=True)
             x = gemv(layer.w_down, act, residual=x)

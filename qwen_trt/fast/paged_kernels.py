@@ -25,6 +25,7 @@ import torch
 from qwen_trt.fast.kernel_parts import (block_slots, load_kv, merge_splits, norm_rope,
                                         rope_group, rope_rows, softmax_step, store_partial,
                                         write_new_kv)
+from qwen_trt.fast.options import options
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 try:
@@ -302,7 +303,7 @@ def _paged_split_attend(src: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         GROUP=heads // kvh, GROUP_PAD=max(16, triton.next_power_of_2(heads // kvh)), D=d,
         SPLIT=split, BS=block_size, IEEE=src.dtype == torch.float32, PDL=pdl,
         ROPE=rope is not None,
-        PRELOAD=rope is not None and os.environ.get("QWEN_TRT_ATTN_PRELOAD", "1") != "0",
+        PRELOAD=rope is not None and options().attn_preload,
         num_warps=WARPS, **launch_kwargs(pdl))
     chunk = min(32, triton.next_power_of_2(n_splits))
     _paged_merge_kernel[(bsz, heads)](m, l_, acc, seq_lens, out, HEADS=heads, N_SPLITS=n_splits,
@@ -321,7 +322,7 @@ def paged_rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm:
     (``seq_lens == pos + 1``) in two kernels instead of three: ``qkv [B, (heads + 2 kv) d]``
     -> ``[B, heads, d]``; writes K/V at ``slots [B]``."""
     default = ROPE_SPLIT_NARROW if qkv.shape[0] <= NARROW_ROWS else ROPE_SPLIT
-    split = split or int(os.environ.get("QWEN_TRT_PAGED_SPLIT", default))
+    split = split or options().paged_split or default
     return _paged_split_attend(qkv, k_cache, v_cache, block_tables, seq_lens, block_size,
                                heads, split, rope=(q_norm, k_norm, cos, sin, pos, slots, eps))
 

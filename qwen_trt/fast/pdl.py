@@ -7,15 +7,16 @@ every read of activations, positions or the KV cache, and every write, comes aft
 call ``gdc_launch_dependents()`` at that point so the next kernel can be scheduled early.
 
 Needs compute capability 9.0+ (Hopper) and a Triton with ``triton.language.extra.cuda.gdc_*``;
-elsewhere the calls compile to nothing and kernels launch normally. ``QWEN_TRT_PDL=0`` turns it
+elsewhere the calls compile to nothing and kernels launch normally. ``QWEN_TRT_PDL=0`` (:class:`~qwen_trt.fast.options.KernelOptions` ``pdl``) turns it
 off (to bisect a suspected race). CUDA graphs keep the programmatic edges.
 """
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from qwen_trt.fast.options import options
 
 try:
     import triton
@@ -49,7 +50,7 @@ def _device_has_pdl(index: int) -> bool:
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    if not _HAS_GDC or device.type != "cuda" or os.environ.get("QWEN_TRT_PDL", "1") == "0":
+    if not _HAS_GDC or device.type != "cuda" or not options().pdl:
         return False
     return _device_has_pdl(device.index if device.index is not None
                            else torch.cuda.current_device())

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen_trt.chat.template import ENDOFTEXT, IM_END, IM_START, QWEN3_INSTRUCT_CHAT_TEMPLATE
+from qwen_trt.model.template import ENDOFTEXT, IM_END, IM_START, QWEN3_INSTRUCT_CHAT_TEMPLATE
 from qwen_trt.errors import FileProblemError
 
 # Qwen2/Qwen3 pre-tokenizer split pattern (same regex as the real tokenizer.json).

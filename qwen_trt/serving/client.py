@@ -2,7 +2,7 @@
 
 :class:`EngineClient` starts the worker (:mod:`qwen_trt.serving.worker`, a fresh interpreter),
 sends it requests and turns the token ids that come back into text and metrics here, with the
-same code as in process (:class:`qwen_trt.chat.generation.ReplyBuilder`). One reader thread blocks on the
+same code as in process (:class:`qwen_trt.serving.generation.ReplyBuilder`). One reader thread blocks on the
 pipe (no polling) and one sender thread writes to it, so no thread ever blocks on the pipe while
 holding the lock (a full pipe both ways cannot deadlock: the reader always drains).
 
@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from qwen_trt.chat.generation import ReplyBuilder
+from qwen_trt.serving.generation import ReplyBuilder
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, EngineState,

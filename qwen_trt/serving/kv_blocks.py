@@ -34,9 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from qwen_trt.errors import QwenTrtError
-
-DEFAULT_BLOCK_SIZE = 32
-SCRATCH_BLOCK = 0
+from qwen_trt.fast.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK  # noqa: F401  (the paged layout's)
 
 BlockKey = tuple  # (id of the parent block's key, 0 for the first block; its token ids)
 

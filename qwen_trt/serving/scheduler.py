@@ -1,4 +1,4 @@
-"""Continuous batching for the fast path: :class:`BatchRunner`, a :class:`~qwen_trt.serving.runner.Runner`.
+"""Continuous batching for the fast path: :class:`BatchRunner`, a :class:`~qwen_trt.backends.runner.Runner`.
 
 Every :meth:`BatchRunner.step` spends a token budget (``SchedulerConfig.token_budget``), the
 way vLLM V1 does (serving.md §1):
@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qwen_trt.backends.sampling import PENALTIES, SamplerState, pick, sampler_kind
+from qwen_trt.fast.sampling import PENALTIES, SamplerState, pick, sampler_kind
 from qwen_trt.fast.batched import BatchedModel, SeqChunk
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
-from qwen_trt.serving.runner import RunnerStats, StepFinish, TokenEvent
+from qwen_trt.backends.runner import RunnerStats, StepFinish, TokenEvent
 
 DEFAULT_TOKEN_BUDGET = 1024
 DEFAULT_MAX_BATCH = 32
@@ -369,7 +369,7 @@ class BatchRunner:
 
     def _pick(self, logits: torch.Tensor, seqs: list[_Seq]) -> list[int]:
         """One token per row of ``logits`` with each sequence's settings: the shared sampler
-        (:mod:`qwen_trt.backends.sampling`) over those sequences' rows of the sampler state."""
+        (:mod:`qwen_trt.fast.sampling`) over those sequences' rows of the sampler state."""
         if not seqs:
             return []
         kinds = [sampler_kind(s.params) for s in seqs]
@@ -414,24 +414,13 @@ def make_batch_runner(model, config: SchedulerConfig | None = None, *,
     return BatchRunner(bm, config, stop_ids=stop_ids)
 
 
-def generate(runner: BatchRunner, prompt_ids: Sequence[int], params: SamplingParams,
-             request_id: int = -1) -> Iterator[int]:
-    """One request through ``runner`` alone (in-process use: tests, the bench's FIFO mode, the
-    backend's ``stream``); yields token ids with the :class:`Backend` contract."""
-    runner.add(request_id, prompt_ids, params)
-    done = False
-    try:
-        while not done:
-            for ev in runner.step():
-                if ev.request_id != request_id:
-                    continue
-                if ev.finish == "error":
-                    from qwen_trt.errors import PromptTooLongError
-
-                    raise PromptTooLongError(ev.error or "request failed")
-                yield from ev.token_ids
-                done = ev.finish is not None
-    finally:
-        if not done:
-            runner.abort(request_id)
-            runner.step()
+def batch_runner_for(backend, config: SchedulerConfig | None = None, *,
+                     kv_tokens: int | None = None) -> BatchRunner:
+    """The continuous-batching runner over a fast backend's weights (built once, then attached
+    to the backend so its ``stream`` goes through it too)."""
+    runner = backend.attached_runner
+    if runner is None:
+        runner = make_batch_runner(backend.take_model(), config, kv_tokens=kv_tokens,
+                                   checked=True, stop_ids=backend.info.stop_token_ids)
+        backend.attach_runner(runner)
+    return runner

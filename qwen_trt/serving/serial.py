@@ -1,5 +1,5 @@
 """SerialRunner: any :class:`~qwen_trt.backends.base.Backend` as a
-:class:`~qwen_trt.serving.runner.Runner`.
+:class:`~qwen_trt.backends.runner.Runner`.
 
 One request at a time (``max_concurrency = 1``): :meth:`step` advances the running request's
 ``backend.stream`` generator by one token; the next request starts when it ends. Requests added
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from qwen_trt.backends.base import Backend
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import SamplingParams
-from qwen_trt.serving.runner import RunnerStats, TokenEvent
+from qwen_trt.backends.runner import RunnerStats, TokenEvent
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from qwen_trt.backends import BackendConfig, load_backend
 from qwen_trt.backends.base import Backend
-from qwen_trt.chat.generation import ReplyStream
+from qwen_trt.serving.generation import ReplyStream
 from qwen_trt.errors import ConfigError, QwenTrtError
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError,  # noqa: F401

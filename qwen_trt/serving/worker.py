@@ -58,19 +58,17 @@ class Ready:
 
 
 def make_runner(backend, max_batch: int | None = None):
-    """The runner for ``backend``: its own (``backend.make_runner()``: the TensorRT-LLM executor;
-    ``backend.runner()``: continuous batching in the fast path, ``max_batch`` wide), else, or
-    with ``max_batch == 1``, :class:`SerialRunner` (one at a time on the backend's own stream)."""
+    """The runner for ``backend``: its own (``backend.make_runner()``: the TensorRT-LLM executor),
+    continuous batching over a fast backend's weights (``max_batch`` wide), else, or with
+    ``max_batch == 1``, :class:`SerialRunner` (one at a time on the backend's own stream)."""
     own = getattr(backend, "make_runner", None)
     if callable(own):
         return own()
-    batched = getattr(backend, "runner", None)
-    if callable(batched) and max_batch != 1:
-        if max_batch is None:
-            return batched()
-        from qwen_trt.serving.scheduler import SchedulerConfig
+    if hasattr(backend, "take_model") and max_batch != 1:
+        from qwen_trt.serving.scheduler import SchedulerConfig, batch_runner_for
 
-        return batched(SchedulerConfig(max_batch=max_batch))
+        return batch_runner_for(backend, None if max_batch is None
+                                else SchedulerConfig(max_batch=max_batch))
     from qwen_trt.serving.serial import SerialRunner
 
     return SerialRunner(backend)

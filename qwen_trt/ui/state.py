@@ -12,7 +12,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from qwen_trt.chat.session import ChatSession, Message
+from qwen_trt.serving.session import ChatSession, Message
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
 from qwen_trt.serving.service import RequestHandle
 from qwen_trt.ui.text import reply_footer

@@ -1,4 +1,4 @@
-"""Measure the decode kernels on this GPU: ``python -m qwen_trt.fast.kernel_bench [--sweep]``.
+"""Measure the decode kernels on this GPU: ``python -m qwen_trt.bench.kernel_bench [--sweep]``.
 
 For each projection of a Qwen3-4B decode step (qkv, o, gate/up, down, LM head) it times the
 Triton kernel of :mod:`qwen_trt.fast.gemv` (every block configuration with ``--sweep``, else the

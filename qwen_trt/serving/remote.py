@@ -388,7 +388,7 @@ class OpenAIService:
 
 
 def submit_plan(service, plan, params: SamplingParams):
-    """Submit a chat plan (:class:`~qwen_trt.chat.session.PromptPlan`) to either kind of
+    """Submit a chat plan (:class:`~qwen_trt.serving.session.PromptPlan`) to either kind of
     service: its messages to a remote one, its token ids to a local engine."""
     if getattr(service, "takes_messages", False):
         return service.submit(plan.messages, params, plan.dropped_turns)

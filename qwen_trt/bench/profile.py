@@ -1,15 +1,15 @@
-"""Where a step's time goes: ``python -m qwen_trt.fast.profile [--shape qwen3-4b]``.
+"""Where a step's time goes: ``python -m qwen_trt.bench.profile [--shape qwen3-4b]``.
 
 Builds the fast decoder on random weights, times graph replays of one decode step with CUDA
 events, then runs the same step without the graph under ``torch.profiler`` and prints
 the GPU kernels grouped by name (time per step, share), so launch gaps and slow kernels show.
 
-``--variants "QWEN_TRT_FUSED_ROPE=0;"`` times the decode step under each set of environment
-settings, round-robin in one process.
+``--variants "attn_preload=0;"`` times the decode step under each set of kernel options
+(:class:`~qwen_trt.fast.options.KernelOptions` field names), round-robin in one process.
 
 ``--prefill 512,2048`` times the batch-1 decoder's prefill graphs and the first token (prefill +
 choice + copy to the host, what TTFT measures on the GPU side) and lists the prefill's kernels;
-with ``--variants`` it builds one decoder per variant (settings read when the decoder is built)
+with ``--variants`` it builds one decoder per variant (options in force when the decoder is built)
 and times them round-robin.
 
 ``--step-tokens 512,1024`` does the same for the batched runner's steps that prefill: a fresh
@@ -18,15 +18,14 @@ prompt of N tokens, and N tokens = 8 decode rows + a chunk after a prefix of N t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import time
 
 import torch
 
 from qwen_trt.fast import SHAPES, FastDecoder, load_fast_decoder
 from qwen_trt.fast.graphs import capture, replay_ms
+from qwen_trt.fast.options import KernelOptions, options, use
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated row counts: profile the batched steps that prefill")
     ap.add_argument("--variants", default="",
                     help="semicolon-separated variants, each a comma-separated list of "
-                         "ENV=VALUE settings (empty: as is): time the batch-1 decode step "
+                         "kernel options, NAME=VALUE (attn_preload=0, paged_split=64, "
+                         "gemv.4096x2560=4:8:2; empty: as is): time the batch-1 decode step "
                          "under each, at --ctxs")
     ap.add_argument("--ctxs", default="512,2048", help="contexts for --variants")
     ap.add_argument("--prefill", default="",
@@ -130,26 +130,17 @@ def kernel_table(prof, n: int, top: int = 25) -> dict:
                      "name": k[:90]} for us, c, k in rows[:top]]}
 
 
-def _env(variant: str) -> dict[str, str]:
-    out = {}
-    for item in filter(None, (x.strip() for x in variant.split(","))):
-        k, sep, v = item.partition("=")
-        if not sep or not k.startswith("QWEN_TRT_"):
-            raise SystemExit(f"--variants: {item!r} is not QWEN_TRT_NAME=VALUE")
-        out[k] = v
-    return out
-
-
-@contextlib.contextmanager
-def _env_applied(env: dict[str, str]):
-    """``env`` set in ``os.environ`` inside the block, the previous environment restored after."""
-    saved = dict(os.environ)
-    os.environ.update(env)
+def _env(variant: str) -> KernelOptions:
+    """A variant: kernel option changes (``"attn_preload=0,paged_split=64"``) over the defaults."""
     try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        return options().with_text(variant)
+    except ValueError as e:
+        raise SystemExit(f"--variants: {e}") from None
+
+
+def _env_applied(opts: KernelOptions):
+    """The kernel options ``opts`` in force inside the block."""
+    return use(opts)
 
 
 def profile_variants(cfg, variants: list[str], ctxs: list[int], args) -> int:

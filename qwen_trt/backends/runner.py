@@ -6,7 +6,7 @@ The worker (``qwen_trt.serving`` process side) owns one runner and loops::
     for ev in runner.step(): ...          # new token ids per request, routed to the client
 
 A runner never detokenizes and never measures: token ids go to the client, which turns them into
-text (``qwen_trt.chat.detokenizer``) and metrics, the same way for every backend. Implementations:
+text (``qwen_trt.model.detokenizer``) and metrics, the same way for every backend. Implementations:
 
 * ``SerialRunner`` (here): any :class:`~qwen_trt.backends.base.Backend`, one request at a time
   (the HF reference torch backend, the batch-1 fast decoder);
@@ -15,10 +15,11 @@ text (``qwen_trt.chat.detokenizer``) and metrics, the same way for every backend
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from qwen_trt.errors import PromptTooLongError
 from qwen_trt.params import SamplingParams
 
 StepFinish = Literal["stop", "length", "cancelled", "error"]
@@ -68,3 +69,25 @@ class Runner(Protocol):
 
     def stats(self) -> RunnerStats:
         ...
+
+
+def generate(runner: Runner, prompt_ids: Sequence[int], params: SamplingParams,
+             request_id: int = -1) -> Iterator[int]:
+    """One request through ``runner`` alone (in-process use: tests, the bench's FIFO mode, a
+    backend's ``stream`` once a runner holds its weights); yields token ids with the
+    :class:`~qwen_trt.backends.base.Backend` contract."""
+    runner.add(request_id, prompt_ids, params)
+    done = False
+    try:
+        while not done:
+            for ev in runner.step():
+                if ev.request_id != request_id:
+                    continue
+                if ev.finish == "error":
+                    raise PromptTooLongError(ev.error or "request failed")
+                yield from ev.token_ids
+                done = ev.finish is not None
+    finally:
+        if not done:
+            runner.abort(request_id)
+            runner.step()

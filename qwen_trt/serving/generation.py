@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from qwen_trt.backends.base import Backend
-from qwen_trt.chat.detokenizer import IncrementalDetokenizer
+from qwen_trt.model.detokenizer import IncrementalDetokenizer
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
 
 

@@ -1,0 +1,196 @@
+"""Every ``QWEN_TRT_*`` environment variable, declared once: name, type, default, one-line doc.
+
+This module imports nothing of ``qwen_trt``, so every layer (the fast path's kernels included)
+can read its settings here. :func:`get` parses a variable by its declaration (an empty value
+counts as unset); a bad value raises :class:`SettingError` (a ``ValueError``) naming the
+variable. :func:`unknown` lists the ``QWEN_TRT_*`` names in an environment that no declaration
+knows, and :func:`warn_unknown` prints one line for them (a mistyped name would otherwise be
+ignored silently). The README's configuration table is checked against :data:`SETTINGS` by
+``tests/test_settings.py``.
+
+Groups: ``user`` (the backend and server options; the CLI flags of the same name win),
+``app`` (the Streamlit app), ``build`` (engine build and container), ``kernel`` (switches of
+the fast path, read once when its kernels are configured: :mod:`qwen_trt.fast.options`),
+``test`` (the test suite and its tools).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Group = Literal["user", "app", "build", "kernel", "test"]
+Kind = Literal["str", "int", "float", "bool", "path"]
+PREFIX = "QWEN_TRT_"
+
+
+class SettingError(ValueError):
+    """An environment variable holds a value its declaration does not allow."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str                    # the variable, QWEN_TRT_...
+    kind: Kind
+    default: object
+    doc: str                     # one line
+    group: Group = "user"
+    flag: str | None = None      # the CLI flag that sets the same value (it wins)
+    choices: tuple[str, ...] = ()
+    pattern: bool = False        # name is a prefix: QWEN_TRT_GEMV_<N>x<K>
+
+    def parse(self, raw: str) -> object:
+        raw = raw.strip()
+        try:
+            if self.kind == "int":
+                return int(raw)
+            if self.kind == "float":
+                return float(raw)
+            if self.kind == "bool":
+                low = raw.lower()
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+        except ValueError:
+            raise SettingError(f"{self.name}={raw!r}: expected {_KIND_WORDS[self.kind]}") from None
+        if self.choices and raw not in self.choices:
+            raise SettingError(f"{self.name}={raw!r}: expected one of {', '.join(self.choices)}")
+        return raw
+
+
+_KIND_WORDS = {"int": "a whole number", "float": "a number", "bool": "1 or 0",
+               "str": "text", "path": "a path"}
+
+_S = Setting
+SETTINGS: tuple[Setting, ...] = (
+    # -- the backend (qwen_trt.options; app and CLI) ---------------------------------------------
+    _S("QWEN_TRT_MODEL", "str", None, "model folder or hub id (default Qwen/Qwen3-4B-Instruct-2507)",
+       flag="--model"),
+    _S("QWEN_TRT_BACKEND", "str", "auto", "auto | torch | trtllm | openai", flag="--backend",
+       choices=("auto", "torch", "trtllm", "openai")),
+    _S("QWEN_TRT_ENGINE", "path", None, "TensorRT-LLM engine folder (default engines/<gpu>/)",
+       flag="--engine"),
+    _S("QWEN_TRT_DEVICE", "str", "auto", "torch device: auto | cpu | cuda | cuda:N",
+       flag="--device"),
+    _S("QWEN_TRT_DTYPE", "str", "auto", "torch dtype: auto | float32 | bfloat16 | float16",
+       flag="--dtype", choices=("auto", "float32", "bfloat16", "float16")),
+    _S("QWEN_TRT_MAX_SEQ_LEN", "int", None, "context limit in tokens, prompt + reply (torch)",
+       flag="--max-seq-len"),
+    _S("QWEN_TRT_MAX_BATCH", "int", None,
+       "chats decoded together on the fast path (default 32; 1 = the batch-1 decoder)",
+       flag="--max-batch"),
+    _S("QWEN_TRT_FAST", "str", "auto", "torch fast path: auto | on | off", flag="--fast",
+       choices=("auto", "on", "off")),
+    _S("QWEN_TRT_BASE_URL", "str", None,
+       "openai backend: an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1",
+       flag="--base-url"),
+    _S("QWEN_TRT_API_KEY", "str", None,
+       "the key sent (openai backend) or required (qwen-trt serve)", flag="--api-key"),
+    _S("QWEN_TRT_WORKER", "str", "process",
+       "process: the engine in its own worker process; inline: in this process",
+       choices=("process", "inline")),
+    # -- qwen-trt serve ---------------------------------------------------------------------------
+    _S("QWEN_TRT_HOST", "str", "127.0.0.1", "address qwen-trt serve binds (non-loopback needs a key)",
+       flag="--host"),
+    _S("QWEN_TRT_PORT", "int", 8000, "port of qwen-trt serve", flag="--port"),
+    _S("QWEN_TRT_MAX_QUEUE", "int", 256,
+       "requests qwen-trt serve lets wait for the engine (then 503 + Retry-After)",
+       flag="--max-queue"),
+    # -- build and container ----------------------------------------------------------------------
+    _S("QWEN_TRT_ENGINES_DIR", "path", "engines", "where engines are built and looked up",
+       group="build", flag="--engines-dir"),
+    _S("QWEN_TRT_PROFILES_DIR", "path", None, "build profiles folder (default build/profiles)",
+       group="build"),
+    _S("QWEN_TRT_IMAGE", "str", None, "the container image the build runs in (docker build path)",
+       group="build"),
+    _S("QWEN_TRT_BIND", "str", None, "address the container's app binds (docker/compose.yaml)",
+       group="build"),
+    # -- the app ----------------------------------------------------------------------------------
+    _S("QWEN_TRT_APP_SEED_DIR", "path", None,
+       "folder of saved chats the app starts from (tests and the UI benchmark)", group="app"),
+    # -- fast-path kernel switches (qwen_trt.fast.options; read once, when the kernels are set up)
+    _S("QWEN_TRT_PDL", "bool", True,
+       "programmatic dependent launch between the decode kernels (0 to bisect a suspected race)",
+       group="kernel"),
+    _S("QWEN_TRT_CHAIN", "bool", True,
+       "chained greedy decode steps in the batched runner (0: every step syncs on the host)",
+       group="kernel"),
+    _S("QWEN_TRT_ATTN_PRELOAD", "bool", True,
+       "preload the first K/V tile before the PDL wait in the RoPE attention kernels",
+       group="kernel"),
+    _S("QWEN_TRT_STEP_COMPILE", "bool", True,
+       "compile the batched step's norms/activation pieces (0: plain PyTorch ops, to debug)",
+       group="kernel"),
+    _S("QWEN_TRT_ATTN_SPLIT", "int", None,
+       "keys per split of the batch-1 RoPE attention (default 64; for sweeps)", group="kernel"),
+    _S("QWEN_TRT_PAGED_SPLIT", "int", None,
+       "keys per split of the paged RoPE attention (default 64 for one row, else 128; sweeps)",
+       group="kernel"),
+    _S("QWEN_TRT_GEMV_", "str", None,
+       "QWEN_TRT_GEMV_<N>x<K>=block_n:warps:ctas_per_sm: one GEMV shape's config (sweeps)",
+       group="kernel", pattern=True),
+    # -- tests and tools --------------------------------------------------------------------------
+    _S("QWEN_TRT_TRITON_PATH", "path", None,
+       "a Triton copy for the kernel interpreter tests (make test-kernels)", group="test"),
+    _S("QWEN_TRT_CORPUS", "path", None,
+       "extra Markdown payload files for the browser sanitiser test", group="test"),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+
+def declared(name: str) -> Setting:
+    """The declaration of ``name`` (a pattern setting matches by prefix); KeyError if none."""
+    if name in BY_NAME:
+        return BY_NAME[name]
+    for s in SETTINGS:
+        if s.pattern and name.startswith(s.name):
+            return s
+    raise KeyError(f"{name} is not a declared qwen-trt setting (qwen_trt/settings.py)")
+
+
+def raw(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The variable's text, stripped; None when unset or empty. ``name`` must be declared."""
+    declared(name)
+    env = os.environ if environ is None else environ
+    val = env.get(name)
+    val = val.strip() if isinstance(val, str) else val
+    return val or None
+
+
+def get(name: str, environ: Mapping[str, str] | None = None):
+    """The parsed value of ``name``, or its declared default."""
+    s = declared(name)
+    val = raw(name, environ)
+    return s.default if val is None else s.parse(val)
+
+
+def unknown(environ: Mapping[str, str] | None = None) -> list[str]:
+    """``QWEN_TRT_*`` names set in ``environ`` that no declaration knows."""
+    env = os.environ if environ is None else environ
+    out = []
+    for name in sorted(env):
+        if name.startswith(PREFIX):
+            try:
+                declared(name)
+            except KeyError:
+                out.append(name)
+    return out
+
+
+_warned: set[str] = set()
+
+
+def warn_unknown(environ: Mapping[str, str] | None = None, stream=None) -> list[str]:
+    """Print one line naming the unknown ``QWEN_TRT_*`` variables (once per name a process)."""
+    names = [n for n in unknown(environ) if n not in _warned]
+    if names:
+        _warned.update(names)
+        print(f"warning: unknown qwen-trt setting{'s' if len(names) > 1 else ''} ignored: "
+              f"{', '.join(names)} (the known ones: qwen_trt/settings.py, README "
+              f"'Configuration')", file=stream or sys.stderr)
+    return names
