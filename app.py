@@ -13,8 +13,8 @@ from contextlib import closing
 import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
-from qwen_trt.serving.remote import start_service_for, submit_plan
-from qwen_trt.serving import service as serving
+from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
+from qwen_trt.serving.service import Service, start_service_for
 from qwen_trt.options import app_parser, config_from, config_key
 from qwen_trt.serving.session import ChatSession
 from qwen_trt.errors import QwenTrtError
@@ -42,7 +42,7 @@ def engine_loader(key: str, _cfg) -> BackgroundLoad:
         _cfg, echo=StageWriter(report, prefix="[qwen-trt engine]", also=sys.stderr)))
 
 
-def engine_service() -> serving.InferenceService:
+def engine_service() -> Service:
     cfg = config_from(app_parser().parse_args(sys.argv[1:]), os.environ)
     loader = engine_loader(config_key(cfg), cfg)
     if not loader.done:
@@ -230,7 +230,7 @@ def stream_reply(state: ChatState, pending, plan_dropped: int, stoppable: bool, 
                     if handle.cancelled:          # cleared, or a newer run took over
                         return
                     match ev:
-                        case serving.Waiting(position=position, waited_s=waited_s,
+                        case Waiting(position=position, waited_s=waited_s,
                                              engine=engine):
                             label = engine or waiting_label(position, waited_s)
                             if label != shown_label:  # redraw when it changes (at most 1/s)
@@ -239,21 +239,21 @@ def stream_reply(state: ChatState, pending, plan_dropped: int, stoppable: bool, 
                                 else:
                                     status.empty()
                                 shown_label = label
-                        case serving.Started():
+                        case Started():
                             status.empty()
                             tail.markdown(view.add("").tail)  # the cursor, until the first token
-                        case serving.Delta(text=text):
+                        case Delta(text=text):
                             update = view.add(text)
                             for block in update.new_blocks:
                                 blocks.markdown(block)
                             tail.markdown(update.tail)
-                        case serving.Failed(error=error):
+                        case Failed(error=error):
                             if handle.text:    # e.g. the server went away: keep the partial
                                 state.commit_pending(pending)
                             else:
                                 state.discard(pending)
                             raise error
-                        case serving.Finished():
+                        case Finished():
                             reply = state.commit_pending(pending)
                             stop.empty()
                             if reply is not None:
@@ -311,7 +311,7 @@ def main() -> None:
             plan = state.chat.prepare(text, max_input_len=info.max_input_len,
                                       max_seq_len=info.max_seq_len,
                                       max_new_tokens=params.max_new_tokens)
-            pending = state.start(text, submit_plan(service, plan, params))
+            pending = state.start(text, service.submit_plan(plan, params))
         except Exception as e:  # noqa: BLE001 - shown below the message
             error = e
     show_history(state)

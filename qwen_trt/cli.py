@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 
+from qwen_trt import settings
 from qwen_trt.errors import QwenTrtError
 
 # One module per subcommand; add a line here when a new one lands.
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    settings.warn_unknown()
     try:
         return int(args.func(args) or 0)
     except QwenTrtError as e:

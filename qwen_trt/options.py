@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from qwen_trt import settings
 from qwen_trt.backends import BACKENDS, DTYPES, FAST_MODES, BackendConfig
 from qwen_trt.errors import ConfigError
 
@@ -67,12 +68,14 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = No
                 ) -> BackendConfig:
     """The checked backend settings from parsed flags and ``environ`` (default ``os.environ``)."""
     env = os.environ if environ is None else environ
+    if environ is None:
+        settings.warn_unknown(env)          # a mistyped QWEN_TRT_* name: one line, once
     given = vars(args)
 
     def pick(o: BackendOption) -> str | None:
         val = given.get(o.dest)
         if val is None:
-            val = env.get(o.env)
+            val = settings.raw(o.env, env)
         val = val.strip() if isinstance(val, str) else val
         return val or None
 

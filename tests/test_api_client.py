@@ -14,12 +14,11 @@ from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 
 from qwen_trt.serving.remote import (EstimatingTokenizer, OpenAIConfig,  # noqa: E402
-                                              OpenAIService, RemoteServerError, error_line,
-                                              submit_plan)
+                                     OpenAIService, RemoteServerError, error_line)
 from qwen_trt.serving.session import ChatSession  # noqa: E402
 from qwen_trt.errors import BackendUnavailableError, ConfigError  # noqa: E402
 from qwen_trt.params import SamplingParams  # noqa: E402
-from qwen_trt.serving.service import Delta, Failed, Finished  # noqa: E402
+from qwen_trt.serving.events import Delta, Failed, Finished  # noqa: E402
 from servers import app_in_thread, free_port, start_serve  # noqa: E402
 
 KEY = "client-key"
@@ -56,7 +55,7 @@ def test_chat_through_qwen_trt_serve_matches_the_server(server, tiny_model_dir):
         plan = chat.prepare("Hello there", max_input_len=svc.info.max_input_len,
                             max_seq_len=svc.info.max_seq_len, max_new_tokens=12)
         assert plan.messages[0] == {"role": "system", "content": "be brief"}
-        text, fin = drain(submit_plan(svc, plan, GREEDY))
+        text, fin = drain(svc.submit_plan(plan, GREEDY))
         assert isinstance(fin, Finished), fin
         direct = httpx.post(f"{server.url}/v1/chat/completions", headers={
             "Authorization": f"Bearer {KEY}"}, json={"messages": plan.messages, "max_tokens": 12,

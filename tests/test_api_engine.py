@@ -260,8 +260,10 @@ def test_health_follows_the_engine_state():
     from types import SimpleNamespace
 
     from qwen_trt.api.server import engine_alive
+    from qwen_trt.serving.events import ServiceStatus
 
     for state, ok in (("ready", True), ("loading", False), ("restarting", False),
-                      ("failed", False), ("closed", False)):
-        svc = SimpleNamespace(status=lambda s=state: SimpleNamespace(state=s))
+                      ("stopped", False), ("failed", False), ("closed", False)):
+        svc = SimpleNamespace(status=lambda s=state: ServiceStatus(busy=False, queued=0,
+                                                                   served=0, state=s))
         assert engine_alive(svc) is ok, state

@@ -16,7 +16,7 @@ openai = pytest.importorskip("openai")
 
 from qwen_trt.serving.remote import OpenAIConfig, OpenAIService  # noqa: E402
 from qwen_trt.params import SamplingParams  # noqa: E402
-from qwen_trt.serving.service import Delta, Failed, Finished  # noqa: E402
+from qwen_trt.serving.events import Delta, Failed, Finished  # noqa: E402
 from servers import nginx_binary, start_nginx, start_serve  # noqa: E402
 
 pytestmark = [pytest.mark.slow,

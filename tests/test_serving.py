@@ -12,8 +12,9 @@ from qwen_trt.params import SamplingParams
 from service_checks import (check_cancel_mid_reply_leaves_engine_clean,
                             check_threads_get_their_own_replies)
 
-from qwen_trt.serving.service import (Delta, EngineFailedError, InferenceService, Failed, Finished,
-                              ServiceClosedError, Started, Waiting)
+from qwen_trt.serving.events import (Delta, EngineFailedError, Failed, Finished,
+                                     ServiceClosedError, Started, Waiting)
+from qwen_trt.serving.service import InferenceService
 
 GREEDY = SamplingParams(max_new_tokens=40, temperature=0)
 TIMEOUT = 30  # seconds; only a hang would ever reach it
@@ -202,3 +203,22 @@ def test_close_cancels_waiting_requests_and_refuses_new_ones(tiny_tokenizer):
     assert b.cancelled and b.wait(TIMEOUT)
     with pytest.raises(ServiceClosedError):
         svc.submit(ids, SamplingParams(max_new_tokens=10))
+
+
+def test_the_three_services_share_one_protocol():
+    from qwen_trt.serving.client import EngineClient
+    from qwen_trt.serving.remote import OpenAIService
+    from qwen_trt.serving.service import Service
+
+    members = ("info", "tokenizer", "submit_plan", "status", "close")
+    for cls in (InferenceService, EngineClient, OpenAIService):
+        missing = [m for m in members if not hasattr(cls, m)]
+        assert not missing, f"{cls.__name__} lacks {missing}"
+    assert not hasattr(OpenAIService, "takes_messages")
+
+
+def test_in_process_service_reports_whether_it_accepts(tiny_tokenizer):
+    svc = InferenceService(GatedBackend(tiny_tokenizer))
+    assert svc.status().accepting
+    svc.close()
+    assert svc.status().state == "closed" and not svc.status().accepting

@@ -8,7 +8,8 @@ import pytest
 from fakes import ScriptedBackend
 from qwen_trt.serving.session import ChatSession
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
-from qwen_trt.serving.service import Delta, InferenceService, Finished, Started, Waiting
+from qwen_trt.serving.events import Delta, Finished, Started, Waiting
+from qwen_trt.serving.service import InferenceService
 from qwen_trt.ui.state import ChatState, TurnNote
 from qwen_trt.ui.stream import StreamView, coalesce
 from qwen_trt.errors import PromptTooLongError

@@ -37,7 +37,6 @@ log = logging.getLogger("qwen_trt.api")
 
 LOOPBACK_NAMES = ("localhost",)
 DISCONNECT_CHECK_S = 0.2
-DEAD_STATES = {"dead", "failed", "restarting", "starting", "loading", "closed", "stopped"}
 
 
 def is_loopback(host: str) -> bool:
@@ -73,21 +72,11 @@ class ServerSettings:
 
 
 def engine_alive(service) -> bool:
-    """Whether the engine can take requests (False while it is dead or restarting)."""
-    alive = getattr(service, "alive", None)
-    if alive is not None:
-        return bool(alive() if callable(alive) else alive)
-    if getattr(service, "_closed", False):
-        return False
-    worker = getattr(service, "_worker", None)
-    if worker is not None and hasattr(worker, "is_alive") and not worker.is_alive():
-        return False
+    """Whether the engine can take requests (False while it loads, restarts, is dead or closed)."""
     try:
-        st = service.status()
-    except Exception:
+        return service.status().accepting
+    except Exception:  # noqa: BLE001 - a service that cannot even report is not alive
         return False
-    state = getattr(st, "state", None)
-    return getattr(st, "alive", True) is not False and str(state).lower() not in DEAD_STATES
 
 
 class _EngineError(Exception):

@@ -110,7 +110,7 @@ def load_backend(cfg: BackendConfig, *, for_runner: bool = False) -> Backend:
     name = choose_backend(cfg)
     if name == "openai":
         raise ConfigError("The openai backend streams chats, not token ids: start it with "
-                          "qwen_trt.serving.remote.start_service_for().")
+                          "qwen_trt.serving.service.start_service_for().")
     if name == "trtllm":
         from qwen_trt.backends.trtllm_backend import TrtllmBackend
 

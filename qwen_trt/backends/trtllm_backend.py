@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from qwen_trt import settings
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.model.template import default_stop_ids, end_and_pad_ids
 from qwen_trt.errors import BackendUnavailableError, QwenTrtError
@@ -71,9 +72,8 @@ class TrtllmRuntimeError(QwenTrtError):
 # ---------------------------------------------------------------- pure helpers
 
 def default_engines_dir() -> Path:
-    import os
-
-    return Path(os.environ.get(ENGINES_DIR_ENV, "engines"))
+    
+    return Path(settings.raw(ENGINES_DIR_ENV) or "engines")
 
 
 def runner_kwargs(manifest: dict) -> dict:

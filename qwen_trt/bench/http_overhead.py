@@ -21,7 +21,7 @@ from qwen_trt.bench.measure import percentile
 
 
 def _service_ttft(service, ids, params) -> tuple[float, float]:
-    from qwen_trt.serving.service import Delta, Finished
+    from qwen_trt.serving.events import Delta, Finished
 
     t0 = time.perf_counter()
     first = None

@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import time
 
 import torch
 import torch.nn.functional as F
 
+from qwen_trt.fast.options import options, use
 from qwen_trt.fast.config import QWEN3_4B
 from qwen_trt.fast.gemv import GemvConfig, config_for, gemv, gemv_ref
 from qwen_trt.fast.pdl import pdl_enabled
@@ -85,15 +85,8 @@ def bench_shape(name: str, spec: dict, configs: list[GemvConfig | None], layers:
 
     record("cublas F.linear (unfused)", lambda: [F.linear(x.view(1, k), w) for w in ws])
     if pdl_enabled(x.device):
-        saved = os.environ.get("QWEN_TRT_PDL")
-        os.environ["QWEN_TRT_PDL"] = "0"
-        try:
+        with use(options().replace(pdl=False)):
             record("auto without PDL", lambda: [gemv(w, x, **kw) for w in ws])
-        finally:
-            if saved is None:
-                del os.environ["QWEN_TRT_PDL"]
-            else:
-                os.environ["QWEN_TRT_PDL"] = saved
     for cfg in configs:
         label = "auto " + str(config_for(n, k, gate_up)) if cfg is None else str(cfg)
         try:

@@ -2,8 +2,9 @@
 (what ``make engine GPU=a10`` runs). See :mod:`qwen_trt.engine.build` for the stages."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from qwen_trt import settings
 
 
 def register(sub) -> None:
@@ -15,7 +16,7 @@ def register(sub) -> None:
                    help="checkpoint folder or hub id (default: $QWEN_TRT_MODEL or "
                         "Qwen/Qwen3-4B-Instruct-2507)")
     p.add_argument("--out-dir", default="build/out", help="work folder (TensorRT-LLM checkpoint)")
-    p.add_argument("--engines-dir", default=os.environ.get("QWEN_TRT_ENGINES_DIR", "engines"),
+    p.add_argument("--engines-dir", default=settings.raw("QWEN_TRT_ENGINES_DIR") or "engines",
                    help="engine folders go to <this>/<gpu>/ (default $QWEN_TRT_ENGINES_DIR or engines)")
     p.add_argument("--profiles-dir", default=None, help="folder of <gpu>.toml profiles")
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default=None,

@@ -12,7 +12,6 @@ import threading
 from qwen_trt.serving.session import ChatSession, check_message, check_room, valid_text
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.ui.text import user_error
-from qwen_trt.serving.remote import submit_plan
 from qwen_trt.options import add_backend_args, config_from
 from qwen_trt.params import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_K,
                              DEFAULT_TOP_P, SamplingParams)
@@ -46,13 +45,13 @@ def reply_once(service, session: ChatSession, text: str, params: SamplingParams,
                as_json: bool, out=None) -> None:
     """Stream one reply from the engine ``service`` to ``out`` (stdout); Ctrl-C stops it and
     keeps the partial reply."""
-    from qwen_trt.serving.service import Delta, Failed
+    from qwen_trt.serving.events import Delta, Failed
 
     out = out or sys.stdout
     info = service.info
     plan = session.prepare(text, max_input_len=info.max_input_len, max_seq_len=info.max_seq_len,
                            max_new_tokens=params.max_new_tokens)
-    handle = submit_plan(service, plan, params)    # ids to our engine, messages to a server
+    handle = service.submit_plan(plan, params)    # ids to our engine, messages to a server
     try:
         for ev in handle.events(poll_s=1.0):
             if isinstance(ev, Delta) and not as_json:
@@ -140,7 +139,7 @@ def run(args) -> int:
         check_room(cfg.max_seq_len, cfg.max_seq_len, params.max_new_tokens)
     if not args.json:
         print("loading model...", file=sys.stderr)
-    from qwen_trt.serving.remote import start_service_for
+    from qwen_trt.serving.service import start_service_for
 
     service = None
     try:

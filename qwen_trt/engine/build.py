@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qwen_trt import settings
 from qwen_trt.engine.profiles import BuildProfile, load_all, load_profile
 from qwen_trt.engine.env import library_versions, require_disk, require_trtllm
 from qwen_trt.engine.manifest import (TOKENIZER_DIR, TOKENIZER_FILES, Stamp, checkpoint_files,
@@ -469,9 +470,8 @@ IMAGE_ENV = "QWEN_TRT_IMAGE"    # set by docker/Dockerfile to the image it is bu
 def container_image() -> str | None:
     """The container image this build runs in (docker/Dockerfile sets ``QWEN_TRT_IMAGE``):
     the image fixes the TensorRT version an engine can load on, so the manifest records it."""
-    import os
-
-    return os.environ.get(IMAGE_ENV) or None
+    
+    return settings.raw(IMAGE_ENV)
 
 
 def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> BuildResult:

@@ -16,12 +16,12 @@ Layout of a profile file::
 from __future__ import annotations
 
 import math
-import os
 import re
 import sys
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
+from qwen_trt import settings
 from qwen_trt.errors import QwenTrtError
 
 if sys.version_info >= (3, 11):
@@ -93,7 +93,7 @@ class BuildProfile:
 
 def default_profiles_dir() -> Path:
     """``$QWEN_TRT_PROFILES_DIR``, else ``build/profiles`` of the checkout, else of the cwd."""
-    env = os.environ.get(PROFILES_DIR_ENV)
+    env = settings.raw(PROFILES_DIR_ENV)
     if env:
         return Path(env)
     repo = Path(__file__).resolve().parents[2] / "build" / "profiles"

@@ -13,7 +13,8 @@ slot = position, so this is :func:`~qwen_trt.fast.paged_kernels.paged_rope_cache
 in float32 then cast, weight product, ``x*cos`` and ``rotate_half(x)*sin`` each rounded to the
 model dtype, then their sum. The rotary tables are ``[slots, d]`` in the model dtype (HF's
 ``cat(freqs, freqs)``). The batch-1 decode folds this into its attention kernel
-(:func:`~qwen_trt.fast.attention.rope_decode_attention`) unless ``QWEN_TRT_FUSED_ROPE=0``.
+(:func:`~qwen_trt.fast.attention.rope_decode_attention`); this module keeps the separate kernel (the
+batched prefill steps and the tests use it).
 """
 from __future__ import annotations
 

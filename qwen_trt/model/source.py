@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwen_trt import settings
 from qwen_trt.errors import ModelSourceError
 
 DEFAULT_MODEL_ID = "Qwen/Qwen3-4B-Instruct-2507"
@@ -160,7 +161,7 @@ def check_tokenizer_files(folder: Path) -> None:
 
 def resolve_model(spec: str | None = None) -> ModelSource:
     """Resolve ``spec`` (folder or hub id; default from QWEN_TRT_MODEL or the Qwen3-4B id)."""
-    spec = spec or os.environ.get("QWEN_TRT_MODEL") or DEFAULT_MODEL_ID
+    spec = spec or settings.raw("QWEN_TRT_MODEL") or DEFAULT_MODEL_ID
     path = Path(spec).expanduser()
     if path.is_dir():
         local = path

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from qwen_trt.serving.generation import ReplyBuilder
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import SamplingParams
+from qwen_trt.serving.session import PromptPlan
 from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, EngineState,
                                      EngineStoppedError, Failed, Finished, RequestHandle,
                                      ServiceClosedError, ServiceStatus, Started, cancelled_reply,
@@ -166,6 +167,9 @@ class EngineClient:
                 self._restart()
             self._pump()
         return handle
+
+    def submit_plan(self, plan: PromptPlan, params: SamplingParams) -> RequestHandle:
+        return self.submit(plan.ids, params, plan.dropped_turns)
 
     def status(self) -> ServiceStatus:
         with self._lock:

@@ -84,6 +84,12 @@ class ServiceStatus:
     restarts: int = 0               # engine process restarts after a crash
     runner: dict = field(default_factory=dict)   # the runner's RunnerStats, as a dict
 
+    @property
+    def accepting(self) -> bool:
+        """Whether the service takes requests now (False while loading, restarting, dead or
+        closed): what ``/health`` reports."""
+        return self.state == "ready"
+
 
 class _Owner(Protocol):
     def _position(self, handle: "RequestHandle") -> int: ...

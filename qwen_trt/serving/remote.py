@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from qwen_trt.backends.base import BackendInfo
 from qwen_trt.errors import BackendUnavailableError, ConfigError, QwenTrtError
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
+from qwen_trt.serving.session import PromptPlan
 from qwen_trt.serving.events import (Delta, Failed, Finished, RequestHandle, ServiceClosedError,
                                      ServiceStatus, Started)
 
@@ -149,7 +150,6 @@ class RemoteHandle(RequestHandle):
 class OpenAIService:
     """Streams chats from an OpenAI-compatible server; one thread per request."""
 
-    takes_messages = True     # submit() wants the plan's messages, not token ids
 
     def __init__(self, cfg: OpenAIConfig) -> None:
         import httpx
@@ -227,6 +227,9 @@ class OpenAIService:
                          daemon=True).start()
         return handle
 
+    def submit_plan(self, plan: PromptPlan, params: SamplingParams) -> RemoteHandle:
+        return self.submit(plan.messages, params, plan.dropped_turns)
+
     # the handle's owner: nothing queues here (the server queues); cancel closes the stream,
     # which the server sees as the client going away
     def _position(self, handle: RemoteHandle) -> int:
@@ -243,7 +246,8 @@ class OpenAIService:
 
     def status(self) -> ServiceStatus:
         with self._lock:
-            return ServiceStatus(busy=False, queued=0, served=self._served)
+            return ServiceStatus(busy=False, queued=0, served=self._served,
+                                 state="closed" if self._closed else "ready")
 
     def close(self, timeout: float = 5.0, **_) -> None:
         with self._lock:
@@ -385,23 +389,3 @@ class OpenAIService:
     @staticmethod
     def _reply(handle: RemoteHandle, m: ReplyMetrics) -> Reply:
         return Reply(text=handle.text, metrics=m, dropped_turns=handle.dropped_turns)
-
-
-def submit_plan(service, plan, params: SamplingParams):
-    """Submit a chat plan (:class:`~qwen_trt.serving.session.PromptPlan`) to either kind of
-    service: its messages to a remote one, its token ids to a local engine."""
-    if getattr(service, "takes_messages", False):
-        return service.submit(plan.messages, params, plan.dropped_turns)
-    return service.submit(plan.ids, params, plan.dropped_turns)
-
-
-def start_service_for(cfg, echo=None):
-    """The service a :class:`~qwen_trt.backends.BackendConfig` names: a remote OpenAI-compatible
-    server for ``backend="openai"``, else this machine's engine (``serving.start_service``)."""
-    if cfg.backend == "openai":       # BackendConfig made sure it has a base_url
-        return OpenAIService(OpenAIConfig(base_url=cfg.base_url, api_key=cfg.api_key,
-                                          model=cfg.model, max_seq_len=cfg.max_seq_len))
-    from qwen_trt.serving.service import start_service
-
-    return start_service(cfg, echo=echo)     # echo: where the engine's stage lines go
-

@@ -19,21 +19,44 @@ import itertools
 import logging
 import queue
 import threading
-import os
 import time
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
+from qwen_trt import settings
 from qwen_trt.backends import BackendConfig, load_backend
-from qwen_trt.backends.base import Backend
+from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.serving.generation import ReplyStream
 from qwen_trt.errors import ConfigError, QwenTrtError
 from qwen_trt.params import SamplingParams
-from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError,  # noqa: F401
-                                     EngineStoppedError, Event, Failed, Finished, RequestHandle,
-                                     RequestState, ServiceClosedError, ServiceStatus, Started,
-                                     Waiting, cancelled_reply, queue_position)
+from qwen_trt.serving.events import (Delta, EngineFailedError, Failed, Finished, RequestHandle,
+                                     ServiceClosedError, ServiceStatus, Started, cancelled_reply,
+                                     queue_position)
+from qwen_trt.serving.session import PromptPlan
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Service(Protocol):
+    """What every front end (the app, the CLI, the HTTP API) talks to, whichever of the three
+    services runs the model: :class:`InferenceService` (in process), :class:`EngineClient`
+    (the worker process, :mod:`qwen_trt.serving.client`) or :class:`OpenAIService` (a remote
+    OpenAI-compatible server, :mod:`qwen_trt.serving.remote`)."""
+
+    @property
+    def info(self) -> BackendInfo: ...
+
+    @property
+    def tokenizer(self): ...
+
+    def submit_plan(self, plan: PromptPlan, params: SamplingParams) -> RequestHandle:
+        """Queue a chat prompt (its token ids to a local engine, its messages to a remote one)."""
+
+    def status(self) -> ServiceStatus:
+        """The one place a caller learns whether the service takes requests (``accepting``)."""
+
+    def close(self, timeout: float = 5.0) -> None: ...
 
 class InferenceService:
     """Owns one backend; runs submitted requests one at a time, in submission order."""
@@ -69,10 +92,16 @@ class InferenceService:
         self._queue.put(handle)
         return handle
 
+    def submit_plan(self, plan: PromptPlan, params: SamplingParams) -> RequestHandle:
+        return self.submit(plan.ids, params, plan.dropped_turns)
+
     def status(self) -> ServiceStatus:
         with self._lock:
+            state = ("closed" if self._closed else "ready" if self._worker.is_alive()
+                     else "failed")
             return ServiceStatus(busy=self._running is not None, queued=len(self._waiting),
-                                 served=self._served, running=int(self._running is not None))
+                                 served=self._served, running=int(self._running is not None),
+                                 state=state)
 
     @property
     def closed(self) -> bool:
@@ -166,7 +195,7 @@ _current_lock = threading.Lock()
 def worker_mode(mode: str | None = None) -> str:
     """``process`` (the engine in its own process, the default) or ``inline`` (in this process,
     a thread: tests that patch the backend, debugging); ``$QWEN_TRT_WORKER`` when not given."""
-    mode = (mode or os.environ.get(WORKER_ENV) or "process").strip().lower()
+    mode = (mode or settings.raw(WORKER_ENV) or "process").strip().lower()
     if mode not in WORKER_MODES:
         raise ConfigError(f"{WORKER_ENV} must be one of {', '.join(WORKER_MODES)}, got {mode!r}")
     return mode
@@ -191,3 +220,14 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None):
         # echo: where the engine's stage lines go (stderr by default; the app also shows them)
         _current = EngineClient(WorkerSpec(cfg), **({"echo": echo} if echo is not None else {}))
         return _current
+
+
+def start_service_for(cfg: BackendConfig, echo=None) -> Service:
+    """The service a :class:`~qwen_trt.backends.BackendConfig` names: a remote OpenAI-compatible
+    server for ``backend="openai"``, else this machine's engine (:func:`start_service`)."""
+    if cfg.backend == "openai":       # BackendConfig made sure it has a base_url
+        from qwen_trt.serving.remote import OpenAIConfig, OpenAIService
+
+        return OpenAIService(OpenAIConfig(base_url=cfg.base_url, api_key=cfg.api_key,
+                                          model=cfg.model, max_seq_len=cfg.max_seq_len))
+    return start_service(cfg, echo=echo)     # echo: where the engine's stage lines go

@@ -14,7 +14,7 @@ from typing import Literal
 
 from qwen_trt.serving.session import ChatSession, Message
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
-from qwen_trt.serving.service import RequestHandle
+from qwen_trt.serving.events import RequestHandle
 from qwen_trt.ui.text import reply_footer
 
 # How long an interrupting run waits for the cancelled request to stop (it stops before its

@@ -22,6 +22,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from qwen_trt import settings
+
 DEFAULT_MAX_CHATS = 256
 DEFAULT_TTL_S = 6 * 3600.0
 ID_BYTES = 16
@@ -116,5 +118,5 @@ def process_store() -> SessionStore:
     global _STORE
     with _STORE_LOCK:
         if _STORE is None:
-            _STORE = SessionStore(seed_dir=os.environ.get("QWEN_TRT_APP_SEED_DIR") or None)
+            _STORE = SessionStore(seed_dir=settings.raw("QWEN_TRT_APP_SEED_DIR"))
         return _STORE

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from qwen_trt.serving.service import Delta, Event, Waiting
+from qwen_trt.serving.events import Delta, Event, Waiting
 from qwen_trt.ui.text import CURSOR, sanitize_markdown, stable_prefix_end
 
 DEFAULT_INTERVAL_S = 0.03
