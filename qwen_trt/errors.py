@@ -43,3 +43,18 @@ class InvalidMessageError(QwenTrtError, ValueError):
 class FileProblemError(QwenTrtError):
     """A file or folder cannot be used: missing, unreadable, unwritable, not empty, corrupt or
     of the wrong shape. The message names the file and what is wrong with it."""
+
+
+def first_line(error: BaseException | str, limit: int = 300) -> str:
+    """The first line of an error's message (or of a text), stripped and at most ``limit``
+    characters; "" when there is none. The one way a traceback-free line is cut from an
+    exception anywhere in the project."""
+    text = error if isinstance(error, str) else str(error)
+    lines = text.strip().splitlines()
+    return lines[0].strip()[:limit] if lines else ""
+
+
+def error_detail(error: BaseException) -> str:
+    """``Type: first line of the message`` (the type alone when the message is empty)."""
+    first = first_line(error)
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -59,6 +60,13 @@ class SamplingParams:
         if not 0 < self.repetition_penalty <= 2:
             raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
 
+    def stop_ids(self, model_stop_ids: Iterable[int]) -> frozenset[int]:
+        """The ids that end this request: the model's (``BackendInfo.stop_token_ids``) and this
+        request's own; none with ``ignore_eos``. The one home of the stop rule."""
+        if self.ignore_eos:
+            return frozenset()
+        return frozenset(model_stop_ids) | frozenset(self.stop_token_ids)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
@@ -67,6 +75,25 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Whether a penalty changes any logit (neutral values keep the plain samplers)."""
         return self.presence_penalty != 0 or self.repetition_penalty != 1
+
+
+def prompt_budget(max_input_len: int, max_seq_len: int, max_new_tokens: int) -> int:
+    """The longest prompt that still leaves room for ``max_new_tokens`` new tokens."""
+    return min(max_input_len, max_seq_len - max_new_tokens)
+
+
+def fit_problem(n_prompt: int, max_new_tokens: int, max_input_len: int,
+                max_seq_len: int) -> str | None:
+    """Whether a prompt of ``n_prompt`` tokens plus ``max_new_tokens`` new ones fits an engine's
+    limits: None if it does, else the one line saying why not. The one home of that rule
+    (backends, the batched runner, the HTTP API and the chat session all ask here)."""
+    if n_prompt == 0:
+        return "The prompt is empty: there is nothing to answer."
+    if n_prompt > prompt_budget(max_input_len, max_seq_len, max_new_tokens):
+        return (f"The prompt ({n_prompt} tokens) + max new tokens ({max_new_tokens}) exceeds the "
+                f"engine's limits (prompt {max_input_len}, prompt + reply {max_seq_len} tokens): "
+                "shorten the prompt or lower max new tokens.")
+    return None
 
 
 @dataclass

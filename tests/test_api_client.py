@@ -14,7 +14,7 @@ from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 
 from qwen_trt.serving.remote import (EstimatingTokenizer, OpenAIConfig,  # noqa: E402
-                                     OpenAIService, RemoteServerError, error_line)
+                                     OpenAIService, RemoteServerError, http_error_line)
 from qwen_trt.serving.session import ChatSession  # noqa: E402
 from qwen_trt.errors import BackendUnavailableError, ConfigError  # noqa: E402
 from qwen_trt.params import SamplingParams  # noqa: E402
@@ -129,7 +129,7 @@ def test_wrong_key_unreachable_server_and_unknown_model_are_one_line(server):
     ("<html>\n<b>502 Bad Gateway</b>\n</html>", "<html> <b>502 Bad Gateway</b> </html>"),
 ])
 def test_error_bodies_become_one_line(body, expect):
-    line = error_line(400, body, "http://x/v1")
+    line = http_error_line(400, body, "http://x/v1")
     assert expect in line and "\n" not in line
 
 

@@ -1,8 +1,8 @@
 """Token budget: oldest whole turns go first; system prompt and newest message always stay."""
 import pytest
 
-from qwen_trt.serving.session import (ChatSession, encode_messages, prompt_budget,
-                                   render_prompt_text)
+from qwen_trt.params import prompt_budget
+from qwen_trt.serving.session import (ChatSession, encode_messages, render_prompt_text)
 from qwen_trt.errors import EmptyMessageError, PromptTooLongError
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qwen_trt.api.errors import ApiError
-from qwen_trt.errors import QwenTrtError
+from qwen_trt.errors import first_line, QwenTrtError
 
 
 def encode_messages(tokenizer, messages: Sequence[dict]) -> list[int]:
@@ -20,5 +20,5 @@ def encode_messages(tokenizer, messages: Sequence[dict]) -> list[int]:
         if type(e).__name__ not in ("TemplateError", "UndefinedError", "ValueError",
                                     "TemplateSyntaxError"):
             raise
-        raise ApiError(400, f"The chat template rejected these messages: {e}".splitlines()[0],
+        raise ApiError(400, first_line(f"The chat template rejected these messages: {e}"),
                        param="messages") from e

@@ -31,6 +31,7 @@ from qwen_trt.api.prompt import encode_messages
 from qwen_trt.api.protocol import ChatRequest, ChunkWriter, completion, parse_chat_request
 from qwen_trt.api.stops import StopScanner
 from qwen_trt.errors import ConfigError, QwenTrtError
+from qwen_trt.params import fit_problem
 from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
 
 log = logging.getLogger("qwen_trt.api")
@@ -337,14 +338,14 @@ def _data(obj: dict) -> str:
 def _fit(ids: list[int], req: ChatRequest, info) -> int:
     """The number of new tokens to ask for; 400 (with the counts) when it cannot fit."""
     n, ctx = len(ids), info.max_seq_len
-    if n > info.max_input_len or n >= ctx:
+    if fit_problem(n, 1, info.max_input_len, ctx):
         raise ApiError(400, f"This model's maximum context length is {ctx} tokens (prompts up to "
                             f"{info.max_input_len}). However, your messages resulted in {n} "
                             "tokens. Please shorten the messages.", param="messages",
                        code="context_length_exceeded")
     if req.max_tokens is None:
         return ctx - n
-    if n + req.max_tokens > ctx:
+    if fit_problem(n, req.max_tokens, info.max_input_len, ctx):
         raise ApiError(400, f"This model's maximum context length is {ctx} tokens. However, you "
                             f"requested {n + req.max_tokens} tokens ({n} in the messages, "
                             f"{req.max_tokens} in the completion). Please reduce the length of "

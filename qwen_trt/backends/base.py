@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from qwen_trt.errors import EmptyMessageError, PromptTooLongError
-from qwen_trt.params import SamplingParams
+from qwen_trt.params import SamplingParams, fit_problem
 
 
 @dataclass(frozen=True)
@@ -67,19 +67,13 @@ class Backend(ABC):
     def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """The one check of a request against this backend's limits, before :meth:`stream`."""
         n, info = len(prompt_ids), self.info
-        if n == 0:
-            raise EmptyMessageError("The prompt is empty: there is nothing to answer.")
-        if n > info.max_input_len or n + params.max_new_tokens > info.max_seq_len:
-            raise PromptTooLongError(
-                f"The prompt ({n} tokens) + max new tokens ({params.max_new_tokens}) exceeds this "
-                f"backend's limits (prompt {info.max_input_len}, prompt + reply "
-                f"{info.max_seq_len} tokens): shorten the prompt or lower max new tokens.")
+        problem = fit_problem(n, params.max_new_tokens, info.max_input_len, info.max_seq_len)
+        if problem:
+            raise (EmptyMessageError if n == 0 else PromptTooLongError)(problem)
 
     def stop_ids(self, params: SamplingParams) -> frozenset[int]:
-        """The ids that end this request: the backend's and the request's; none with ignore_eos."""
-        if params.ignore_eos:
-            return frozenset()
-        return frozenset(self.info.stop_token_ids) | frozenset(params.stop_token_ids)
+        """The ids that end this request (:meth:`SamplingParams.stop_ids` over this backend's)."""
+        return params.stop_ids(self.info.stop_token_ids)
 
     @abstractmethod
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.model.template import default_stop_ids
-from qwen_trt.errors import BackendUnavailableError, ModelSourceError
+from qwen_trt.errors import first_line, BackendUnavailableError, ModelSourceError
 from qwen_trt.model.source import ModelSource, load_tokenizer, resolve_model
 from qwen_trt.params import SamplingParams
 
@@ -109,7 +109,7 @@ class TorchBackend(Backend):
         try:
             hf_model = AutoModelForCausalLM.from_pretrained(p.source.path, dtype=p.dtype)
         except (OSError, ValueError) as e:
-            raise ModelSourceError(f"Could not load '{p.source.name}': {e}".splitlines()[0]) from e
+            raise ModelSourceError(first_line(f"Could not load '{p.source.name}': {e}")) from e
         hf_model.to(p.device).eval()
         backend = cls(p.source, hf_model, p.tokenizer, p.device, max_seq_len=p.max_seq_len)
         if warmup:

@@ -51,7 +51,7 @@ from pathlib import Path
 from qwen_trt import settings
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.model.template import default_stop_ids, end_and_pad_ids
-from qwen_trt.errors import BackendUnavailableError, QwenTrtError
+from qwen_trt.errors import first_line, BackendUnavailableError, QwenTrtError
 from qwen_trt.params import SamplingParams
 from qwen_trt.backends.runner import RunnerStats, TokenEvent
 
@@ -233,7 +233,7 @@ class ResponseDispatcher:
             try:
                 rid = int(self._executor.enqueue_request(request))
             except Exception as e:  # noqa: BLE001 - the executor's checks (limits, shutdown)
-                first = (str(e).splitlines() or [type(e).__name__])[0]
+                first = (first_line(e) or type(e).__name__)
                 raise TrtllmRuntimeError(f"TensorRT-LLM rejected the request: {first}") from e
             self._sinks[rid] = sink
             return rid
@@ -262,13 +262,13 @@ class ResponseDispatcher:
             except Exception as e:  # noqa: BLE001 - executor shut down or broken
                 if self._stop.is_set():
                     return
-                self._fail_all((str(e).splitlines() or [type(e).__name__])[0])
+                self._fail_all((first_line(e) or type(e).__name__))
                 return
             for response in responses:
                 try:
                     self._route(response)
                 except Exception as e:  # noqa: BLE001 - a malformed response ends its request
-                    first = (str(e).splitlines() or [type(e).__name__])[0]
+                    first = (first_line(e) or type(e).__name__)
                     self._deliver(getattr(response, "request_id", None),
                                   Routed(final=True, error=first))
 
@@ -505,7 +505,7 @@ class TrtllmBackend(Backend):
         try:
             runner = ModelRunnerCpp.from_dir(str(engine_dir), **runner_kwargs(manifest))
         except Exception as e:  # TensorRT deserialization, MPI, out of memory
-            first = (str(e).splitlines() or [type(e).__name__])[0]
+            first = (first_line(e) or type(e).__name__)
             raise BackendUnavailableError(
                 f"TensorRT-LLM could not load {engine_dir} ({type(e).__name__}: {first}); if the "
                 f"driver or libraries changed, rebuild with `qwen-trt build --force --gpu "

@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from qwen_trt.errors import first_line
 from qwen_trt.bench.measure import RunTiming, copy_bandwidth_tbps
 from qwen_trt.bench.paths import (PATHS, Runner, backend_runner, build_hf_model, engine_runner,
                                   hf_runner)
@@ -119,7 +120,7 @@ def _run_hf_path(p: str, hf, source, reports: dict[str, PathReport],
         rows, first_ids = _measure(p, run, prompts, cfg, device,
                                    warm_tokens=cfg.new_tokens if p == "hf-static" else 4)
     except Exception as e:  # one contender failing must not lose the others
-        rep.status = f"error: {type(e).__name__}: {e}".splitlines()[0][:300]
+        rep.status = first_line(f"error: {type(e).__name__}: {e}")[:300]
         return None
     rep.info["wall_s"] = round(time.perf_counter() - t, 1)
     log(f"[bench] {p}: " + ", ".join(f"{x.prompt_len}: {x.ttft_ms_p50:.1f} ms / "
@@ -236,7 +237,7 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
             if _cuda(device):
                 torch.cuda.empty_cache()
         except Exception as e:  # noqa: BLE001 - reported in the JSON, the run goes on
-            rep.status = f"failed: {type(e).__name__}: {e}".splitlines()[0][:300]
+            rep.status = first_line(f"failed: {type(e).__name__}: {e}")[:300]
             log(f"[bench] fast: {rep.status}")
 
     if "trtllm" in cfg.paths:
@@ -257,7 +258,7 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
                 finally:
                     backend.close()
             except Exception as e:  # missing library/engine is a skip, not a failure
-                rep.status = f"skipped: {type(e).__name__}: {e}".splitlines()[0][:300]
+                rep.status = first_line(f"skipped: {type(e).__name__}: {e}")[:300]
 
     return _finish(out, rows, reports, ids, weight_bytes, copy_tbps)
 

@@ -46,7 +46,7 @@ from qwen_trt.engine.env import library_versions, require_disk, require_trtllm
 from qwen_trt.engine.manifest import (TOKENIZER_DIR, TOKENIZER_FILES, Stamp, checkpoint_files,
                                       content_hash, fingerprint, hub_revision, make_manifest,
                                       write_manifest)
-from qwen_trt.errors import ModelSourceError, QwenTrtError
+from qwen_trt.errors import first_line, ModelSourceError, QwenTrtError
 from qwen_trt.engine.gpu import check_profile_matches, require_gpu
 from qwen_trt.model.shape import ModelShape
 from qwen_trt.model.source import ModelSource, load_tokenizer, resolve_model
@@ -430,7 +430,7 @@ def export_checkpoint(source: ModelSource, ckpt_dir: Path, shape: ModelShape,
     except QwenTrtError:
         raise
     except Exception as e:  # converter assertion, shape mismatch, OOM...
-        first = (str(e).splitlines() or [""])[0]
+        first = first_line(e)
         raise BuildError(f"TensorRT-LLM could not convert {source.name} ({type(e).__name__}: "
                          f"{first}); the full log is above.") from e
     finally:
@@ -456,7 +456,7 @@ def build_engine(ckpt_dir: Path, profile: BuildProfile, engine_dir: Path,
     except QwenTrtError:
         raise
     except Exception as e:
-        first = (str(e).splitlines() or [""])[0]
+        first = first_line(e)
         raise BuildError(f"TensorRT-LLM failed to build the engine ({type(e).__name__}: {first}); "
                          f"the full log is above.") from e
     finally:

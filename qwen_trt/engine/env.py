@@ -8,7 +8,7 @@ import importlib.util
 import shutil
 from pathlib import Path
 
-from qwen_trt.errors import BackendUnavailableError, QwenTrtError
+from qwen_trt.errors import first_line, BackendUnavailableError, QwenTrtError
 
 # 1.0 is the first release whose TensorRT engine path knows Qwen3, but 1.0 and 1.1 pin
 # transformers 4.53.1 / 4.56.0 while qwen-trt needs >= 4.57 (what 1.2 pins); 1.3 removed the
@@ -75,10 +75,10 @@ def require_trtllm():
         if getattr(e, "name", None) == "tensorrt_llm":
             raise TrtllmNotInstalledError(f"TensorRT-LLM is not installed: {INSTALL_HINT}.") from e
         raise TrtllmNotInstalledError(
-            f"tensorrt_llm is installed but does not import ({str(e).splitlines()[0]}): "
+            f"tensorrt_llm is installed but does not import ({first_line(e)}): "
             f"{INSTALL_HINT}.") from e
     except Exception as e:  # missing libmpi, CUDA mismatch...
-        first = (str(e).splitlines() or [type(e).__name__])[0]
+        first = (first_line(e) or type(e).__name__)
         raise TrtllmNotInstalledError(
             f"tensorrt_llm fails to import ({type(e).__name__}: {first}); a missing libmpi means "
             f"`sudo apt-get install -y libopenmpi-dev`: {INSTALL_HINT}.") from e

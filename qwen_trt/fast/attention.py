@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from qwen_trt.errors import first_line
 from qwen_trt.fast.kernel_parts import (load_kv, merge_splits, rope_group, rope_rows,
                                         softmax_step, store_partial, write_new_kv)
 from qwen_trt.fast.options import options
@@ -227,5 +228,5 @@ def check_triton(device: torch.device, dtype: torch.dtype, kv_heads: int, heads:
             if not err < tol:
                 return f"triton decode attention differs from the reference at pos {p} ({err:.2e})"
     except Exception as e:  # any compile/launch failure means: use the math path
-        return f"triton decode attention unavailable: {type(e).__name__}: {e}".splitlines()[0]
+        return first_line(f"triton decode attention unavailable: {type(e).__name__}: {e}")
     return None

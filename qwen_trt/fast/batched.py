@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from qwen_trt.errors import first_line
 from qwen_trt.fast.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK, LayerKVCache
 from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
 from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_attention_ref,
@@ -575,7 +576,7 @@ class BatchedModel:
                         g = self._capture(bucket, impl)
                     except Exception as e:  # noqa: BLE001 - a kernel that fails to build
                         self.stats.notes.append(f"bucket {bucket} {impl}: {type(e).__name__}: "
-                                                f"{e}".splitlines()[0][:200])
+                                                + first_line(e, 200))
                         continue
                     timed[impl] = (replay_ms(g, 10, warmup=1), g)
                 best = min(timed, key=lambda k: timed[k][0])
@@ -764,7 +765,7 @@ def check_paged(device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim:
             if not err < tol:
                 return f"paged attention differs from the reference at length {n} ({err:.2e})"
     except Exception as e:  # any compile/launch failure means: the math path
-        return f"paged attention kernels unavailable: {type(e).__name__}: {e}".splitlines()[0]
+        return first_line(f"paged attention kernels unavailable: {type(e).__name__}: {e}")
     return None
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from qwen_trt.errors import first_line
 from qwen_trt.fast.attention import check_triton, triton_usable
 from qwen_trt.fast.graphs import capture
 from qwen_trt.fast.model import Qwen3Fast, prefill_layer
@@ -101,7 +102,7 @@ def check_decode_kernels(model: Qwen3Fast, positions: Sequence[int] | None = Non
                     return (f"triton decode kernels differ from the PyTorch decode at position "
                             f"{p} ({err:.2e})")
     except Exception as e:  # any compile/launch failure means: use the PyTorch decode
-        return f"triton decode kernels unavailable: {type(e).__name__}: {e}".splitlines()[0]
+        return first_line(f"triton decode kernels unavailable: {type(e).__name__}: {e}")
     finally:
         model.decode_impl, model.attn_impl = saved_impl, saved_attn
     return None
@@ -318,8 +319,7 @@ class FastDecoder:
         stops when ``cancel`` is set or the generator is closed)."""
         t = len(prompt_ids)
         n = params.max_new_tokens
-        stop = (frozenset(stop_ids) | frozenset(params.stop_token_ids)
-                if not params.ignore_eos else frozenset())
+        stop = params.stop_ids(stop_ids)
         kind = sampler_kind(params)
         pending = deque([self._start(prompt_ids, params, kind)])
         launched, emitted = 1, 0

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen_trt import settings
-from qwen_trt.errors import ModelSourceError
+from qwen_trt.errors import first_line, ModelSourceError
 
 DEFAULT_MODEL_ID = "Qwen/Qwen3-4B-Instruct-2507"
 QWEN3_MODEL_TYPES = ("qwen3",)
@@ -135,7 +135,7 @@ def check_weight_files(folder: Path) -> None:
             with safe_open(str(f), framework="pt") as fh:
                 fh.keys()
         except Exception as e:    # SafetensorError, OSError: the file, not the code, is wrong
-            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+            detail = first_line(e) or type(e).__name__
             what = next((w for key, w in _SAFETENSORS_PROBLEMS if key in detail.lower()),
                         f"not a readable safetensors file ({detail})")
             raise ModelSourceError(f"{f} is {what}: the checkpoint is broken; download it "
@@ -154,7 +154,7 @@ def check_tokenizer_files(folder: Path) -> None:
         try:
             Tokenizer.from_file(str(tok))
         except Exception as e:    # the tokenizers library raises a bare Exception
-            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+            detail = first_line(e) or type(e).__name__
             raise ModelSourceError(f"{tok} is not a valid tokenizer ({detail[:200]}): the "
                                    f"checkpoint is broken; download it again.") from e
 
@@ -198,4 +198,4 @@ def load_tokenizer(path: str | os.PathLike, name: str | None = None):
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ModelSourceError(f"Could not load the tokenizer of '{name or path}': "
-                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+                               f"{first_line(e) or type(e).__name__}") from e

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qwen_trt.engine.env import module_version
-from qwen_trt.errors import QwenTrtError
+from qwen_trt.errors import first_line, QwenTrtError
 from qwen_trt.model.source import ModelSource
 
 MODEL_FILE = "model.onnx"
@@ -289,7 +289,7 @@ def load_torch_model(source: ModelSource, dtype: str):
             model = AutoModelForCausalLM.from_pretrained(
                 source.path, dtype=getattr(torch, dtype), attn_implementation="eager")
     except (OSError, ValueError) as e:
-        raise OnnxExportError(f"Could not load '{source.name}': {e}".splitlines()[0]) from e
+        raise OnnxExportError(first_line(f"Could not load '{source.name}': {e}")) from e
     return model.to("cpu").eval()
 
 
@@ -332,7 +332,7 @@ def export_decoder(model, out_dir: Path, *, dtype: str, opset: int = DEFAULT_OPS
     except QwenTrtError:
         raise
     except Exception as e:  # the exporter raises many types; the user needs the one line
-        first = (str(e).strip().splitlines() or [""])[0][:300]
+        first = first_line(e)
         raise OnnxExportError(f"torch.onnx.export failed ({type(e).__name__}): {first}") from e
     external = (out_dir / DATA_FILE).exists()
     return ExportResult(out_dir=out_dir, model_path=model_path, dtype=dtype, opset=opset,
@@ -373,7 +373,7 @@ def check_model(model_path: Path, expected: DecoderShape, dtype: str,
         proto = onnx.load(str(model_path), load_external_data=False)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise OnnxExportError(f"{model_path} failed the ONNX checker: "
-                              f"{str(e).strip().splitlines()[0]}") from e
+                              f"{first_line(e)}") from e
     inputs, outputs = _specs(proto.graph.input), _specs(proto.graph.output)
     want_in, want_out = input_names(expected.num_layers), output_names(expected.num_layers)
     if [s.name for s in inputs] != want_in or [s.name for s in outputs] != want_out:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from qwen_trt.errors import first_line
 from qwen_trt.onnx.export import OnnxExportError, input_names, quiet, require
 
 # |ORT logit - torch logit| must stay within TOLERANCE[dtype] * max(1, max |torch logit|).
@@ -48,7 +49,7 @@ class OrtDecoder:
                                                 providers=["CPUExecutionProvider"])
         except Exception as e:  # ORT raises its own Fail/InvalidGraph/NotImplemented types
             raise OnnxExportError(f"ONNX Runtime cannot load {model_path}: "
-                                  f"{str(e).strip().splitlines()[0][:300]}") from e
+                                  f"{first_line(e)}") from e
         inputs = self.session.get_inputs()
         kv = [i for i in inputs if i.name.startswith("past_key_")]
         if not kv:
@@ -288,6 +289,6 @@ def verify_export(model_path: str | Path, model, prompt_ids: Sequence[int], *, d
         raise
     except Exception as e:  # ORT's NOT_IMPLEMENTED for a dtype, shape errors, ...
         raise OnnxParityError(f"ONNX Runtime could not run {model_path}: "
-                              f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}") from e
+                              f"{type(e).__name__}: {first_line(e)}") from e
     report.seconds = time.perf_counter() - t0
     return report

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qwen_trt.serving.generation import ReplyBuilder
-from qwen_trt.errors import QwenTrtError
+from qwen_trt.errors import first_line, QwenTrtError
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.session import PromptPlan
 from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, EngineState,
@@ -65,13 +65,6 @@ def _import_tokenizers() -> None:
         from transformers import AutoTokenizer  # noqa: F401
     except Exception:  # noqa: BLE001 - reported when the tokenizer is loaded
         pass
-
-
-def _stop_ids(info, params: SamplingParams) -> frozenset[int]:
-    """The rule of :meth:`Backend.stop_ids`, from the BackendInfo the worker sent."""
-    if params.ignore_eos:
-        return frozenset()
-    return frozenset(info.stop_token_ids) | frozenset(params.stop_token_ids)
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> bool:
@@ -300,7 +293,7 @@ class EngineClient:
             h = self._waiting.pop(0)
             if h.cancelled:
                 continue
-            builder = ReplyBuilder(self._tokenizer, h.params, _stop_ids(self._info, h.params),
+            builder = ReplyBuilder(self._tokenizer, h.params, h.params.stop_ids(self._info.stop_token_ids),
                                    len(h.prompt_ids), h.dropped_turns)
             self._active[h.id] = _Active(h, builder)
             h.started_at = time.monotonic()
@@ -374,8 +367,8 @@ class EngineClient:
                 tok = AutoTokenizer.from_pretrained(ready.tokenizer_source)
                 self._tokenizer, self._tokenizer_source = tok, ready.tokenizer_source
         except Exception as e:  # noqa: BLE001 - one line
-            return EngineLoadError(f"Could not load the tokenizer from "
-                                   f"'{ready.tokenizer_source}': {e}".splitlines()[0])
+            return EngineLoadError(first_line(f"Could not load the tokenizer from "
+                                              f"'{ready.tokenizer_source}': {e}"))
         tok_s = time.monotonic() - t
         with self._lock:
             if gen != self._gen or self._closed:

@@ -69,7 +69,7 @@ class OpenAIConfig:
         return url if url.endswith("/v1") else url + "/v1"
 
 
-def error_line(status: int | None, body: str | bytes | None, where: str) -> str:
+def http_error_line(status: int | None, body: str | bytes | None, where: str) -> str:
     """One line from any server's error body (nested, flat, FastAPI ``detail``, plain text)."""
     if isinstance(body, bytes):
         body = body.decode("utf-8", "replace")
@@ -188,7 +188,7 @@ class OpenAIService:
                 f"Cannot reach the OpenAI-compatible server at {where} ({type(e).__name__}): is it "
                 "running, and is --base-url right?") from None
         if r.status_code != 200:
-            raise BackendUnavailableError(error_line(r.status_code, r.content, where))
+            raise BackendUnavailableError(http_error_line(r.status_code, r.content, where))
         try:
             data = r.json()["data"]
             listed = {m["id"]: m for m in data}
@@ -309,7 +309,7 @@ class OpenAIService:
                 if handle.cancelled:
                     r.close()
                 if r.status_code != 200:
-                    handle._emit(Failed(RemoteServerError(error_line(r.status_code, r.read(),
+                    handle._emit(Failed(RemoteServerError(http_error_line(r.status_code, r.read(),
                                                                      where))))
                     return
                 handle.started_at = time.monotonic()
@@ -330,7 +330,7 @@ class OpenAIService:
                     if not isinstance(obj, dict):
                         continue
                     if "error" in obj or obj.get("object") == "error":
-                        handle._emit(Failed(RemoteServerError(error_line(None, data, where))))
+                        handle._emit(Failed(RemoteServerError(http_error_line(None, data, where))))
                         return
                     if obj.get("usage"):
                         usage = obj["usage"]

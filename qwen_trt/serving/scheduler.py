@@ -32,7 +32,7 @@ import torch
 
 from qwen_trt.fast.sampling import PENALTIES, SamplerState, pick, sampler_kind
 from qwen_trt.fast.batched import BatchedModel, SeqChunk
-from qwen_trt.params import SamplingParams
+from qwen_trt.params import SamplingParams, fit_problem
 from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
 from qwen_trt.backends.runner import RunnerStats, StepFinish, TokenEvent
 
@@ -119,22 +119,15 @@ class BatchRunner:
         if request_id in self._seqs:
             raise ValueError(f"request {request_id} is already in the runner")
         n = len(prompt_ids)
-        problem = None
-        if n == 0:
-            problem = "The prompt is empty."
-        elif n + params.max_new_tokens > self.max_seq_len:
-            problem = (f"Prompt ({n} tokens) + max new tokens ({params.max_new_tokens}) exceeds "
-                       f"the fast path's limit of {self.max_seq_len} tokens.")
-        elif self.alloc.blocks_for(n + params.max_new_tokens) > self.alloc.num_usable:
+        problem = fit_problem(n, params.max_new_tokens, self.max_seq_len, self.max_seq_len)
+        if problem is None and self.alloc.blocks_for(n + params.max_new_tokens) > self.alloc.num_usable:
             problem = (f"Prompt ({n} tokens) + max new tokens ({params.max_new_tokens}) does not "
                        f"fit in the KV cache ({self.alloc.num_usable * self.alloc.block_size} "
                        f"tokens).")
         if problem:
             self._events.append(TokenEvent(request_id, finish="error", error=problem))
             return
-        stop = (self.stop_ids | frozenset(params.stop_token_ids) if not params.ignore_eos
-                else frozenset())
-        seq = _Seq(request_id, list(prompt_ids), n, params, stop)
+        seq = _Seq(request_id, list(prompt_ids), n, params, params.stop_ids(self.stop_ids))
         self._seqs[request_id] = seq
         self._waiting.append(seq)
         self.prompt_tokens += n

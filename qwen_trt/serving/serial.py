@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from qwen_trt.backends.base import Backend
-from qwen_trt.errors import QwenTrtError
+from qwen_trt.errors import QwenTrtError, error_detail
 from qwen_trt.params import SamplingParams
 from qwen_trt.backends.runner import RunnerStats, TokenEvent
 
@@ -23,12 +23,6 @@ log = logging.getLogger(__name__)
 
 class FatalEngineError(RuntimeError):
     """The device is in a state no later request can use (a CUDA error): the worker must restart."""
-
-
-def error_detail(e: BaseException) -> str:
-    """``Type: first line of the message`` (at most 300 characters of it)."""
-    first = (str(e).strip().splitlines() or [""])[0][:300]
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 def error_line(e: BaseException) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from qwen_trt.errors import EmptyMessageError, InvalidMessageError, PromptTooLongError
+from qwen_trt.params import prompt_budget
 
 Role = Literal["system", "user", "assistant"]
 
@@ -226,11 +227,6 @@ def encode_messages(tokenizer, messages: Sequence[dict], *,
     Contents go in as given (a template that rewrote them, e.g. stripping, would not apply).
     """
     return MessageEncoder(tokenizer).encode(messages, add_generation_prompt)
-
-
-def prompt_budget(max_input_len: int, max_seq_len: int, max_new_tokens: int) -> int:
-    """Longest prompt that still leaves room for ``max_new_tokens`` new tokens."""
-    return min(max_input_len, max_seq_len - max_new_tokens)
 
 
 def check_message(text: str | None) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 
-from qwen_trt.errors import QwenTrtError
+from qwen_trt.errors import first_line, QwenTrtError
 from qwen_trt.params import Reply
 
 CURSOR = "▌"
@@ -238,7 +238,7 @@ def user_error(err: Exception, doing: str = "answering") -> str:
     is a bug or an environment problem, named briefly (the traceback goes to the server log)."""
     if isinstance(err, QwenTrtError):
         return str(err)
-    first = (str(err).strip().splitlines() or [""])[0][:300]
+    first = first_line(err)
     detail = f"{type(err).__name__}: {first}" if first else type(err).__name__
     return (f"Unexpected error while {doing} ({detail}). The conversation is kept; try again, "
             f"and see the server log if it keeps happening.")
