@@ -184,7 +184,7 @@ def _stops(raw) -> tuple[str, ...]:
 
 
 def supported_penalties() -> set[str]:
-    """Penalty fields the engine's SamplingParams has (added by the staples work)."""
+    """Penalty fields the engine's SamplingParams has."""
     return {f.name for f in dataclasses.fields(SamplingParams)} & set(PENALTIES)
 
 

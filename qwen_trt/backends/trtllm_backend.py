@@ -16,7 +16,8 @@ the search index does not map commits to tags):
   ``response.result.is_final`` before ``_fill_output`` checks ``response.has_error()``, so an
   error response surfaces as the executor's generic "Cannot get the result for a response with
   an error" (cpp/tensorrt_llm/executor/responseImpl.h ``getResult``) instead of its message.
-* Instead, as serving.md section 4 recommends: requests are enqueued from one thread
+* Instead (the pattern of NVIDIA/TensorRT-LLM:examples/bindings/executor/example_advanced.py,
+  whose bindings release the GIL in ``await_responses``): requests are enqueued from one thread
   (``executor.enqueue_request(Request(...))``), ONE dispatcher thread loops on
   ``executor.await_responses(timeout)`` and routes every response by ``request_id``, checking
   ``has_error()`` first and raising ``error_msg``; cancelling is ``executor.cancel_request(id)``

@@ -1,5 +1,5 @@
 """The engine process as its clients see it: load time, and the speed a client gets against
-the engine's own speed, in one run (issue 13's "client >= 95 % of the engine").
+the engine's own speed, in one run (the target: the client at >= 95 % of the engine).
 
     python -m qwen_trt.bench.worker_speed --model DIR [--concurrency 1,8,32] \\
         [--prompt-len 512] [--new-tokens 256] [--no-in-process] --out worker_speed.json

@@ -9,7 +9,7 @@ Host-side only (plain Python): which physical block holds which tokens. The tens
 Qwen3-4B (144 KiB per token). Smaller blocks (vLLM's 16) would reuse up to 15 more tokens per
 turn boundary, which at ~300 tokens per chat turn saves little and doubles table lookups.
 
-**Prefix reuse by chained block hashes** (vLLM's automatic prefix caching, serving.md §3):
+**Prefix reuse by chained block hashes** (vLLM's automatic prefix caching: vllm-project/vllm:docs/design/prefix_caching.md):
 a *full* block is keyed by ``(key of the previous block, its token ids)``; the dict maps the
 key to the block that holds that KV. A chain key means a block is only reused when every token
 before it matches too (the KV of a token depends on all earlier ones). Each registered key gets

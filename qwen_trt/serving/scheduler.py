@@ -1,7 +1,7 @@
 """Continuous batching for the fast path: :class:`BatchRunner`, a :class:`~qwen_trt.backends.runner.Runner`.
 
 Every :meth:`BatchRunner.step` spends a token budget (``SchedulerConfig.token_budget``), the
-way vLLM V1 does (serving.md §1):
+way vLLM V1 does (vllm-project/vllm:vllm/v1/core/sched/scheduler.py):
 
 1. every running sequence whose prompt is done decodes one token (decode rows first: a long
    prompt can never starve the running streams);

@@ -8,7 +8,7 @@ Mirrors the 1.x bindings as read in NVIDIA/TensorRT-LLM:
   ``cancel_request(id)``, ``get_num_responses_ready(id=None)``, ``can_enqueue_requests()``,
   ``shutdown()``: cpp/tensorrt_llm/pybind/executor/executor.cpp:108-122 @03961722. Without a
   timeout ``await_responses`` blocks until a response is ready -- for ever on a finished id
-  (serving.md section 4); the fake raises instead of hanging the test run.
+  (NVIDIA/TensorRT-LLM:cpp/include/tensorrt_llm/executor/executor.h); the fake raises instead of hanging the test run.
 * ``Response``: ``request_id``, ``has_error()``, ``error_msg``, ``result``. Reading ``result`` of
   an error response throws ("Cannot get the result for a response with an error",
   cpp/tensorrt_llm/executor/responseImpl.h ``getResult``; newer versions append the message at
