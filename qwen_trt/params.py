@@ -90,8 +90,8 @@ def fit_problem(n_prompt: int, max_new_tokens: int, max_input_len: int,
     if n_prompt == 0:
         return "The prompt is empty: there is nothing to answer."
     if n_prompt > prompt_budget(max_input_len, max_seq_len, max_new_tokens):
-        return (f"The prompt ({n_prompt} tokens) + max new tokens ({max_new_tokens}) exceeds the "
-                f"engine's limits (prompt {max_input_len}, prompt + reply {max_seq_len} tokens): "
+        return (f"The prompt ({n_prompt} tokens) + max new tokens ({max_new_tokens}) exceeds this "
+                f"backend's limits (prompt {max_input_len}, prompt + reply {max_seq_len} tokens): "
                 "shorten the prompt or lower max new tokens.")
     return None
 
