@@ -18,7 +18,8 @@ from qwen_trt import settings
 class KernelOptions:
     pdl: bool = True                 # programmatic dependent launch between decode kernels
     chain: bool = True               # chained greedy decode steps in the batched runner
-    attn_preload: bool = True        # first K/V tile loaded before the PDL wait
+    attn_preload: bool = True        # first K/V tile loaded before the PDL wait (no variable:
+    #                                  the kernel tests and `profile --variants` set it)
     step_compile: bool = True        # the batched step's elementwise pieces compiled
     attn_split: int | None = None    # batch-1 RoPE attention keys per split (None: tuned default)
     paged_split: int | None = None   # paged RoPE attention keys per split (None: tuned default)
@@ -43,7 +44,6 @@ class KernelOptions:
                                             "block_n:warps:ctas_per_sm") from None
             gemv[(n, k)] = (bn, warps, ctas)
         return cls(pdl=settings.get("QWEN_TRT_PDL", env), chain=settings.get("QWEN_TRT_CHAIN", env),
-                   attn_preload=settings.get("QWEN_TRT_ATTN_PRELOAD", env),
                    step_compile=settings.get("QWEN_TRT_STEP_COMPILE", env),
                    attn_split=settings.get("QWEN_TRT_ATTN_SPLIT", env),
                    paged_split=settings.get("QWEN_TRT_PAGED_SPLIT", env), gemv=gemv)
