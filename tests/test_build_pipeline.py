@@ -200,7 +200,8 @@ def test_guard_release_without_engine_builder(fake_trtllm, monkeypatch, dirs, mo
     rc, err = _cli(capsys, "--gpu", "a10", "--model", str(model_copy),
                    "--profiles-dir", str(dirs["profiles"]))
     assert rc == 2
-    assert err.startswith(f"tensorrt_llm {version} builds and runs no TensorRT engines (the "
+    assert err.startswith(f"qwen-trt: error: tensorrt_llm {version} builds and runs no "
+                          f"TensorRT engines (the "
                           f"TensorRT backend was removed after 1.3.0rc20)")
     assert "--backend trtllm --model <checkpoint>" in err
     assert 'pip install -e ".[trtllm]"' in err and err.count("\n") == 0
