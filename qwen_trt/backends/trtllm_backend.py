@@ -39,6 +39,7 @@ Two ways in, one dispatcher:
 """
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -318,17 +319,27 @@ def _manifest_fits(engine_dir: Path, gpu, versions: dict) -> bool:
 
 
 def find_engine_dir(gpu, root: Path | None = None, versions: dict | None = None) -> Path | None:
-    """The engine folder under ``root`` whose manifest fits ``gpu`` and ``versions``."""
+    """The engine folder under ``root`` whose manifest fits ``gpu`` and ``versions``: the FP16
+    one first, then BF16, then quantized ones (``--engine`` picks any)."""
     from qwen_trt.engine.env import library_versions
 
     root = root or default_engines_dir()
     if not root.is_dir():
         return None
     versions = versions or library_versions()
-    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if (d / "rank0.engine").is_file() and _manifest_fits(d, gpu, versions):
-            return d
-    return None
+    fits = [d for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if (d / "rank0.engine").is_file() and _manifest_fits(d, gpu, versions)]
+    return min(fits, key=_preference, default=None)
+
+
+def _preference(engine_dir: Path) -> tuple:
+    """Sort key of an engine folder for the auto-pick: unquantized before quantized, FP16
+    before BF16, then by name."""
+    try:
+        m = json.loads((engine_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        m = {}
+    return (bool(m.get("quantization")), m.get("dtype", "float16") != "float16", engine_dir.name)
 
 
 def auto_engine_dir() -> Path | None:
