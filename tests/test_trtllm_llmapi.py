@@ -345,3 +345,41 @@ def test_the_fake_llm_refuses_what_upstream_refuses(fake_trtllm_13, tiny_model_d
             asyncio.run(consume())                             # made outside a running loop
     finally:
         llm.shutdown()
+
+
+# ---------------------------------------------------------------- Qwen's FP8 checkpoint
+
+def _fp8_copy(tiny_model_dir, tmp_path):
+    import json
+    import shutil
+
+    dest = tmp_path / "tiny-fp8"
+    shutil.copytree(tiny_model_dir, dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                  "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    (dest / "config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+def test_the_fp8_checkpoint_loads_on_hopper(fake_trtllm_13, monkeypatch, tiny_model_dir, tmp_path):
+    set_gpu(monkeypatch, "h200")
+    b = TrtllmBackend.load(model=str(_fp8_copy(tiny_model_dir, tmp_path)), warmup=False)
+    try:
+        assert b.info.path == "llmapi" and b.info.dtype == "fp8 (128x128 blocks)"
+        assert b.info.max_concurrency == 32                       # the h200 profile
+    finally:
+        b.close()
+
+
+def test_the_fp8_checkpoint_on_an_a10_is_one_line(fake_trtllm_13, monkeypatch, tiny_model_dir,
+                                                  tmp_path):
+    from qwen_trt.errors import BackendUnavailableError
+
+    set_gpu(monkeypatch, "a10")
+    with pytest.raises(BackendUnavailableError) as e:
+        TrtllmBackend.load(model=str(_fp8_copy(tiny_model_dir, tmp_path)), warmup=False)
+    msg = str(e.value)
+    assert "is an FP8 checkpoint (fp8 (128x128 blocks)), which needs an sm89+ GPU" in msg
+    assert "this GPU is A10 (sm86)" in msg and "QUANT=int4_awq" in msg and "\n" not in msg
+    assert calls(fake_trtllm_13, "LLM") == []

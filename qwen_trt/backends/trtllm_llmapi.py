@@ -101,6 +101,41 @@ def limits_for(gpu, max_seq_len: int | None = None) -> LlmApiLimits:
     return lim
 
 
+FP8_MIN_CC = (8, 9)
+
+
+def checkpoint_precision(config: dict) -> str:
+    """What the checkpoint's weights are, for BackendInfo.dtype: its ``quantization_config``
+    (``"fp8 (128x128 blocks)"`` for Qwen's FP8 release, whose ``weight_block_size`` is
+    [128, 128]) or its dtype."""
+    q = config.get("quantization_config") or {}
+    if isinstance(q, dict) and q.get("quant_method"):
+        blocks = q.get("weight_block_size")
+        shape = f" ({'x'.join(str(b) for b in blocks)} blocks)" if blocks else ""
+        return f"{q['quant_method']}{shape}"
+    return str(config.get("torch_dtype") or config.get("dtype") or "auto")
+
+
+def check_checkpoint_gpu(name: str, config: dict, gpu) -> None:
+    """One line when ``gpu`` cannot run the checkpoint's quantization: an FP8 checkpoint needs
+    FP8 tensor cores (sm89+). Upstream documents FP8 on the PyTorch backend for Hopper and
+    Blackwell (docs: features/quantization, "The default PyTorch backend supports FP4 and FP8
+    quantization on the latest Blackwell and Hopper GPUs"), so on sm89 it is logged as untested."""
+    q = config.get("quantization_config") or {}
+    if not (isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "fp8"):
+        return
+    cc = tuple(gpu.compute_capability)
+    if cc < FP8_MIN_CC:
+        raise BackendUnavailableError(
+            f"{name} is an FP8 checkpoint ({checkpoint_precision(config)}), which needs an sm89+ "
+            f"GPU (L4, RTX 4090, H100, H200); this GPU is {gpu.short_name} ({gpu.sm}): serve the "
+            f"BF16 checkpoint (Qwen/Qwen3-4B-Instruct-2507) or build an INT4 engine (`make engine "
+            f"QUANT=int4_awq`).")
+    if cc < (9, 0):
+        log.warning("%s: FP8 on %s (%s) is not among the GPUs TensorRT-LLM documents for FP8 on "
+                    "its PyTorch backend (Hopper, Blackwell)", name, gpu.short_name, gpu.sm)
+
+
 def llm_kwargs(limits: LlmApiLimits, kv_cache_config) -> dict:
     """Keyword arguments of ``tensorrt_llm.LLM`` besides the model (TorchLlmArgs field names)."""
     return {"max_batch_size": limits.max_batch_size, "max_seq_len": limits.max_seq_len,
@@ -270,7 +305,7 @@ class LlmApiBackend(TrtllmBackend):
     request handling (:class:`TrtllmBackend`: ``stream``, ``cancel``, ``make_runner``)."""
 
     def __init__(self, llm, tokenizer, model_name: str, gpu_name: str, limits: LlmApiLimits,
-                 sampling_cls, version: str) -> None:
+                 sampling_cls, version: str, precision: str = "auto") -> None:
         super(TrtllmBackend, self).__init__()
         self.llm = llm
         self.runner = None
@@ -282,7 +317,7 @@ class LlmApiBackend(TrtllmBackend):
         self._tokenizer = tokenizer
         self._im_end, self._pad_id = end_and_pad_ids(tokenizer)
         self._info = BackendInfo(name=self.name, model=model_name, device=gpu_name,
-                                 dtype="auto", max_input_len=limits.max_input_len,
+                                 dtype=precision, max_input_len=limits.max_input_len,
                                  max_seq_len=limits.max_seq_len,
                                  stop_token_ids=default_stop_ids(tokenizer),
                                  max_concurrency=limits.max_batch_size, path=PATH)
@@ -299,6 +334,7 @@ class LlmApiBackend(TrtllmBackend):
         trtllm = require_trtllm("llmapi")
         gpu = gpu or require_gpu()
         source = resolve_model(model)
+        check_checkpoint_gpu(source.name, source.config, gpu)
         tokenizer = load_tokenizer(source.path, source.name)
         limits = limits_for(gpu, max_seq_len)
         from tensorrt_llm import LLM, SamplingParams as TrtSamplingParams
@@ -313,7 +349,8 @@ class LlmApiBackend(TrtllmBackend):
                 f"TensorRT-LLM could not load {source.name} through the LLM API "
                 f"({type(e).__name__}: {first_line(e)}).") from e
         version = str(getattr(trtllm, "__version__", "unknown"))
-        backend = cls(llm, tokenizer, source.name, gpu.name, limits, TrtSamplingParams, version)
+        backend = cls(llm, tokenizer, source.name, gpu.name, limits, TrtSamplingParams, version,
+                      checkpoint_precision(source.config))
         log.info("trtllm: LLM API path (PyTorch backend, tensorrt_llm %s) on %s, limits of %s",
                  version, source.name, limits.profile or "the defaults")
         if warmup:
