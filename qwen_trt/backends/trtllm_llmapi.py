@@ -306,6 +306,7 @@ class LlmApiBackend(TrtllmBackend):
 
     def __init__(self, llm, tokenizer, model_name: str, gpu_name: str, limits: LlmApiLimits,
                  sampling_cls, version: str, precision: str = "auto") -> None:
+        # Backend.__init__ only: TrtllmBackend.__init__ sets up an engine's runner and manifest
         super(TrtllmBackend, self).__init__()
         self.llm = llm
         self.runner = None

@@ -34,13 +34,17 @@ def register(sub) -> None:
 
 def list_profiles(profiles_dir: Path | None) -> int:
     from qwen_trt.engine.profiles import load_all
+    from qwen_trt.engine.quant import others_for
 
     print(f"{'profile':<9} {'sm':<5} {'GiB':>4} {'batch':>5} {'max_seq_len':>11} "
-          f"{'max_input_len':>13} {'max_num_tokens':>14}  description")
+          f"{'max_input_len':>13} {'max_num_tokens':>14}  {'--quant':<30}  description")
     for pr in load_all(profiles_dir):
         b = pr.build
+        cc = tuple(int(x) for x in pr.gpu.compute_capability.split("."))
+        quants = ",".join(others_for(cc))
         print(f"{pr.name:<9} {pr.gpu.sm:<5} {pr.gpu.memory_gib:>4.0f} {b.max_batch_size:>5} "
-              f"{b.max_seq_len:>11} {b.max_input_len:>13} {b.max_num_tokens:>14}  {pr.description}")
+              f"{b.max_seq_len:>11} {b.max_input_len:>13} {b.max_num_tokens:>14}  {quants:<30}  "
+              f"{pr.description}")
     return 0
 
 
