@@ -133,7 +133,7 @@ def test_the_llm_api_variant_is_a_release_without_engine_builder():
         == DOCKERFILE
     assert variant["image"] != c["x-qwen-trt"]["image"]            # its own tag beside 1.2.1's
     llmapi = {n: s for n, s in c["services"].items() if "llmapi" in s.get("profiles", [])}
-    assert set(llmapi) == {"app-llmapi", "serve-llmapi"}
+    assert set(llmapi) == {"llmapi-app", "llmapi-serve"}
     for name, svc in llmapi.items():
         assert svc["build"]["args"]["TRTLLM_IMAGE"] == image, name
         assert svc["environment"]["QWEN_TRT_BACKEND"] == "trtllm", name
@@ -141,7 +141,7 @@ def test_the_llm_api_variant_is_a_release_without_engine_builder():
         assert svc["deploy"] == c["x-qwen-trt"]["deploy"], name
         for port in svc.get("ports", []):
             assert port.startswith("${QWEN_TRT_BIND:-127.0.0.1}:"), (name, port)
-    assert llmapi["serve-llmapi"]["network_mode"] == "host"
-    assert "--port" in llmapi["serve-llmapi"]["command"]
+    assert llmapi["llmapi-serve"]["network_mode"] == "host"
+    assert "--port" in llmapi["llmapi-serve"]["command"]
     builds = [s for s in c["services"].values() if s.get("command", [])[:2] == ["qwen-trt", "build"]]
     assert builds and all(s["build"]["args"]["TRTLLM_IMAGE"] != image for s in builds)
