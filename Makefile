@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 GPU ?= a10
 MODEL ?=
+QUANT ?=
 TINY ?= .models/tiny-qwen3
 # A machine without an NVIDIA driver gets torch 2.13.0 (a CPU build where one is at hand);
 # a GPU machine gets the normal CUDA build. Override with TORCH_SPEC / TORCH_PIP_ARGS.
@@ -84,8 +85,9 @@ loadtest: setup tiny
 	  $(AIPERF_VENV)/bin/pip install -q $(AIPERF_SPEC); }
 	AIPERF=$(AIPERF_VENV)/bin/aiperf SERVE=$(VENV)/bin/qwen-trt scripts/loadtest.sh $(if $(MODEL),$(MODEL),$(TINY))
 
+# QUANT=fp8 | int4_awq | int8_wo | int4_wo: a quantized engine in engines/<gpu>-<quant>/.
 engine: setup
-	$(VENV)/bin/qwen-trt build --gpu $(GPU) $(if $(MODEL),--model $(MODEL))
+	$(VENV)/bin/qwen-trt build --gpu $(GPU) $(if $(MODEL),--model $(MODEL)) $(if $(QUANT),--quant $(QUANT))
 
 bench: setup
 	$(VENV)/bin/qwen-trt bench $(BENCH_ARGS)

@@ -115,3 +115,33 @@ def test_hadolint_is_clean():
     proc = subprocess.run([_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_llm_api_variant_is_a_release_without_engine_builder():
+    """The "llmapi" profile's image: the same Dockerfile FROM a TensorRT-LLM release after
+    1.3.0rc20 (LLM API only), serving the checkpoint with --backend trtllm; no engines, no build
+    service on it, the same loopback ports and GPU reservation."""
+    from qwen_trt.engine.env import has_engine_backend, has_llm_api
+
+    c = yaml.safe_load(COMPOSE.read_text())
+    variant = c["x-qwen-trt-llmapi"]
+    image = variant["build"]["args"]["TRTLLM_IMAGE"]
+    m = re.fullmatch(r"nvcr\.io/nvidia/tensorrt-llm/release:(\d+\.\d+\.\d+(?:rc\d+)?)", image)
+    assert m, image
+    assert has_llm_api(m.group(1)) and not has_engine_backend(m.group(1))
+    assert (COMPOSE.parent / variant["build"]["context"] / variant["build"]["dockerfile"]).resolve() \
+        == DOCKERFILE
+    assert variant["image"] != c["x-qwen-trt"]["image"]            # its own tag beside 1.2.1's
+    llmapi = {n: s for n, s in c["services"].items() if "llmapi" in s.get("profiles", [])}
+    assert set(llmapi) == {"llmapi-app", "llmapi-serve"}
+    for name, svc in llmapi.items():
+        assert svc["build"]["args"]["TRTLLM_IMAGE"] == image, name
+        assert svc["environment"]["QWEN_TRT_BACKEND"] == "trtllm", name
+        assert not any("/engines" in v for v in svc["volumes"]), name
+        assert svc["deploy"] == c["x-qwen-trt"]["deploy"], name
+        for port in svc.get("ports", []):
+            assert port.startswith("${QWEN_TRT_BIND:-127.0.0.1}:"), (name, port)
+    assert llmapi["llmapi-serve"]["network_mode"] == "host"
+    assert "--port" in llmapi["llmapi-serve"]["command"]
+    builds = [s for s in c["services"].values() if s.get("command", [])[:2] == ["qwen-trt", "build"]]
+    assert builds and all(s["build"]["args"]["TRTLLM_IMAGE"] != image for s in builds)

@@ -192,14 +192,20 @@ def _cli(capsys, *args):
     return rc, err
 
 
-def test_guard_unsupported_trtllm_version(fake_trtllm, monkeypatch, dirs, model_copy, capsys):
+@pytest.mark.parametrize("version", ["1.3.0rc21", "1.3.0", "1.4.0rc4"])
+def test_guard_release_without_engine_builder(fake_trtllm, monkeypatch, dirs, model_copy, capsys,
+                                              version):
     set_gpu(monkeypatch, "a10")
-    monkeypatch.setattr(fake_trtllm, "__version__", "1.3.0rc20")
+    monkeypatch.setattr(fake_trtllm, "__version__", version)
     rc, err = _cli(capsys, "--gpu", "a10", "--model", str(model_copy),
                    "--profiles-dir", str(dirs["profiles"]))
     assert rc == 2
-    assert "tensorrt_llm 1.3.0rc20 is installed, but qwen-trt needs tensorrt_llm>=1.2,<1.3" in err
+    assert err.startswith(f"qwen-trt: error: tensorrt_llm {version} builds and runs no "
+                          f"TensorRT engines (the "
+                          f"TensorRT backend was removed after 1.3.0rc20)")
+    assert "--backend trtllm --model <checkpoint>" in err
     assert 'pip install -e ".[trtllm]"' in err and err.count("\n") == 0
+    assert calls(fake_trtllm, "from_hugging_face") == []
 
 
 def test_guard_no_gpu(fake_trtllm, monkeypatch, dirs, model_copy, capsys):

@@ -515,14 +515,22 @@ def test_auto_found_folder_built_with_other_libraries(fake_trtllm, monkeypatch, 
         TrtllmBackend.load(warmup=False)
 
 
-def test_no_engine_for_this_gpu(fake_trtllm, monkeypatch, tmp_path):
-    from qwen_trt.backends.trtllm_backend import EngineNotFoundError
-
+def test_no_engine_for_this_gpu_serves_the_checkpoint(fake_trtllm, monkeypatch, tmp_path,
+                                                      tiny_model_dir):
+    """No engine folder: the LLM API path (tests/test_trtllm_llmapi.py), not an error."""
     set_gpu(monkeypatch, "l4")
     monkeypatch.setenv("QWEN_TRT_ENGINES_DIR", str(tmp_path / "none"))
-    with pytest.raises(EngineNotFoundError, match=r"No TensorRT-LLM engine for this GPU \(L4 "
-                                                  r".*`make engine GPU=l4`"):
-        TrtllmBackend.load(warmup=False)
+    b = TrtllmBackend.load(model=str(tiny_model_dir), warmup=False)
+    try:
+        assert b.info.path == "llmapi" and calls(fake_trtllm, "ModelRunnerCpp.from_dir") == []
+    finally:
+        b.close()
+
+
+def test_engine_path_says_so(backend):
+    assert backend.info.path == "engine"
+    assert backend.info.describe().startswith("trtllm (TensorRT engine) · ")
+    assert backend.make_runner().stats().extra["path"] == "engine"
 
 
 def test_folder_without_manifest(fake_trtllm, monkeypatch, engine_dir):

@@ -28,11 +28,11 @@ class BackendConfig:
     raises :class:`ConfigError` with one line naming the option and its variable."""
 
     backend: str = "auto"
-    model: str | None = None        # folder or hub id (torch; tokenizer source for trtllm)
+    model: str | None = None        # folder or hub id (torch, trtllm LLM API; engine tokenizer)
     engine: str | None = None       # engine folder (trtllm); default engines/<gpu>/
     device: str = "auto"            # torch only
     dtype: str = "auto"             # torch only
-    max_seq_len: int | None = None  # torch only: context limit (prompt + reply)
+    max_seq_len: int | None = None  # torch, trtllm LLM API path: context limit (prompt + reply)
     warmup: bool = True
     fast: str = "auto"              # torch only: compiled fast path; auto = on CUDA, off on CPU
     max_batch: int | None = None    # fast path: continuous-batching width; 1 = batch-1 decoder
@@ -114,7 +114,8 @@ def load_backend(cfg: BackendConfig, *, for_runner: bool = False) -> Backend:
     if name == "trtllm":
         from qwen_trt.backends.trtllm_backend import TrtllmBackend
 
-        return TrtllmBackend.load(engine=cfg.engine, model=cfg.model, warmup=cfg.warmup)
+        return TrtllmBackend.load(engine=cfg.engine, model=cfg.model, warmup=cfg.warmup,
+                                  max_seq_len=cfg.max_seq_len)
     from qwen_trt.backends.fast_backend import FastBackend, use_fast
     from qwen_trt.backends.torch_backend import TorchBackend, pick_device
 

@@ -34,9 +34,21 @@ class BackendInfo:
     max_seq_len: int          # prompt + new tokens
     stop_token_ids: tuple[int, ...]   # resolved once at load (chat.template.default_stop_ids)
     max_concurrency: int = 1  # requests the backend serves at once (trtllm: in-flight batching)
+    path: str | None = None   # trtllm: "engine" (a TensorRT engine) or "llmapi" (the checkpoint
+                              # through TensorRT-LLM's PyTorch-backend LLM API)
+    features: frozenset[str] = frozenset()   # request features beyond plain sampling that this
+                                             # backend serves (FEATURES); the API refuses others
 
     def describe(self) -> str:
-        return f"{self.name} · {self.model} · {self.device} · {self.dtype} · ctx {self.max_seq_len}"
+        name = f"{self.name} ({PATH_LABELS.get(self.path, self.path)})" if self.path else self.name
+        return f"{name} · {self.model} · {self.device} · {self.dtype} · ctx {self.max_seq_len}"
+
+
+PATH_LABELS = {"engine": "TensorRT engine", "llmapi": "LLM API, PyTorch backend"}
+# Names for BackendInfo.features: per-token logprobs, and guided decoding (JSON schema / grammar).
+FEATURE_LOGPROBS = "logprobs"
+FEATURE_GUIDED_DECODING = "guided_decoding"
+FEATURES = (FEATURE_LOGPROBS, FEATURE_GUIDED_DECODING)
 
 
 class Backend(ABC):

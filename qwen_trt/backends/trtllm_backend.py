@@ -40,6 +40,7 @@ Two ways in, one dispatcher:
 """
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -319,17 +320,27 @@ def _manifest_fits(engine_dir: Path, gpu, versions: dict) -> bool:
 
 
 def find_engine_dir(gpu, root: Path | None = None, versions: dict | None = None) -> Path | None:
-    """The engine folder under ``root`` whose manifest fits ``gpu`` and ``versions``."""
+    """The engine folder under ``root`` whose manifest fits ``gpu`` and ``versions``: the FP16
+    one first, then BF16, then quantized ones (``--engine`` picks any)."""
     from qwen_trt.engine.env import library_versions
 
     root = root or default_engines_dir()
     if not root.is_dir():
         return None
     versions = versions or library_versions()
-    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if (d / "rank0.engine").is_file() and _manifest_fits(d, gpu, versions):
-            return d
-    return None
+    fits = [d for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if (d / "rank0.engine").is_file() and _manifest_fits(d, gpu, versions)]
+    return min(fits, key=_preference, default=None)
+
+
+def _preference(engine_dir: Path) -> tuple:
+    """Sort key of an engine folder for the auto-pick: unquantized before quantized, FP16
+    before BF16, then by name."""
+    try:
+        m = json.loads((engine_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        m = {}
+    return (bool(m.get("quantization")), m.get("dtype", "float16") != "float16", engine_dir.name)
 
 
 def auto_engine_dir() -> Path | None:
@@ -432,7 +443,7 @@ class TrtllmRunner:
         return RunnerStats(running=min(n, self.max_concurrency),
                            waiting=max(0, n - self.max_concurrency),
                            prompt_tokens=self._prompt_tokens,
-                           extra={"backend": "trtllm",
+                           extra={"backend": "trtllm", "path": self._backend.info.path,
                                   "executor_in_flight": self._backend._dispatcher.in_flight})
 
 
@@ -461,42 +472,75 @@ class TrtllmBackend(Backend):
                                  dtype=dtype, max_input_len=int(lim["max_input_len"]),
                                  max_seq_len=int(lim["max_seq_len"]),
                                  stop_token_ids=default_stop_ids(tokenizer),
-                                 max_concurrency=int(lim["max_batch_size"]))
+                                 max_concurrency=int(lim["max_batch_size"]), path="engine")
         self._dispatcher = ResponseDispatcher(runner.executor, poll_ms)
         self._active_id: int | None = None
 
     @classmethod
     def load(cls, engine: str | None = None, model: str | None = None, *,
-             warmup: bool = True) -> "TrtllmBackend":
+             warmup: bool = True, max_seq_len: int | None = None) -> "TrtllmBackend":
+        """The engine path when an engine folder is given (``engine``) or found for this GPU
+        under engines/; otherwise the LLM API path on the checkpoint ``model``
+        (:class:`~qwen_trt.backends.trtllm_llmapi.LlmApiBackend`), which is the only path of a
+        tensorrt_llm released after 1.3.0rc20."""
         from qwen_trt.engine.profiles import load_all
-        from qwen_trt.engine.env import library_versions, require_trtllm
-        from qwen_trt.engine.manifest import check_manifest, read_manifest
-        from qwen_trt.engine.gpu import require_gpu, suggest_profile
+        from qwen_trt.engine.env import (NO_ENGINE_BUILDER, NoEngineBuilderError,
+                                         has_engine_backend, library_versions, require_trtllm)
+        from qwen_trt.engine.gpu import require_gpu
 
-        require_trtllm()
+        trtllm = require_trtllm("engine" if engine is not None else "llmapi")
+        version = str(getattr(trtllm, "__version__", "unknown"))
+        engines_ok = version == "unknown" or has_engine_backend(version)
+        if engine is not None and not engines_ok:   # require_trtllm("engine") said so already
+            raise NoEngineBuilderError(NO_ENGINE_BUILDER.format(version=version) + ".")
         gpu = require_gpu()
+        engine_dir = None
+        if engine is not None:
+            engine_dir = Path(engine)
+        elif engines_ok:
+            engine_dir = cls._find_engine(gpu, library_versions(), load_all)
+        if engine_dir is None:
+            from qwen_trt.backends.trtllm_llmapi import LlmApiBackend
+
+            return LlmApiBackend.load_checkpoint(model, gpu=gpu, max_seq_len=max_seq_len,
+                                                 warmup=warmup)
+        return cls._load_engine(engine_dir, model, gpu, warmup=warmup)
+
+    @staticmethod
+    def _find_engine(gpu, versions: dict, load_all) -> Path | None:
+        """This GPU's engine folder under engines/ (the FP16 one first), or the folder built for
+        this GPU with other libraries (so loading says what to rebuild), or None."""
+        from qwen_trt.engine.gpu import suggest_profile
+
+        engine_dir = find_engine_dir(gpu, versions=versions)
+        if engine_dir is not None:
+            return engine_dir
+        try:
+            suggestion = suggest_profile(gpu, load_all())
+        except QwenTrtError:
+            suggestion = None
+        stale = default_engines_dir() / suggestion if suggestion else None
+        if stale is not None and (stale / "manifest.json").is_file():
+            return stale
+        return None
+
+    @classmethod
+    def _load_engine(cls, engine_dir: Path, model: str | None, gpu, *,
+                     warmup: bool = True) -> "TrtllmBackend":
+        from qwen_trt.engine.profiles import load_all
+        from qwen_trt.engine.env import library_versions
+        from qwen_trt.engine.manifest import check_manifest, read_manifest
+        from qwen_trt.engine.gpu import suggest_profile
+
         versions = library_versions()
         try:
             suggestion = suggest_profile(gpu, load_all())
         except QwenTrtError:
             suggestion = None
-        if engine is None:
-            engine_dir = find_engine_dir(gpu, versions=versions)
-            stale = default_engines_dir() / suggestion if suggestion else None
-            if engine_dir is None and stale is not None and (stale / "manifest.json").is_file():
-                engine_dir = stale   # this GPU's folder, built with other libraries: say so below
-            if engine_dir is None:
-                target = suggestion or "<gpu>"
-                raise EngineNotFoundError(
-                    f"No TensorRT-LLM engine for this GPU ({gpu.describe()}) under "
-                    f"{default_engines_dir()}/: build one with `make engine GPU={target}`, or "
-                    f"pass --engine DIR, or use --backend torch.")
-        else:
-            engine_dir = Path(engine)
-            if not (engine_dir / "rank0.engine").is_file():
-                raise EngineNotFoundError(
-                    f"{engine_dir} has no rank0.engine: build it with "
-                    f"`make engine GPU={suggestion or '<gpu>'}`.")
+        if not (engine_dir / "rank0.engine").is_file():
+            raise EngineNotFoundError(
+                f"{engine_dir} has no rank0.engine: build it with "
+                f"`make engine GPU={suggestion or '<gpu>'}`.")
         manifest = read_manifest(engine_dir)
         check_manifest(engine_dir, manifest, gpu, versions, suggestion)
         tokenizer = _load_tokenizer(engine_dir, model)

@@ -8,7 +8,8 @@ from qwen_trt import settings
 
 
 def register(sub) -> None:
-    p = sub.add_parser("build", help="build the TensorRT-LLM engine (FP16, or BF16 with --dtype) for a GPU profile")
+    p = sub.add_parser("build", help="build the TensorRT-LLM engine (FP16; BF16 with --dtype; FP8 / "
+                                     "INT4 / INT8 with --quant) for a GPU profile")
     p.add_argument("--gpu", default=None,
                    help="profile name in build/profiles/ (a10, a10g, l4, a100, h100, h200, "
                         "rtx4090) or a path to a .toml profile")
@@ -22,6 +23,11 @@ def register(sub) -> None:
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default=None,
                    help="engine dtype (default: the profile's, float16); bfloat16 needs an "
                         "Ampere or newer GPU and goes to engines/<gpu>-bf16/")
+    p.add_argument("--quant", choices=("fp8", "int4_awq", "int8_wo", "int4_wo"), default=None,
+                   help="quantized engine in engines/<gpu>-<quant>/: fp8 (sm89+: L4, RTX 4090, "
+                        "H100, H200; ModelOpt, calibrated on cnn_dailymail), int4_awq (ModelOpt "
+                        "AWQ, calibrated), int8_wo / int4_wo (weight-only, no calibration); "
+                        "default: none (the FP16 engine)")
     p.add_argument("--force", action="store_true", help="rerun every stage")
     p.add_argument("--list", action="store_true", help="list the profiles and exit")
     p.set_defaults(func=run)
@@ -29,13 +35,17 @@ def register(sub) -> None:
 
 def list_profiles(profiles_dir: Path | None) -> int:
     from qwen_trt.engine.profiles import load_all
+    from qwen_trt.engine.quant import others_for
 
     print(f"{'profile':<9} {'sm':<5} {'GiB':>4} {'batch':>5} {'max_seq_len':>11} "
-          f"{'max_input_len':>13} {'max_num_tokens':>14}  description")
+          f"{'max_input_len':>13} {'max_num_tokens':>14}  {'--quant':<30}  description")
     for pr in load_all(profiles_dir):
         b = pr.build
+        cc = tuple(int(x) for x in pr.gpu.compute_capability.split("."))
+        quants = ",".join(others_for(cc))
         print(f"{pr.name:<9} {pr.gpu.sm:<5} {pr.gpu.memory_gib:>4.0f} {b.max_batch_size:>5} "
-              f"{b.max_seq_len:>11} {b.max_input_len:>13} {b.max_num_tokens:>14}  {pr.description}")
+              f"{b.max_seq_len:>11} {b.max_input_len:>13} {b.max_num_tokens:>14}  {quants:<30}  "
+              f"{pr.description}")
     return 0
 
 
@@ -50,6 +60,6 @@ def run(args) -> int:
         raise QwenTrtError("Say which GPU profile to build: --gpu a10 (see `qwen-trt build --list`).")
     result = run_build(BuildRequest(gpu=args.gpu, model=args.model, out_dir=Path(args.out_dir),
                                     engines_dir=Path(args.engines_dir), profiles_dir=profiles_dir,
-                                    force=args.force, dtype=args.dtype))
+                                    force=args.force, dtype=args.dtype, quant=args.quant))
     print(result.engine_dir)
     return 0

@@ -1,4 +1,6 @@
-"""``qwen-trt build``: HF checkpoint -> TensorRT-LLM checkpoint -> per-GPU FP16 engine folder.
+"""``qwen-trt build``: HF checkpoint -> TensorRT-LLM checkpoint -> per-GPU engine folder (FP16;
+BF16 with ``--dtype``; FP8 / INT4-AWQ / weight-only INT8/INT4 with ``--quant``, see
+:mod:`qwen_trt.engine.quant`).
 
 Stages (each prints one line with its timing; export and build are skipped when the hash of
 their inputs matches the stamp of their last run, ``force`` reruns them):
@@ -48,6 +50,8 @@ from qwen_trt.engine.manifest import (TOKENIZER_DIR, TOKENIZER_FILES, Stamp, che
                                       write_manifest)
 from qwen_trt.errors import first_line, ModelSourceError, QwenTrtError
 from qwen_trt.engine.gpu import check_profile_matches, require_gpu
+from qwen_trt.engine.quant import (QuantSpec, check_gpu, engine_weight_bytes, get_quant,
+                                   quant_config)
 from qwen_trt.model.shape import ModelShape
 from qwen_trt.model.source import ModelSource, load_tokenizer, resolve_model
 from qwen_trt.progress import StageLog
@@ -150,7 +154,7 @@ def check_converter_config(cfg, shape: ModelShape, where: str) -> None:
 
 
 def verify_checkpoint_config(ckpt_dir: Path, shape: ModelShape, hf_config: dict,
-                             dtype: str = "float16") -> None:
+                             dtype: str = "float16", quant: QuantSpec | None = None) -> None:
     """The exported TensorRT-LLM checkpoint must carry the HF shapes and RoPE base."""
     path = ckpt_dir / "config.json"
     try:
@@ -168,11 +172,23 @@ def verify_checkpoint_config(ckpt_dir: Path, shape: ModelShape, hf_config: dict,
         problems.append(f"rotary_base {cfg['rotary_base']} (checkpoint rope_theta: {theta:g})")
     if cfg.get("dtype") not in (None, dtype):
         problems.append(f"dtype {cfg['dtype']} (asked {dtype})")
+    algo = quant_algo_of(cfg)
+    want_algo = quant.quant_algo if quant else None
+    if algo != want_algo:
+        problems.append(f"quantization {algo} (asked {want_algo})")
     if problems:
         raise BuildError(
             f"TensorRT-LLM's converter wrote {path} with {'; '.join(problems)}: it read the HF "
             f"config differently; install the transformers version your tensorrt_llm pins "
             f"(4.57.x for 1.2) and rebuild with --force.")
+
+
+def quant_algo_of(pretrained_config: dict) -> str | None:
+    """The ``quantization.quant_algo`` a TensorRT-LLM checkpoint / engine config records, as the
+    QuantAlgo member name (None: unquantized)."""
+    q = pretrained_config.get("quantization") or {}
+    algo = q.get("quant_algo") if isinstance(q, dict) else None
+    return str(algo).split(".")[-1] if algo else None
 
 
 # ---------------------------------------------------------------- profile -> TensorRT-LLM (pure)
@@ -197,10 +213,12 @@ def resolve_dtype(requested: str | None, profile: BuildProfile, gpu) -> str:
     return dtype
 
 
-def engine_folder_name(profile: BuildProfile, dtype: str) -> str:
-    """``<profile>`` for the default float16 engine, ``<profile>-bf16`` for bfloat16, so both
-    engines of one GPU can live side by side under engines/."""
-    return profile.name if dtype == "float16" else f"{profile.name}-bf16"
+def engine_folder_name(profile: BuildProfile, dtype: str, quant: QuantSpec | None = None) -> str:
+    """``<profile>`` for the default float16 engine, ``<profile>-bf16`` for bfloat16, and
+    ``-<quant>`` after either for a quantized one (``a10-int4_awq``), so the engines of one GPU
+    live side by side under engines/."""
+    name = profile.name if dtype == "float16" else f"{profile.name}-bf16"
+    return f"{name}-{quant.name}" if quant else name
 
 
 def plugin_settings(profile: BuildProfile, dtype: str | None = None) -> dict:
@@ -242,11 +260,15 @@ def build_config_kwargs(profile: BuildProfile) -> dict:
     }
 
 
-def build_flags(profile: BuildProfile, dtype: str | None = None) -> dict:
+def build_flags(profile: BuildProfile, dtype: str | None = None,
+                quant: QuantSpec | None = None) -> dict:
     """Everything that decides the engine, as recorded in the manifest and the build stamp."""
     dtype = dtype or profile.build.dtype
-    return {"dtype": dtype, "build_config": build_config_kwargs(profile),
-            "plugin_config": plugin_settings(profile, dtype)}
+    flags = {"dtype": dtype, "build_config": build_config_kwargs(profile),
+             "plugin_config": plugin_settings(profile, dtype)}
+    if quant is not None:
+        flags["quantization"] = quant.to_manifest()
+    return flags
 
 
 def _builder_api():
@@ -286,7 +308,7 @@ def make_build_config(profile: BuildProfile, dtype: str | None = None,
 
 
 def verify_engine_config(engine_dir: Path, profile: BuildProfile, shape: ModelShape,
-                         dtype: str | None = None) -> None:
+                         dtype: str | None = None, quant: QuantSpec | None = None) -> None:
     """Check the ``config.json`` TensorRT-LLM wrote against what we asked for."""
     path = engine_dir / "config.json"
     try:
@@ -310,6 +332,10 @@ def verify_engine_config(engine_dir: Path, profile: BuildProfile, shape: ModelSh
     built = (cfg.get("pretrained_config") or {}).get("dtype")
     if built is not None and built != dtype:
         problems.append(f"pretrained_config.dtype = {built!r}, asked {dtype!r}")
+    algo = quant_algo_of(cfg.get("pretrained_config") or {})
+    if algo != (quant.quant_algo if quant else None):
+        problems.append(f"pretrained_config.quantization.quant_algo = {algo!r}, asked "
+                        f"{quant.quant_algo if quant else None!r}")
     head = (cfg.get("pretrained_config") or {}).get("head_size")
     if head is not None and int(head) != shape.head_dim:
         problems.append(f"pretrained_config.head_size = {head}, the checkpoint's head_dim is "
@@ -330,6 +356,7 @@ class BuildRequest:
     profiles_dir: Path | None = None
     force: bool = False
     dtype: str | None = None                   # None: the profile's (float16); or "bfloat16"
+    quant: str | None = None                   # None: unquantized; else a key of engine.quant.QUANTS
 
 
 @dataclass
@@ -359,7 +386,8 @@ def param_count(source: ModelSource) -> int:
     return n
 
 
-def engine_weights(shape: ModelShape, params: int, dtype: str) -> dict:
+def engine_weights(shape: ModelShape, params: int, dtype: str,
+                   quant: QuantSpec | None = None) -> dict:
     """What the engine stores for the weights, for the manifest and the profiles' sizing.
 
     Qwen3-4B ties ``lm_head`` to ``embed_tokens`` and its checkpoint has no ``lm_head.weight``.
@@ -369,13 +397,15 @@ def engine_weights(shape: ModelShape, params: int, dtype: str) -> dict:
     lm_head key; ``ModelWeightsLoader.update_key_mapping`` points a missing ``lm_head`` at
     ``transformer.vocab_embedding``'s HF key, tensorrt_llm/models/model_weights_loader.py
     @7eb710fa), so the engine holds the embedding twice: +vocab x hidden x 2 bytes (0.78 GB for
-    Qwen3-4B). Not measured here; ``engine_file_bytes`` in the manifest is the real size.
+    Qwen3-4B). A quantized engine stores its linear layers at the quantized width and the
+    embedding and lm_head at 16 bits (:func:`qwen_trt.engine.quant.engine_weight_bytes`). Not
+    measured here; ``engine_file_bytes`` in the manifest is the real size.
     """
-    width = 2   # float16 and bfloat16
-    extra = shape.vocab * shape.hidden if shape.tied_embeddings else 0
+    embed = shape.vocab * shape.hidden
     return {"dtype": dtype, "checkpoint_params": params, "tied_embeddings": shape.tied_embeddings,
             "lm_head_stored_separately": shape.tied_embeddings,
-            "estimated_bytes": (params + extra) * width}
+            "quantization": quant.name if quant else None,
+            "estimated_bytes": engine_weight_bytes(params, embed, shape.tied_embeddings, quant)}
 
 
 def _tokenizer_info(source: ModelSource) -> dict:
@@ -399,8 +429,12 @@ def _copy_tokenizer(source: ModelSource, dest: Path) -> list[str]:
 
 
 def export_checkpoint(source: ModelSource, ckpt_dir: Path, shape: ModelShape,
-                      dtype: str = "float16") -> None:
+                      dtype: str = "float16", quant: QuantSpec | None = None) -> None:
     """HF folder -> TensorRT-LLM checkpoint (config.json + rank0.safetensors), verified.
+
+    Unquantized and weight-only INT8/INT4: ``from_hugging_face(..., quant_config=...)`` then
+    ``save_checkpoint``. FP8 and INT4-AWQ: ``quantize(...)`` with ModelOpt's calibration set,
+    which writes the checkpoint itself (see :mod:`qwen_trt.engine.quant`).
 
     The converter reads a staged copy of the checkpoint (:func:`stage_checkpoint`: the same
     weights, config.json with ``kv_channels``), and its head size is checked from the config
@@ -421,22 +455,32 @@ def export_checkpoint(source: ModelSource, ckpt_dir: Path, shape: ModelShape,
     hf_dir = stage_checkpoint(source, ckpt_dir.parent / "hf-staging", shape)
     model = None
     try:
+        qc = quant_config(quant) if quant else None
         config_cls = getattr(model_cls, "config_class", None)   # QWenConfig (qwen/model.py)
         if config_cls is not None:
-            cfg = config_cls.from_hugging_face(str(hf_dir), dtype=dtype, mapping=mapping)
+            cfg = config_cls.from_hugging_face(str(hf_dir), dtype=dtype, mapping=mapping,
+                                               quant_config=qc)
             check_converter_config(cfg, shape, f"{source.name}'s config.json")
-        model = model_cls.from_hugging_face(str(hf_dir), dtype=dtype, mapping=mapping)
-        model.save_checkpoint(str(ckpt_dir), save_config=True)
+        if quant is not None and quant.modelopt:
+            cal = quant.calibration()
+            model_cls.quantize(str(hf_dir), str(ckpt_dir), dtype=dtype, mapping=mapping,
+                               quant_config=qc, calib_dataset=cal.dataset,
+                               calib_batches=cal.batches, calib_max_seq_length=cal.max_seq_length)
+        else:
+            model = model_cls.from_hugging_face(str(hf_dir), dtype=dtype, mapping=mapping,
+                                                quant_config=qc)
+            model.save_checkpoint(str(ckpt_dir), save_config=True)
     except QwenTrtError:
         raise
     except Exception as e:  # converter assertion, shape mismatch, OOM...
         first = first_line(e)
-        raise BuildError(f"TensorRT-LLM could not convert {source.name} ({type(e).__name__}: "
+        what = f"quantize ({quant.name}) " if quant is not None and quant.modelopt else "convert "
+        raise BuildError(f"TensorRT-LLM could not {what}{source.name} ({type(e).__name__}: "
                          f"{first}); the full log is above.") from e
     finally:
         model = None
         gc.collect()
-    verify_checkpoint_config(ckpt_dir, shape, source.config, dtype)
+    verify_checkpoint_config(ckpt_dir, shape, source.config, dtype, quant)
 
 
 def build_engine(ckpt_dir: Path, profile: BuildProfile, engine_dir: Path,
@@ -485,8 +529,11 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
         others = [profile]
     check_profile_matches(gpu, profile, others)
     dtype = resolve_dtype(req.dtype, profile, gpu)
+    quant = get_quant(req.quant)
+    check_gpu(quant, gpu, f"QUANT={quant.name}" if quant else "")   # before any stage runs
     log = StageLog(4, write)
-    log.line(f"qwen-trt build: profile {profile.name} ({dtype}) on {gpu.describe()}, "
+    what = f"{dtype}, {quant.name}" if quant else dtype
+    log.line(f"qwen-trt build: profile {profile.name} ({what}) on {gpu.describe()}, "
              f"tensorrt_llm {trtllm.__version__}")
 
     source: ModelSource = log.run("resolve", f"model {req.model or '(default)'}",
@@ -494,7 +541,7 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
     shape = check_model_shapes(source.config, f"'{source.name}'/config.json")
     versions = library_versions()
 
-    name = engine_folder_name(profile, dtype)
+    name = engine_folder_name(profile, dtype, quant)
     out = Path(req.out_dir) / name
     ckpt_dir = out / "checkpoint"
     timing_cache = out / TIMING_CACHE    # not the cwd (BuildConfig's default 'model.cache')
@@ -502,10 +549,11 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
     export_stamp = Stamp("export", {
         "checkpoint": fingerprint(source.path, checkpoint_files(source.path)),
         "dtype": dtype, "tensorrt_llm": versions["tensorrt_llm"],
+        "quantization": quant.to_manifest() if quant else None,
         "converter_config": converter_config(source.config, shape)})
     tok_files = [source.path / n for n in TOKENIZER_FILES if (source.path / n).is_file()]
     build_stamp = Stamp("build", {
-        "export": export_stamp.digest, "flags": build_flags(profile, dtype),
+        "export": export_stamp.digest, "flags": build_flags(profile, dtype, quant),
         "versions": {k: versions[k] for k in ("tensorrt_llm", "tensorrt")},
         "gpu": {"name": gpu.name, "cc": gpu.cc},
         "tokenizer": fingerprint(source.path, tok_files)})
@@ -520,7 +568,7 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
         require_disk(Path(req.engines_dir), int(weights * 1.2) + GB, "the engine")
 
     def do_export() -> None:
-        export_checkpoint(source, ckpt_dir, shape, dtype)
+        export_checkpoint(source, ckpt_dir, shape, dtype, quant)
         export_stamp.write(ckpt_dir)
 
     log.run("export", f"-> {ckpt_dir}", do_export, skip=skip_export)
@@ -546,19 +594,19 @@ def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> 
                            skipped=["export", "build", "verify"])
 
     def do_verify() -> dict:
-        verify_engine_config(tmp, profile, shape, dtype)
+        verify_engine_config(tmp, profile, shape, dtype, quant)
         tok = _tokenizer_info(source)
         tok["files"] = _copy_tokenizer(source, tmp / TOKENIZER_DIR)
         model_info = {
             "source": source.name, "path": str(source.path), "revision": hub_revision(source.path),
             "checkpoint_sha256": content_hash(checkpoint_files(source.path), source.path),
             "shape": shape.__dict__}
-        weights_info = engine_weights(shape, param_count(source), dtype)
+        weights_info = engine_weights(shape, param_count(source), dtype, quant)
         weights_info["engine_file_bytes"] = (tmp / "rank0.engine").stat().st_size
         timings = dict(log.timings)
         timings["total"] = round(sum(timings.values()), 3)   # up to the manifest itself
         manifest = make_manifest(gpu=gpu, profile=profile, versions=versions, model=model_info,
-                                 build_flags=build_flags(profile, dtype), timings_s=timings,
+                                 build_flags=build_flags(profile, dtype, quant), timings_s=timings,
                                  stamp_digest=build_stamp.digest, tokenizer=tok,
                                  weights=weights_info, container=container_image())
         write_manifest(tmp, manifest)

@@ -1,21 +1,28 @@
-"""What the engine pipeline needs from this machine: TensorRT-LLM 1.2.x importable, library
-versions for the manifest, and free disk space. Each failure is one clear line."""
+"""What the TensorRT-LLM paths need from this machine: a tensorrt_llm of the right release for
+the path (engine or LLM API), library versions for the manifest, and free disk space. Each
+failure is one clear line."""
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 
 from qwen_trt.errors import first_line, BackendUnavailableError, QwenTrtError
 
-# 1.0 is the first release whose TensorRT engine path knows Qwen3, but 1.0 and 1.1 pin
-# transformers 4.53.1 / 4.56.0 while qwen-trt needs >= 4.57 (what 1.2 pins); 1.3 removed the
-# TensorRT engine backend (see docs/tensorrt-llm.md). So: 1.2.x.
+# The engine path: 1.0 is the first release whose TensorRT engine path knows Qwen3, but 1.0 and
+# 1.1 pin transformers 4.53.1 / 4.56.0 while qwen-trt needs >= 4.57 (what 1.2 pins), and
+# v1.3.0rc20 was announced as the last release with the TensorRT backend (see
+# docs/tensorrt-llm.md). So engines need 1.2.x (the extra pins it), or a 1.3 RC up to rc20.
 TRTLLM_MIN = (1, 2)
 TRTLLM_MAX_EXCL = (1, 3)
 TRTLLM_SPEC = "tensorrt_llm>=1.2,<1.3"
+ENGINE_LAST_RELEASE = "1.3.0rc20"          # the last release with the TensorRT engine backend
+# The LLM API path (PyTorch backend, the checkpoint loaded directly): every release from 1.2.
+LLMAPI_MIN = (1, 2)
+LLMAPI_SPEC = "tensorrt_llm>=1.2"
 
 INSTALL_HINT = (
     f'install it from the qwen-trt folder with `pip install -e ".[trtllm]"` (i.e. {TRTLLM_SPEC}) on Linux x86_64/aarch64 '
@@ -26,6 +33,11 @@ INSTALL_HINT = (
 
 class TrtllmNotInstalledError(BackendUnavailableError):
     """tensorrt_llm is missing, broken, or of a version without the TensorRT engine path."""
+
+
+class NoEngineBuilderError(TrtllmNotInstalledError):
+    """The installed tensorrt_llm is a release after 1.3.0rc20: it has no TensorRT engine
+    backend (no builder, no engine runtime)."""
 
 
 class NotEnoughDiskError(QwenTrtError):
@@ -43,7 +55,44 @@ def parse_version(text: str) -> tuple[int, int]:
 
 
 def version_supported(text: str) -> bool:
+    """Whether ``text`` is a release the ``.[trtllm]`` extra pins for engines (1.2.x)."""
     return TRTLLM_MIN <= parse_version(text) < TRTLLM_MAX_EXCL
+
+
+_RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?(?:(a|b|rc)(\d+))?")
+_STAGE = {"a": 0, "b": 1, "rc": 2, None: 3}
+
+
+def release_key(text: str) -> tuple[int, int, int, int, int]:
+    """``"1.3.0rc20"`` -> (1, 3, 0, 2, 20): ordered like PEP 440 for plain and pre-releases
+    (an a/b/rc release sorts before the final one)."""
+    m = _RELEASE.match(text.strip())
+    if not m:
+        return (0, 0, 0, 0, 0)
+    major, minor, patch, stage, n = m.groups()
+    return (int(major), int(minor), int(patch or 0), _STAGE[stage], int(n or 0))
+
+
+def has_engine_backend(text: str) -> bool:
+    """Whether release ``text`` can build and run TensorRT engines: from 1.2 up to 1.3.0rc20
+    (after it the TensorRT backend was removed: docs/tensorrt-llm.md, "Versions")."""
+    key = release_key(text)
+    return release_key("1.2") <= key <= release_key(ENGINE_LAST_RELEASE)
+
+
+def has_llm_api(text: str) -> bool:
+    """Whether release ``text`` serves a checkpoint through the PyTorch-backend LLM API as
+    qwen-trt uses it (``tensorrt_llm.LLM`` is the PyTorch one from 1.0; 1.2 is the first whose
+    transformers pin fits qwen-trt's)."""
+    return parse_version(text) >= LLMAPI_MIN
+
+
+NO_ENGINE_BUILDER = (
+    "tensorrt_llm {version} builds and runs no TensorRT engines (the TensorRT backend was removed "
+    "after " + ENGINE_LAST_RELEASE + "): run `--backend trtllm --model <checkpoint>`, which loads "
+    "the Hugging Face checkpoint directly on its PyTorch backend (no engine build needed); for "
+    'engines install 1.2.x (`pip install -e ".[trtllm]"`, or the 1.2.1 container '
+    "docker/Dockerfile)")
 
 
 def installed_trtllm_version() -> str | None:
@@ -59,16 +108,17 @@ def installed_trtllm_version() -> str | None:
 
 
 def trtllm_available() -> bool:
-    """Cheap check (no import): a supported tensorrt_llm is installed."""
+    """Cheap check (no import): a tensorrt_llm that runs engines is installed."""
     try:
         v = installed_trtllm_version()
     except Exception:  # noqa: BLE001 - must never raise
         return False
-    return v is not None and (v == "unknown" or version_supported(v))
+    return v is not None and (v == "unknown" or has_engine_backend(v))
 
 
-def require_trtllm():
-    """Import ``tensorrt_llm`` (slow: seconds) and check its version; return the module."""
+def require_trtllm(path: str = "engine"):
+    """Import ``tensorrt_llm`` (slow: seconds) and check its release for ``path`` ("engine":
+    build or run engines; "llmapi": serve a checkpoint through the LLM API); return the module."""
     try:
         trtllm = importlib.import_module("tensorrt_llm")
     except ImportError as e:
@@ -83,11 +133,22 @@ def require_trtllm():
             f"tensorrt_llm fails to import ({type(e).__name__}: {first}); a missing libmpi means "
             f"`sudo apt-get install -y libopenmpi-dev`: {INSTALL_HINT}.") from e
     version = str(getattr(trtllm, "__version__", "unknown"))
-    if version != "unknown" and not version_supported(version):
+    if version == "unknown":
+        return trtllm
+    if path == "llmapi":
+        if not has_llm_api(version):
+            raise TrtllmNotInstalledError(
+                f"tensorrt_llm {version} is installed, but the LLM API path needs {LLMAPI_SPEC} "
+                f"(1.0/1.1 pin a transformers older than 4.57, 0.x has no PyTorch-backend LLM "
+                f'for Qwen3): run `pip install -e ".[trtllm-llmapi]"`.')
+        return trtllm
+    if release_key(version) > release_key(ENGINE_LAST_RELEASE):
+        raise NoEngineBuilderError(NO_ENGINE_BUILDER.format(version=version) + ".")
+    if not has_engine_backend(version):
         raise TrtllmNotInstalledError(
-            f"tensorrt_llm {version} is installed, but qwen-trt needs {TRTLLM_SPEC}: 1.3 removed "
-            f"the TensorRT engine backend, 1.0/1.1 pin a transformers older than 4.57 and 0.x "
-            f"cannot convert Qwen3. "
+            f"tensorrt_llm {version} is installed, but qwen-trt's engine path needs {TRTLLM_SPEC} "
+            f"(or a 1.3 RC up to {ENGINE_LAST_RELEASE}): 1.0/1.1 pin a transformers older than "
+            f"4.57 and 0.x cannot convert Qwen3. "
             f'Run `pip install -e ".[trtllm]"`.')
     return trtllm
 

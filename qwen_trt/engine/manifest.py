@@ -116,6 +116,8 @@ def make_manifest(*, gpu, profile, versions: dict, model: dict, build_flags: dic
     """The manifest dict written next to ``rank0.engine``.
 
     ``dtype`` is the engine's (float16 by default, bfloat16 when built with ``--dtype``);
+    ``quantization`` what ``--quant`` asked (:meth:`qwen_trt.engine.quant.QuantSpec.to_manifest`:
+    name, QuantAlgo, calibration set), None for an unquantized engine;
     ``weights`` what the engine stores (tied embeddings are stored twice, see
     :func:`qwen_trt.engine.build.engine_weights`); ``container`` the image it was built in.
     """
@@ -129,6 +131,7 @@ def make_manifest(*, gpu, profile, versions: dict, model: dict, build_flags: dic
         "model": model,
         "build_flags": build_flags,
         "dtype": build_flags.get("dtype", profile.build.dtype),
+        "quantization": build_flags.get("quantization"),   # None: unquantized
         "weights": weights or {},
         "container": {"image": container} if container else None,
         "limits": {k: getattr(profile.build, k) for k in
@@ -208,9 +211,17 @@ def manifest_shape_problem(m) -> str | None:
 def manifest_problem(manifest: dict, gpu, versions: dict) -> str | None:
     """Why the engine described by ``manifest`` cannot run here (None when it can).
 
-    Checks compute capability, GPU name, and the exact TensorRT and TensorRT-LLM versions (an
-    engine plan is specific to all of them).
+    Checks the quantization against this GPU (an FP8 engine needs sm89+), then compute
+    capability, GPU name, and the exact TensorRT and TensorRT-LLM versions (an engine plan is
+    specific to all of them).
     """
+    from qwen_trt.engine.quant import QuantError, check_gpu, manifest_quant
+
+    spec = manifest_quant(manifest)
+    try:
+        check_gpu(spec, gpu, f"its quantization {spec.name}" if spec else "")
+    except QuantError as e:
+        return str(e).rstrip(".")
     built = manifest["gpu"]
     if built.get("compute_capability") != gpu.cc:
         return (f"built for {built.get('name')} (sm{str(built.get('compute_capability')).replace('.', '')}), "
@@ -229,6 +240,8 @@ def check_manifest(engine_dir: Path, manifest: dict, gpu, versions: dict,
     why = manifest_problem(manifest, gpu, versions)
     if why is None:
         return
+    if why.startswith("its quantization "):   # this GPU cannot run it: no rebuild here helps
+        raise EngineMismatchError(f"Engine {engine_dir} cannot run here: {why}.")
     profile = (manifest.get("profile") or {}).get("name", "<gpu>")
     target = suggestion or profile
     raise EngineMismatchError(

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 FAKE_DIR = Path(__file__).resolve().parent
+FAKE_13_DIR = FAKE_DIR.parent / "fake_trtllm_13"   # a release after 1.3.0rc20: LLM API only
 
 # torch.cuda.get_device_name / capability / total memory as real cards report them
 GPUS = {
@@ -27,18 +28,31 @@ def _purge() -> None:
             del sys.modules[name]
 
 
-@pytest.fixture
-def fake_trtllm(monkeypatch):
-    """Import the fake ``tensorrt_llm`` 1.2.1 for this test; returns the module."""
+def _install(monkeypatch, folder: Path):
     import importlib
 
     _purge()
-    monkeypatch.syspath_prepend(str(FAKE_DIR))
+    monkeypatch.syspath_prepend(str(folder))
     importlib.invalidate_caches()
     import tensorrt_llm
 
     tensorrt_llm.CALLS.clear()
-    yield tensorrt_llm
+    return tensorrt_llm
+
+
+@pytest.fixture
+def fake_trtllm(monkeypatch):
+    """Import the fake ``tensorrt_llm`` 1.2.1 (engine builder, executor, LLM API) for this test;
+    returns the module."""
+    yield _install(monkeypatch, FAKE_DIR)
+    _purge()
+
+
+@pytest.fixture
+def fake_trtllm_13(monkeypatch):
+    """Import the fake ``tensorrt_llm`` 1.3.0 (PyTorch-backend LLM API only, no engine builder)
+    for this test; returns the module."""
+    yield _install(monkeypatch, FAKE_13_DIR)
     _purge()
 
 

@@ -77,4 +77,6 @@ class QWenConfig:
             rotary_base=hf.get("rope_theta", 100000.0),
             max_position_embeddings=hf["max_position_embeddings"],
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            quantization=(quant_config.to_dict() if quant_config is not None
+                          else {"quant_algo": None, "kv_cache_quant_algo": None}),
             mapping=mapping, **kwargs)

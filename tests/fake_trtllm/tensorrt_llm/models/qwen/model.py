@@ -11,6 +11,15 @@
   ``model.embed_tokens`` (tensorrt_llm/models/model_weights_loader.py @7eb710fa), so
   ``lm_head.weight`` becomes a second parameter holding a copy of the embedding. The fake's
   checkpoint holds both, as upstream's does.
+* Quantization: ``from_hugging_face(quant_config=QuantConfig(W8A16 | W4A16))`` quantizes the
+  linear weights while converting (the native flow; the fake stores them as int8, two INT4
+  values a byte), and refuses a ModelOpt algorithm (FP8, W4A16_AWQ), which only
+  ``quantize(hf_model_dir, output_dir, dtype, mapping, quant_config, *, device='cuda',
+  calib_dataset='cnn_dailymail', calib_batches=512, calib_batch_size=1,
+  calib_max_seq_length=512, random_seed=1234, tokenizer_max_seq_length=2048)`` runs: it
+  calibrates on ``calib_dataset`` and writes the checkpoint into ``output_dir``
+  (PretrainedModel.quantize, tensorrt_llm/models/modeling_utils.py, stored snapshot; the fake
+  writes 8-bit / 4-bit packed int8 weights and records the calibration arguments).
 * ``save_checkpoint(output_dir, save_config=True)`` writes rank0.safetensors and config.json into
   an existing folder (it does not create it); ``from_checkpoint(ckpt_dir, rank=None, config=None,
   *, preprocess_weights_hook=None)`` reads them (PretrainedModel, modeling_utils.py).
@@ -38,6 +47,16 @@ def _hf_tensors(hf_dir: Path) -> dict:
     return out
 
 
+def _is_linear(name: str, t) -> bool:
+    return t.dim() == 2 and "embedding" not in name and not name.startswith("lm_head")
+
+
+def _pack(t, bits: int):
+    """Stand-in for quantized storage: one int8 per weight, or two INT4 weights per byte."""
+    q = t.float().clamp(-1, 1).mul(127).round().to(torch.int8)
+    return q if bits == 8 else q[:, : q.shape[1] // 2].contiguous()
+
+
 class QWenForCausalLM:
     config_class = QWenConfig
 
@@ -54,8 +73,10 @@ class QWenForCausalLM:
     @classmethod
     def from_hugging_face(cls, hf_model_or_dir, dtype="auto", mapping=None, quant_config=None,
                           **kwargs):
+        from_quantize = kwargs.pop("_from_quantize", False)
         tensorrt_llm.CALLS.append(("from_hugging_face", {"dir": str(hf_model_or_dir),
                                                          "dtype": dtype, "mapping": mapping,
+                                                         "quant_config": quant_config,
                                                          **kwargs}))
         config = QWenConfig.from_hugging_face(hf_model_or_dir, dtype=dtype, mapping=mapping,
                                               quant_config=quant_config, **kwargs)
@@ -83,8 +104,33 @@ class QWenForCausalLM:
             weights["transformer.vocab_embedding.weight"] = embed.to(torch_dtype)
             head = hf.get("lm_head.weight", embed)   # update_key_mapping: lm_head -> embed_tokens
             weights["lm_head.weight"] = head.to(torch_dtype).clone()
+        if quant_config is not None and quant_config.quant_algo is not None:
+            if quant_config._requires_modelopt_quantization and not from_quantize:
+                raise ValueError(f"{quant_config.quant_algo} needs calibration: use "
+                                 f"QWenForCausalLM.quantize (ModelOpt)")
+            bits = 4 if "W4" in quant_config.quant_algo.value else 8
+            weights = {k: _pack(v, bits) if _is_linear(k, v) else v for k, v in weights.items()}
         model.weights = weights
         return model
+
+    @classmethod
+    def quantize(cls, hf_model_dir, output_dir, dtype="auto", mapping=None, quant_config=None, *,
+                 device="cuda", calib_dataset="cnn_dailymail", calib_batches=512,
+                 calib_batch_size=1, calib_max_seq_length=512, random_seed=1234,
+                 tokenizer_max_seq_length=2048, **kwargs):
+        tensorrt_llm.CALLS.append(("quantize", {
+            "dir": str(hf_model_dir), "output_dir": str(output_dir), "dtype": dtype,
+            "quant_config": quant_config, "calib_dataset": calib_dataset,
+            "calib_batches": calib_batches, "calib_max_seq_length": calib_max_seq_length}))
+        if quant_config is None or not quant_config._requires_modelopt_quantization:
+            model = cls.from_hugging_face(hf_model_dir, dtype=dtype, mapping=mapping,
+                                          quant_config=quant_config, **kwargs)
+        else:
+            model = cls.from_hugging_face(hf_model_dir, dtype=dtype, mapping=mapping,
+                                          quant_config=quant_config, _from_quantize=True,
+                                          **kwargs)
+        os.makedirs(output_dir, exist_ok=True)
+        model.save_checkpoint(output_dir, save_config=True)
 
     def save_checkpoint(self, output_dir, save_config=True):
         from safetensors.torch import save_file
