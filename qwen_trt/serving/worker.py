@@ -157,10 +157,10 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         runner = (runner_factory(backend) if spec.runner
                   else make_runner(backend, max_batch=spec.cfg.max_batch))
         timings["runner_s"] = time.monotonic() - t
-    except BaseException as e:  # noqa: BLE001 - the parent shows one line; the trace goes here
-        from qwen_trt.errors import QwenTrtError
+    except BaseException as e:  # noqa: BLE001 - the parent shows one line; a traceback on debug
+        from qwen_trt.debug import debug_enabled
 
-        if not isinstance(e, QwenTrtError):
+        if debug_enabled():            # qwen-trt --debug / QWEN_TRT_DEBUG=1
             import traceback
 
             traceback.print_exc(file=sys.stderr)
