@@ -1,7 +1,7 @@
 """The backend options, one home for the app and the CLI.
 
 ``add_backend_args(parser)`` adds ``--model --engine --backend --device --dtype --max-seq-len
---fast --base-url --api-key`` to any argparse parser; ``config_from(args, environ)`` turns the parsed flags plus the
+--max-batch --fast --watchdog-s --base-url --api-key`` to any argparse parser; ``config_from(args, environ)`` turns the parsed flags plus the
 ``QWEN_TRT_*`` environment variables into a checked :class:`BackendConfig` (a flag wins over its
 variable; an empty variable counts as unset; with nothing given the backend's ``auto`` choice
 applies). The values themselves are checked once, in ``BackendConfig.__post_init__``.
@@ -51,6 +51,10 @@ OPTIONS: tuple[BackendOption, ...] = (
     BackendOption("--fast", "QWEN_TRT_FAST",
                   f"torch backend: compiled CUDA-graph fast path: {' | '.join(FAST_MODES)} "
                   "(default auto = on CUDA)"),
+    BackendOption("--watchdog-s", "QWEN_TRT_WATCHDOG_S",
+                  "the engine process: restart it when it makes no progress for this many "
+                  "seconds while requests wait or run (a hung GPU or process); 0 = off "
+                  "(default 30)"),
     BackendOption("--base-url", "QWEN_TRT_BASE_URL",
                   "openai backend: an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"),
     BackendOption("--api-key", "QWEN_TRT_API_KEY",
@@ -86,10 +90,17 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = No
     max_batch = v["max_batch"]
     if max_batch is not None and max_batch.lstrip("-").isdigit():
         max_batch = int(max_batch)
+    watchdog = v["watchdog_s"]
+    if watchdog is not None:
+        try:
+            watchdog = float(watchdog)
+        except ValueError:
+            pass                           # BackendConfig refuses it, naming the option
     return BackendConfig(backend=v["backend"] or "auto", model=v["model"], engine=v["engine"],
                          device=v["device"] or "auto", dtype=v["dtype"] or "auto",
                          max_seq_len=max_seq_len, max_batch=max_batch, fast=v["fast"] or "auto",
-                         base_url=v["base_url"], api_key=v["api_key"])
+                         base_url=v["base_url"], api_key=v["api_key"],
+                         **({} if watchdog is None else {"watchdog_s": watchdog}))
 
 
 class _AppParser(argparse.ArgumentParser):

@@ -93,6 +93,11 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_WORKER", "str", "process",
        "process: the engine in its own worker process; inline: in this process",
        choices=("process", "inline")),
+    _S("QWEN_TRT_DEBUG", "bool", False,
+       "print the traceback behind an error line (the same as qwen-trt --debug)", flag="--debug"),
+    _S("QWEN_TRT_WATCHDOG_S", "float", 30.0,
+       "restart the worker when it makes no progress for this long with work queued (0 = off)",
+       flag="--watchdog-s"),
     # -- qwen-trt serve ---------------------------------------------------------------------------
     _S("QWEN_TRT_HOST", "str", "127.0.0.1", "address qwen-trt serve binds (non-loopback needs a key)",
        flag="--host"),
@@ -100,6 +105,9 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_MAX_QUEUE", "int", 256,
        "requests qwen-trt serve lets wait for the engine (then 503 + Retry-After)",
        flag="--max-queue"),
+    _S("QWEN_TRT_SSE_KEEPALIVE_S", "float", 10.0,
+       "seconds between ': keep-alive' comments on a waiting stream (0 = off)",
+       flag="--sse-keepalive-s"),
     # -- build and container ----------------------------------------------------------------------
     _S("QWEN_TRT_ENGINES_DIR", "path", "engines", "where engines are built and looked up",
        group="build", flag="--engines-dir"),

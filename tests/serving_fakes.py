@@ -12,12 +12,14 @@ from qwen_trt.errors import ModelSourceError
 from qwen_trt.backends.runner import RunnerStats, TokenEvent
 
 STEP_S = 0.002        # the fake engine's time per token, so streams overlap visibly
+SLOW_FIRST_S = 4.0    # a "slow..." prompt's first token: a long prefill inside one step
 
 
 class EchoBackend(Backend):
     """Replies with the prompt's own ids, over and over up to max_new_tokens (then <|im_end|>
     unless ignore_eos), so each request's reply is known and differs per request. A prompt
-    that decodes to "boom..." raises a plain error, "cuda-crash..." a CUDA error."""
+    that decodes to "boom..." raises a plain error, "cuda-crash..." a CUDA error; "slow..."
+    takes SLOW_FIRST_S before its first token."""
 
     def __init__(self, tokenizer, model: str) -> None:
         super().__init__()
@@ -32,6 +34,8 @@ class EchoBackend(Backend):
             raise RuntimeError("boom\nwith a second line")
         if text.startswith("cuda-crash"):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if text.startswith("slow"):
+            time.sleep(SLOW_FIRST_S)
         ids = list(prompt_ids)
         budget = params.max_new_tokens
         n = 0

@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qwen_trt.api.errors import ApiError, error_body
+from qwen_trt.api.keepalive import DEFAULT_KEEPALIVE_S, with_keepalive
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
 from qwen_trt.api.prompt import encode_messages
 from qwen_trt.api.protocol import ChatRequest, ChunkWriter, completion, parse_chat_request
@@ -59,12 +60,15 @@ class ServerSettings:
     max_queue: int = 256                # requests waiting for the engine before 503
     model_name: str | None = None       # the id clients send as "model" (default: the model's)
     retry_after_s: int = 2
+    sse_keepalive_s: float = DEFAULT_KEEPALIVE_S   # a silent stream gets ': keep-alive' (0 = off)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be in 0..65535, got {self.port}.")
         if self.max_queue < 1:
             raise ConfigError(f"--max-queue must be >= 1, got {self.max_queue}.")
+        if not 0 <= self.sse_keepalive_s < float("inf"):
+            raise ConfigError(f"--sse-keepalive-s must be >= 0 seconds, got {self.sse_keepalive_s}.")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key / QWEN_TRT_API_KEY is empty: give a key or leave it unset.")
         if not is_loopback(self.host) and not self.api_key:
@@ -231,7 +235,9 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         metrics.prompt_tokens.inc(len(ids))
         t0 = time.perf_counter()
         if req.stream:
-            return StreamingResponse(_sse(handle, req, len(ids), t0), media_type="text/event-stream",
+            return StreamingResponse(with_keepalive(_sse(handle, req, len(ids), t0),
+                                                    settings.sse_keepalive_s),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
         parts: list[str] = []

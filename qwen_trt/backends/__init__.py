@@ -2,6 +2,7 @@
 ``tensorrt_llm`` imports, otherwise the torch backend."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ __all__ = ["Backend", "BackendInfo", "BackendConfig", "BACKENDS", "DTYPES", "FAS
 
 
 MAX_MAX_BATCH = 256   # the largest decode-graph bucket worth capturing for a 4B model on one GPU
+DEFAULT_WATCHDOG_S = 30.0   # a served engine with no step progress this long is restarted
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class BackendConfig:
     max_batch: int | None = None    # fast path: continuous-batching width; 1 = batch-1 decoder
     base_url: str | None = None     # openai only: an OpenAI-compatible server (.../v1)
     api_key: str | None = None      # openai: the key sent; qwen-trt serve: the key required
+    watchdog_s: float = DEFAULT_WATCHDOG_S  # engine process: no progress this long -> restart
 
     def __post_init__(self) -> None:
         for what, flag, value, allowed in (("backend", "backend", self.backend, BACKENDS),
@@ -58,6 +61,11 @@ class BackendConfig:
         if b is not None and (type(b) is not int or not 1 <= b <= MAX_MAX_BATCH):
             raise ConfigError(f"{_where('max-batch')} must be a whole number from 1 to "
                               f"{MAX_MAX_BATCH}, got '{b}'.")
+        w = self.watchdog_s
+        if (isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w)
+                or w < 0):
+            raise ConfigError(f"{_where('watchdog-s')} must be a number of seconds >= 0 "
+                              f"(0 turns the watchdog off), got '{w}'.")
         if self.backend == "openai" and not self.base_url:
             raise ConfigError(f"--backend openai needs {_where('base-url')}, e.g. "
                               "http://127.0.0.1:8000/v1.")

@@ -13,6 +13,7 @@ from qwen_trt.errors import ConfigError
 
 ENV_HOST, ENV_PORT, ENV_KEY, ENV_QUEUE = ("QWEN_TRT_HOST", "QWEN_TRT_PORT", "QWEN_TRT_API_KEY",
                                           "QWEN_TRT_MAX_QUEUE")
+ENV_KEEPALIVE = "QWEN_TRT_SSE_KEEPALIVE_S"
 
 
 def register(sub) -> None:
@@ -30,6 +31,9 @@ def register(sub) -> None:
     p.add_argument("--max-queue", default=None,
                    help=f"requests waiting for the engine before new ones get 503 (default 256) "
                         f"[env {ENV_QUEUE}]")
+    p.add_argument("--sse-keepalive-s", default=None,
+                   help=f"a streaming client that waits (queued, long prefill) gets an SSE comment "
+                        f"this often so proxies keep it; 0 = off (default 10) [env {ENV_KEEPALIVE}]")
     p.add_argument("--served-model-name", default=None,
                    help="model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -45,6 +49,15 @@ def _int(value: str | None, flag: str, default: int) -> int:
         raise ConfigError(f"{flag} must be a whole number, got '{value}'.") from None
 
 
+def _seconds(value: str | None, flag: str, default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"{flag} must be a number of seconds, got '{value}'.") from None
+
+
 def settings_from(args, environ=None):
     from qwen_trt.api.server import ServerSettings
 
@@ -54,6 +67,8 @@ def settings_from(args, environ=None):
         port=_int(args.port or env.get(ENV_PORT), "--port", 8000),
         api_key=args.api_key if args.api_key is not None else (env.get(ENV_KEY) or None),
         max_queue=_int(args.max_queue or env.get(ENV_QUEUE), "--max-queue", 256),
+        sse_keepalive_s=_seconds(getattr(args, "sse_keepalive_s", None) or env.get(ENV_KEEPALIVE),
+                                 "--sse-keepalive-s", 10.0),
         model_name=args.served_model_name)
 
 

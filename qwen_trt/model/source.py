@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen_trt import settings
-from qwen_trt.errors import first_line, ModelSourceError
+from qwen_trt.errors import ModelSourceError, first_line
+from qwen_trt.model.checks import (check_chat_template, check_config_numbers, check_file_kinds,
+                                   check_generation_config, check_weights, template_file)
 
 DEFAULT_MODEL_ID = "Qwen/Qwen3-4B-Instruct-2507"
 QWEN3_MODEL_TYPES = ("qwen3",)
@@ -75,9 +77,9 @@ def _is(value, kind) -> bool:
     return isinstance(value, kind)
 
 
-def check_qwen3_config(config: dict, where: str, cfg_file: str | None = None) -> None:
+def check_qwen3_config(config: dict, where: str, cfg_file: str | None = None):
     """``config`` (from ``cfg_file``, default ``where/config.json``) is a Qwen3 config with a
-    complete, well-typed shape (:class:`ModelShape`)."""
+    complete, well-typed shape and sound numbers; returns the shape (:class:`ModelShape`)."""
     from qwen_trt.model.shape import ModelShape
 
     cfg_file = cfg_file or f"{where}/config.json"
@@ -90,19 +92,28 @@ def check_qwen3_config(config: dict, where: str, cfg_file: str | None = None) ->
         raise ModelSourceError(
             f"{where} is a '{model_type}' checkpoint ({archs}), not Qwen3: qwen-trt serves "
             f"Qwen3 models such as {DEFAULT_MODEL_ID}. Pass a Qwen3 folder with --model.")
-    ModelShape.from_config(config, cfg_file)
+    shape = ModelShape.from_config(config, cfg_file)
     for key, kind in _OPTIONAL_TYPES.items():
         if config.get(key) is not None and not _is(config[key], kind):
             raise ModelSourceError(f"{cfg_file}: '{key}' is {config[key]!r}; expected "
                                    f"{_TYPE_NAMES[kind]}.")
+    check_config_numbers(config, shape.vocab, cfg_file)
+    return shape
+
+
+def _json_problem(e: BaseException) -> str:
+    """Why a JSON file did not parse, in one short line."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
 
 
 def _read_json_object(path: Path, what: str) -> dict:
     try:
         value = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelSourceError(f"{path} is not valid JSON ({e}): the {what} is broken; "
-                               f"download it again.") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ModelSourceError(f"{path} is not valid JSON ({_json_problem(e)}): the {what} is "
+                               f"broken; download it again.") from e
     if not isinstance(value, dict):
         raise ModelSourceError(f"{path} is not a JSON object: the {what} is broken; download "
                                f"it again.")
@@ -117,9 +128,11 @@ _SAFETENSORS_PROBLEMS = (("too small", "empty or shorter than a header"),
                          ("too large", "corrupt (its header size is impossible)"))
 
 
-def check_weight_files(folder: Path) -> None:
+def check_weight_files(folder: Path, shape=None) -> None:
     """Every weight file named by the index exists, and every safetensors header is whole and
-    matches the file's size (read from the header only: fast even for large shards)."""
+    matches the file's size (read from the header only: fast even for large shards); with the
+    config's ``shape`` (:class:`ModelShape`), every tensor's shape fits it and a sample of its
+    values is finite (:func:`qwen_trt.model.checks.check_weights`)."""
     from safetensors import safe_open
 
     for index in sorted(folder.glob("*.safetensors.index.json")):
@@ -130,9 +143,10 @@ def check_weight_files(folder: Path) -> None:
             if not (folder / shard).is_file():
                 raise ModelSourceError(f"{folder / shard} is missing (named in {index.name}): "
                                        f"the download is incomplete.")
-    for f in sorted(folder.glob("*.safetensors")):
+    files = sorted(folder.glob("*.safetensors"))
+    for f in files:
         try:
-            with safe_open(str(f), framework="pt") as fh:
+            with safe_open(str(f), framework="numpy") as fh:   # the header only: no torch
                 fh.keys()
         except Exception as e:    # SafetensorError, OSError: the file, not the code, is wrong
             detail = first_line(e) or type(e).__name__
@@ -140,6 +154,8 @@ def check_weight_files(folder: Path) -> None:
                         f"not a readable safetensors file ({detail})")
             raise ModelSourceError(f"{f} is {what}: the checkpoint is broken; download it "
                                    f"again.") from e
+    if shape is not None:
+        check_weights(files, shape)
 
 
 def check_tokenizer_files(folder: Path) -> None:
@@ -165,26 +181,31 @@ def resolve_model(spec: str | None = None) -> ModelSource:
     path = Path(spec).expanduser()
     if path.is_dir():
         local = path
+    elif path.exists():
+        raise ModelSourceError(f"--model '{spec}' is a file, not a checkpoint folder: pass the "
+                               f"folder that holds config.json and the weights.")
     elif looks_like_path(spec):
         raise ModelSourceError(
             f"Model folder '{spec}' does not exist. Pass an existing Qwen3 checkpoint folder with "
             f"--model, or create the offline demo model: `qwen-trt tiny-model {spec}`.")
     else:
         local = _download(spec)
+    check_file_kinds(local)              # before anything is opened: a FIFO blocks a reader
     cfg_path = local / "config.json"
     if not cfg_path.is_file():
         raise ModelSourceError(
             f"'{spec}' has no config.json: it is not a Hugging Face checkpoint folder.")
     try:
         config = json.loads(cfg_path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelSourceError(f"{cfg_path} is not valid JSON: {e}") from e
-    check_qwen3_config(config, f"'{spec}'", str(cfg_path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ModelSourceError(f"{cfg_path} is not valid JSON: {_json_problem(e)}") from e
+    shape = check_qwen3_config(config, f"'{spec}'", str(cfg_path))
+    check_generation_config(local, shape.vocab)
     if not any(local.glob("*.safetensors")) and not any(local.glob("*.bin")):
         raise ModelSourceError(f"'{spec}' has no weights (*.safetensors): the download is incomplete.")
     if not (local / "tokenizer.json").is_file() and not (local / "vocab.json").is_file():
         raise ModelSourceError(f"'{spec}' has no tokenizer files (tokenizer.json).")
-    check_weight_files(local)
+    check_weight_files(local, shape)
     check_tokenizer_files(local)
     return ModelSource(path=local, name=spec, config=config)
 
@@ -195,7 +216,9 @@ def load_tokenizer(path: str | os.PathLike, name: str | None = None):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ModelSourceError(f"Could not load the tokenizer of '{name or path}': "
                                f"{first_line(e) or type(e).__name__}") from e
+    check_chat_template(tokenizer, template_file(path))
+    return tokenizer

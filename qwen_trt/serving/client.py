@@ -39,6 +39,7 @@ from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, 
                                      ServiceClosedError, ServiceStatus, Started, cancelled_reply,
                                      queue_position)
 from qwen_trt.serving.ipc import pair
+from qwen_trt.serving.liveness import Watchdog
 from qwen_trt.serving.worker import Ready, WorkerSpec, worker_command
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,9 @@ class EngineClient:
         self._max_concurrency = 1
         self._load_error: QwenTrtError | None = None
         self._first = threading.Event()
+        self._heard = time.monotonic()     # the latest message from the worker (progress)
+        self._hung_gen = 0                 # the worker generation the watchdog stopped
+        self._watchdog: Watchdog | None = None
         self.timings: dict[str, float] = {}
         self.pid: int | None = None
         _LIVE.add(self)
@@ -130,6 +134,10 @@ class EngineClient:
         if self._load_error is not None:
             self.close()
             raise self._load_error
+        limit = getattr(spec.cfg, "watchdog_s", 0)
+        if limit > 0:              # armed once loaded (and warmed up): a load is no hang
+            self._watchdog = Watchdog(limit, self._stalled_s, self._on_hang,
+                                      name=f"{name}-watchdog")
 
     # -- the InferenceService surface ----------------------------------------------------------
     @property
@@ -180,6 +188,8 @@ class EngineClient:
             if self._closed:
                 return
             self._closed = True
+            if self._watchdog is not None:
+                self._watchdog.stop()
             self._set_state("closed", "")
             for h in self._waiting:
                 h._cancel.set()
@@ -289,6 +299,8 @@ class EngineClient:
         """Admit queued requests while the worker has free slots."""
         if self._state != "ready" or self._closed:
             return
+        if self._waiting and not self._active:
+            self._heard = time.monotonic()      # busy from now: the watchdog counts from here
         while self._waiting and len(self._active) < self._max_concurrency:
             h = self._waiting.pop(0)
             if h.cancelled:
@@ -327,7 +339,11 @@ class EngineClient:
                 msg = conn.recv()
                 kind = msg[0]
                 if kind == "events":
+                    if msg[1]:              # tokens or finishes: progress (stats alone are not)
+                        self._heard = time.monotonic()
                     self._on_events(gen, msg[1], msg[2])
+                elif kind == "beat":        # a long step still runs (serving.liveness)
+                    self._heard = time.monotonic()
                 elif kind == "stage":
                     self._on_stage(gen, msg[1], msg[2])
                 elif kind == "ready":
@@ -440,6 +456,27 @@ class EngineClient:
             if finish is None:               # the runner would go on: free its slot
                 self._send(("abort", rid))
 
+    # -- the watchdog (qwen_trt.serving.liveness) --------------------------------------------
+    def _stalled_s(self) -> float | None:
+        """Seconds without a message from a ready worker that has requests; None otherwise."""
+        with self._lock:
+            if self._closed or self._state != "ready" or not self._active:
+                return None
+            return time.monotonic() - self._heard
+
+    def _on_hang(self) -> None:
+        """No progress for --watchdog-s: kill the worker; its exit restarts it (_on_exit)."""
+        with self._lock:
+            quiet = self._stalled_s()
+            limit = self._watchdog.limit_s if self._watchdog is not None else 0
+            if quiet is None or quiet <= limit or self._proc is None:
+                return
+            self._hung_gen = self._gen
+            self._set_state("restarting", f"the engine made no progress for {quiet:.0f} s")
+            self._say(f"no progress for {quiet:.1f} s with {len(self._active)} request(s) in the "
+                      f"engine (--watchdog-s {limit:g}): stopping it (pid {self._proc.pid})")
+            self._proc.kill()              # SIGKILL: also ends a stopped (SIGSTOP) process
+
     def _on_exit(self, gen: int, code: int | None, fatal: str | None,
                  load_error: QwenTrtError | None) -> None:
         with self._lock:
@@ -449,7 +486,13 @@ class EngineClient:
             if self._closed:
                 return
             why = fatal or describe_exit(code)
-            if load_error is not None or self._state in ("loading", "restarting"):
+            hung = gen == self._hung_gen
+            if hung:
+                limit = self._watchdog.limit_s if self._watchdog is not None else 0
+                err_line = (f"The engine stopped making progress (nothing for {limit:g} s, "
+                            f"--watchdog-s) and is being restarted; your chat is kept — send "
+                            f"again.")
+            elif load_error is not None or self._state in ("loading", "restarting"):
                 err = load_error or EngineLoadError(
                     f"The engine process stopped while loading ({why}); see the server log.")
                 self._load_error = err
@@ -460,8 +503,9 @@ class EngineClient:
                 self._waiting.clear()
                 self._first.set()
                 return
-            err_line = (f"The engine process stopped ({why}); your chat is kept — send again "
-                        f"to restart it.")
+            else:
+                err_line = (f"The engine process stopped ({why}); your chat is kept — send "
+                            f"again to restart it.")
             self._say(err_line)
             self._set_state("stopped", err_line)
             for a in self._active.values():
@@ -469,5 +513,5 @@ class EngineClient:
                     a.handle._emit(Failed(EngineStoppedError(err_line)))
                     self._served += 1
             self._active.clear()
-            if self._waiting:
+            if self._waiting or hung:      # a hung engine comes back at once (health 503 until)
                 self._restart()

@@ -210,7 +210,10 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None):
     if worker_mode(mode) == "inline":
         return InferenceService(load_backend(cfg))
     from qwen_trt.serving.client import EngineClient
+    from qwen_trt.serving.preflight import preflight
     from qwen_trt.serving.worker import WorkerSpec
+
+    preflight(cfg)        # a missing folder or broken checkpoint: at once, not after torch loads
 
     global _current
     with _current_lock:

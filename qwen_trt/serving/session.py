@@ -143,6 +143,16 @@ def _content_text(message, index: int) -> str:
                               f"text (a string or a list of text parts).")
 
 
+def _template_error(e: BaseException) -> bool:
+    """Whether ``e`` comes from rendering a chat template (jinja2 raises its own types; a
+    template's ``raise_exception`` raises ``TemplateError``)."""
+    try:
+        import jinja2
+    except ImportError:
+        return False
+    return isinstance(e, jinja2.TemplateError)
+
+
 class MessageEncoder:
     """Chat messages to prompt ids (see :func:`encode_messages`); with ``cache`` it keeps the
     ids of each stretch of text between control tokens for the next call (a conversation
@@ -172,8 +182,15 @@ class MessageEncoder:
     def encode(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
         texts = [_content_text(m, i) for i, m in enumerate(messages)]
         slots = [{"role": m["role"], "content": _SLOT.format(i)} for i, m in enumerate(messages)]
-        layout = self._tok.apply_chat_template(slots, tokenize=False,
-                                               add_generation_prompt=add_generation_prompt)
+        try:
+            layout = self._tok.apply_chat_template(slots, tokenize=False,
+                                                   add_generation_prompt=add_generation_prompt)
+        except Exception as e:
+            if not _template_error(e):
+                raise
+            detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise InvalidMessageError(f"The chat template rejected these messages: "
+                                      f"{detail}") from e
         found = [int(i) for i in _SLOT_RE.findall(layout)]
         if sorted(found) != list(range(len(messages))):
             missing = next((i for i in range(len(messages)) if found.count(i) != 1), 0)

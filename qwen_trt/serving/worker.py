@@ -12,6 +12,8 @@ parent -> worker   ``("submit", id, prompt_ids, params)``, ``("abort", id)``, ``
 worker -> parent   ``("stage", line, seconds_since_start)``   load / warm-up progress
                    ``("ready", Ready)``                       loaded; serving
                    ``("load_error", line, error)``            then the worker exits
+                   ``("beat",)``                              a long step is still running (the
+                                                              parent's watchdog: serving.liveness)
                    ``("events", [event, ...], stats)``        all events of one step, one message:
                                                               TokenEvents as tuples (:func:`pack`);
                                                               ``stats`` (a dict) at most 4x a second
@@ -24,6 +26,7 @@ the parent go away even while a long load or step runs).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -32,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from qwen_trt.backends import BackendConfig
+from qwen_trt.serving.liveness import Heartbeat, LockedConn, beat_interval
 
 DEFAULT_LOADER = "qwen_trt.backends:load_backend"
 STATS_EVERY_S = 0.25
@@ -155,10 +159,10 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         runner = (runner_factory(backend) if spec.runner
                   else make_runner(backend, max_batch=spec.cfg.max_batch))
         timings["runner_s"] = time.monotonic() - t
-    except BaseException as e:  # noqa: BLE001 - the parent shows one line; the trace goes here
-        from qwen_trt.errors import QwenTrtError
+    except BaseException as e:  # noqa: BLE001 - the parent shows one line; a traceback on debug
+        from qwen_trt.debug import debug_enabled
 
-        if not isinstance(e, QwenTrtError):
+        if debug_enabled():            # qwen-trt --debug / QWEN_TRT_DEBUG=1
             import traceback
 
             traceback.print_exc(file=sys.stderr)
@@ -167,10 +171,15 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
     timings["total_s"] = time.monotonic() - t0
     tok = backend.tokenizer
     source = getattr(tok, "name_or_path", "") or ""
+    beat = None
+    every_s = beat_interval(getattr(spec.cfg, "watchdog_s", 0))
+    if every_s:                       # the parent's watchdog: beat while a long step runs
+        conn = LockedConn(conn)
+        beat = Heartbeat(conn, every_s)
     try:
         conn.send(("ready", Ready(backend.info, str(source), int(runner.max_concurrency),
                                   {k: round(v, 3) for k, v in timings.items()}, os.getpid())))
-        serve(conn, runner)
+        serve(conn, runner, beat)
     except (EOFError, OSError):
         pass                          # the parent went away
     finally:
@@ -191,9 +200,12 @@ def pack(events) -> list[tuple]:
     return [(e.request_id, e.token_ids, e.finish, e.error, e.cached_tokens) for e in events]
 
 
-def serve(conn, runner) -> None:
-    """Take messages between steps, step, send each step's events as one message."""
+def serve(conn, runner, beat=None) -> None:
+    """Take messages between steps, step, send each step's events as one message; ``beat`` (a
+    :class:`~qwen_trt.serving.liveness.Heartbeat`) beats while a step runs."""
     from qwen_trt.serving.serial import FatalEngineError, error_detail
+
+    stepping = beat.step if beat is not None else contextlib.nullcontext
 
     last_stats = 0.0
     stats_due = True
@@ -219,7 +231,8 @@ def serve(conn, runner) -> None:
             continue
         t = time.perf_counter()
         try:
-            events = runner.step()
+            with stepping():
+                events = runner.step()
         except FatalEngineError as e:
             conn.send(("fatal", str(e)))
             return
