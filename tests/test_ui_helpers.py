@@ -329,7 +329,11 @@ def test_settings_make_validated_sampling_params():
     assert keys[:4] == ["max_new_tokens", "temperature", "top_p", "top_k"]
     p = params_from({"max_new_tokens": 256.0, "temperature": 0.2, "top_k": 7})
     assert (p.max_new_tokens, p.temperature, p.top_k, p.top_p) == (256, 0.2, 7, 0.8)
-    assert isinstance(slider_args(SLIDERS[0])["value"], int)
+    from qwen_trt.ui.settings import slider_defaults
+
+    assert "value" not in slider_args(SLIDERS[0])   # the value lives in session state only
+    defaults = slider_defaults()
+    assert isinstance(defaults["max_new_tokens"], int) and defaults["temperature"] == 0.7
     assert set(settings_dict(p)) == set(keys)
     with pytest.raises(ValueError):
         params_from({"top_p": 0.0})                  # checked once, by SamplingParams
@@ -343,3 +347,46 @@ def test_stage_writer_turns_printed_lines_into_stages():
     w.write("[qwen-trt engine] loading weights (1.2 s)\n[qwen-trt engine] capt")
     w.write("uring graphs\n\n")
     assert got == ["loading weights (1.2 s)", "capturing graphs"]
+
+
+def test_session_store_forks_a_save_on_top_of_an_older_version():
+    from qwen_trt.ui.store import SessionStore, new_session_id
+
+    store = SessionStore()
+    sid = new_session_id()
+    a = store.save(sid, {"messages": ["a1"]}, 0)
+    assert (a.sid, a.version, a.forked_from) == (sid, 1, None)
+    b = store.save(sid, {"messages": ["a1", "a2"]}, 1)        # the same tab again
+    assert (b.sid, b.version) == (sid, 2)
+    c = store.save(sid, {"messages": ["a1", "c"]}, 1)          # a tab that saw version 1
+    assert c.sid != sid and c.version == 1 and c.forked_from == sid
+    assert store.get(sid)["messages"] == ["a1", "a2"]          # nothing overwritten
+    assert store.get(sid)["forks"] == [c.sid] and store.forks(sid) == [c.sid]
+    assert store.get(c.sid)["forked_from"] == sid
+    d = store.save(sid, {"messages": ["x"]}, 2)                 # the original goes on
+    assert d.sid == sid and store.get(sid)["forks"] == [c.sid]  # and keeps its links
+    gone = new_session_id()                                     # expired or never saved
+    assert store.save(gone, {}, 5).sid == gone
+
+
+def test_chat_state_save_to_follows_its_fork(tiny_tokenizer):
+    import threading
+
+    from qwen_trt.ui.store import SessionStore, new_session_id
+
+    store = SessionStore()
+    mine, other = ChatState(ChatSession(tiny_tokenizer)), ChatState(ChatSession(tiny_tokenizer))
+    mine.chat_id = new_session_id()
+    mine.chat.add_exchange("q", "a")
+    mine.save_to(store)
+    other.restore(store.get(mine.chat_id), chat_id=mine.chat_id)
+    threads = [threading.Thread(target=mine.save_to, args=(store,)) for _ in range(8)]
+    for th in threads:                          # one tab's concurrent saves never fork
+        th.start()
+    for th in threads:
+        th.join()
+    assert store.forks(mine.chat_id) == [] and mine.version == 9
+    other.chat.add_exchange("q2", "a2")
+    saved = other.save_to(store)
+    assert other.forked_from == mine.chat_id and other.chat_id == saved.sid != mine.chat_id
+    assert len(store.get(other.chat_id)["messages"]) == 4

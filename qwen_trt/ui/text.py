@@ -393,6 +393,27 @@ def stable_prefix_end(text: str) -> int:
     return end
 
 
+DEMO_MODEL_NOTE = ("This is the tiny random demo model: its replies are gibberish by design. "
+                   "Start the app with `--model DIR` (a Qwen3 folder) for real answers.")
+
+
+def fork_note(query_key: str, original: str) -> str:
+    """The line a tab shows when its save found the chat changed by another tab."""
+    return (f"This chat was changed in another tab, so this tab's turns continue here as a new "
+            f"chat. [The original]({_page_link(query_key, original)}) keeps the other tab's.")
+
+
+def forks_note(query_key: str, forks: list[str]) -> str:
+    """The line under a chat that other tabs continued as new chats."""
+    links = ", ".join(f"[{i}]({_page_link(query_key, sid)})" for i, sid in enumerate(forks, 1))
+    what = "a new chat" if len(forks) == 1 else "new chats"
+    return f"Another tab continued this chat as {what}: {links}."
+
+
+def _page_link(query_key: str, sid: str) -> str:
+    return f"?{query_key}={sid}"       # ids are URL-safe base64 (store.new_session_id)
+
+
 def format_ms(ms: float) -> str:
     return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.0f} ms"
 
