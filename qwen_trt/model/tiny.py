@@ -53,6 +53,10 @@ Emoji: 😀 🚀 🎉 👍 ❤️ 🤖 — café naïve résumé. Привет, 
 """
 
 
+# The first line of the README the tiny checkpoint gets (how the app knows it runs the demo).
+TINY_README_FIRST_LINE = "Tiny random-weight Qwen3 checkpoint written offline by `qwen-trt tiny-model`."
+
+
 @dataclass(frozen=True)
 class TinyShape:
     """Model shape of the tiny checkpoint (options so benchmarks can scale it)."""
@@ -179,10 +183,19 @@ def _write(out: Path, shape: TinyShape, seed: int) -> Path:
     model.generation_config.bos_token_id = endoftext
     model.save_pretrained(out, safe_serialization=True)
     (out / "README.md").write_text(
-        "Tiny random-weight Qwen3 checkpoint written offline by `qwen-trt tiny-model`.\n"
+        TINY_README_FIRST_LINE + "\n"
         "Its replies are gibberish by design: it exists to test the pipeline, not to chat.\n"
     )
     return out
+
+
+def is_tiny_model(model: str) -> bool:
+    """Whether ``model`` is a folder written by :func:`write_tiny_model` (by its README)."""
+    try:
+        with open(Path(model) / "README.md", encoding="utf-8") as f:
+            return f.readline().rstrip("\n") == TINY_README_FIRST_LINE
+    except (OSError, ValueError):
+        return False
 
 
 def _unprintable(text: str) -> bool:

@@ -50,12 +50,22 @@ SLIDERS: tuple[SliderSpec, ...] = tuple(s for s in _ALL if s.key in _FIELDS)
 INT_KEYS = frozenset({"max_new_tokens", "top_k"})
 
 
+def _cast(spec: SliderSpec):
+    return int if spec.key in INT_KEYS else float
+
+
 def slider_args(spec: SliderSpec) -> dict:
-    """Keyword arguments for ``st.slider`` (ints stay ints, so Streamlit draws an int slider)."""
-    cast = int if spec.key in INT_KEYS else float
+    """Keyword arguments for ``st.slider`` (ints stay ints, so Streamlit draws an int slider).
+    No ``value``: the value is in session state (:func:`slider_defaults` first, or the one a
+    reload restores); Streamlit warns about a widget given both."""
+    cast = _cast(spec)
     return dict(label=spec.label, min_value=cast(spec.lo), max_value=cast(spec.hi),
-                value=cast(spec.default), step=cast(spec.step), key=spec.key,
-                help=spec.help or None)
+                step=cast(spec.step), key=spec.key, help=spec.help or None)
+
+
+def slider_defaults() -> dict:
+    """Each slider's starting value, by widget key (ints for int sliders)."""
+    return {spec.key: _cast(spec)(spec.default) for spec in SLIDERS}
 
 
 def params_from(values: Mapping) -> SamplingParams:

@@ -15,6 +15,7 @@ from typing import Literal
 from qwen_trt.serving.session import ChatSession, Message
 from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
 from qwen_trt.serving.events import RequestHandle
+from qwen_trt.ui.store import Saved, SessionStore
 from qwen_trt.ui.text import reply_footer
 
 # How long an interrupting run waits for the cancelled request to stop (it stops before its
@@ -47,7 +48,11 @@ class ChatState:
     chat: ChatSession
     notes: list[TurnNote] = field(default_factory=list)    # one per completed turn
     pending: PendingReply | None = None
+    chat_id: str | None = None        # its id in the reload store (the page URL's ?chat=)
+    version: int = 0                  # the store's version of it this tab last saw
+    forked_from: str | None = None    # set when a save found another tab's newer version
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _save_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def turns(self) -> list[tuple[Message, Message, TurnNote]]:
         pairs = self.chat.turns()
@@ -119,9 +124,28 @@ class ChatState:
                     "messages": [asdict(m) for m in self.chat.messages],
                     "notes": [asdict(n) for n in self.notes]}
 
-    def restore(self, snap: dict) -> None:
-        """Replace the conversation with ``snap`` (from :meth:`snapshot`)."""
+    def save_to(self, store: SessionStore, extra: dict | None = None) -> Saved | None:
+        """Save the conversation (plus ``extra``) under :attr:`chat_id` as the next version
+        of what this tab saw. If another tab saved that chat meanwhile, this one continues as
+        a new chat: :attr:`chat_id` becomes the fork's id and :attr:`forked_from` the
+        original's. None when the state has no id."""
+        with self._save_lock:             # an old and a new script run may save at once
+            if self.chat_id is None:
+                return None
+            saved = store.save(self.chat_id, dict(self.snapshot(), **(extra or {})),
+                               self.version)
+            self.chat_id, self.version = saved.sid, saved.version
+            if saved.forked_from is not None:
+                self.forked_from = saved.forked_from
+            return saved
+
+    def restore(self, snap: dict, chat_id: str | None = None) -> None:
+        """Replace the conversation with ``snap`` (from :meth:`snapshot`, or the reload store
+        under ``chat_id``, with its version)."""
         with self._lock:
+            if chat_id is not None:
+                self.chat_id, self.version = chat_id, int(snap.get("version", 0))
+                self.forked_from = snap.get("forked_from")
             self.pending = None
             self.chat.messages[:] = [Message(**m) for m in snap.get("messages", [])]
             self.notes[:] = [TurnNote(**n) for n in snap.get("notes", [])]

@@ -7,6 +7,11 @@ bits): knowing it is what gives access to the chat, so it is never derived from 
 an id the store does not know is never adopted (a new one is issued instead, so nobody can plant
 an id on someone else's URL).
 
+Two tabs can show one chat (the same URL). Each saved chat has a version, and a tab saves on
+top of the version it has: when another tab saved in between, :meth:`SessionStore.save` keeps
+both instead of overwriting, writing this tab's conversation as a new chat (a fork) that the
+original lists under ``"forks"`` and that names the original under ``"forked_from"``.
+
 Bounded on both axes: at most ``max_chats`` chats (least recently used dropped first) and each
 expires ``ttl_s`` after its last use. Memory only: a server restart forgets every chat, and
 behind a load balancer a reload finds its chat only with sticky routing to the same process.
@@ -21,6 +26,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from qwen_trt import settings
 
@@ -28,6 +34,7 @@ DEFAULT_MAX_CHATS = 256
 DEFAULT_TTL_S = 6 * 3600.0
 ID_BYTES = 16
 QUERY_KEY = "chat"
+MAX_FORKS = 8          # forks an original chat lists (the newest)
 
 
 def new_session_id() -> str:
@@ -38,6 +45,16 @@ def looks_like_session_id(value: object) -> bool:
     """Cheap shape check before a lookup (URL-safe base64 of ID_BYTES bytes)."""
     return (isinstance(value, str) and len(value) == len(new_session_id())
             and all(c.isalnum() or c in "-_" for c in value))
+
+
+@dataclass(frozen=True)
+class Saved:
+    """Where a save went: ``sid`` at ``version``; ``forked_from`` is the chat it was meant for
+    when that one had changed meanwhile (``sid`` is then a new chat)."""
+
+    sid: str
+    version: int
+    forked_from: str | None = None
 
 
 class SessionStore:
@@ -76,13 +93,45 @@ class SessionStore:
             return copy.deepcopy(item[1])
 
     def put(self, sid: str, snapshot: dict) -> None:
+        """Save ``snapshot`` under ``sid`` whatever was there (see :meth:`save` for tabs)."""
         snap = copy.deepcopy(snapshot)
         with self._lock:
-            self._items[sid] = (self._clock(), snap)
-            self._items.move_to_end(sid)
+            self._put_locked(sid, snap)
+
+    def save(self, sid: str, snapshot: dict, base_version: int) -> Saved:
+        """Save ``snapshot`` as the next version of chat ``sid`` if its saved version is still
+        ``base_version`` (or it is gone); otherwise another tab saved meanwhile, and the
+        snapshot becomes a new chat linked from ``sid`` (see the module docstring)."""
+        with self._lock:
             self._expire()
-            while len(self._items) > self.max_chats:
-                self._items.popitem(last=False)
+            item = self._items.get(sid)
+            current = item[1].get("version", 0) if item is not None else None
+            if current is None or current == base_version:
+                version = (current or 0) + 1
+                keep = {k: item[1][k] for k in ("forks", "forked_from") if k in item[1]} \
+                    if item is not None else {}
+                self._put_locked(sid, dict(copy.deepcopy(snapshot), **keep, version=version))
+                return Saved(sid, version)
+            fork = new_session_id()
+            original = item[1]
+            original["forks"] = (original.get("forks", []) + [fork])[-MAX_FORKS:]
+            self._put_locked(fork, dict(copy.deepcopy(snapshot), version=1, forked_from=sid))
+            return Saved(fork, 1, forked_from=sid)
+
+    def forks(self, sid: str) -> list[str]:
+        """The chats forked from ``sid`` that are still kept (newest last)."""
+        with self._lock:
+            item = self._items.get(sid)
+            if item is None:
+                return []
+            return [f for f in item[1].get("forks", []) if f in self._items]
+
+    def _put_locked(self, sid: str, snap: dict) -> None:
+        self._items[sid] = (self._clock(), snap)
+        self._items.move_to_end(sid)
+        self._expire()
+        while len(self._items) > self.max_chats:
+            self._items.popitem(last=False)
 
     def drop(self, sid: str) -> None:
         with self._lock:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from qwen_trt.serving.events import Delta, Event, Waiting
-from qwen_trt.ui.text import CURSOR, sanitize_markdown, stable_prefix_end
+from qwen_trt.ui.text import CURSOR, render_safe, sanitize_markdown, stable_prefix_end
 
 DEFAULT_INTERVAL_S = 0.03
 # Turns drawn on every rerun; older ones wait behind a "Show earlier turns" button, so the
@@ -87,4 +87,7 @@ class StreamView:
         if end > self.frozen:
             new.append(sanitize_markdown(self.text[self.frozen:end]))
             self.frozen = end
-        return StreamUpdate(new_blocks=new, tail=sanitize_markdown(self.text[self.frozen:]) + self.cursor)
+        # the cursor goes in before sanitising, so it is drawn where the text ends (inside an
+        # open code block, for one); the tail changes on every chunk: not worth caching
+        tail = self.text[self.frozen:] + self.cursor
+        return StreamUpdate(new_blocks=new, tail=render_safe(tail) if tail else "")

@@ -1,15 +1,21 @@
 """Text the chat UI shows: model output made safe for Markdown, and the lines under replies.
 
-Model output is untrusted. The app renders it with Streamlit's Markdown (GFM), HTML off (tags
-show as text). On top of that :func:`sanitize_markdown` makes sure no Markdown image survives
-(a browser fetches an image by itself: a prompt-injected reply could leak the chat through its
-URL) whatever structure hides it, and that ``<``, ``$`` and Streamlit's ``:red[...]``
-directives show as written.
+Model output and user text are untrusted. :func:`sanitize_markdown` parses the text once
+(markdown-it-py: CommonMark plus GFM tables and strikethrough, as Streamlit renders it) and
+writes new Markdown from the parse tree in a small subset: headings, paragraphs, lists, quotes,
+emphasis, strikethrough, tables, ``http(s)`` links, code spans and fenced code. Every piece of
+text outside code is fully backslash-escaped (CommonMark lets any ASCII punctuation be
+escaped), so no character of the input reaches the page as Markdown syntax, HTML, LaTeX (``$``)
+or a Streamlit directive (``:red[...]``). Images and raw HTML come out as escaped text (nothing
+is fetched), links of other schemes as their text. Code keeps its text, in fences chosen longer
+than any backtick run inside.
 """
 from __future__ import annotations
 
 import functools
 import re
+import string
+from dataclasses import dataclass
 
 from qwen_trt.errors import first_line, QwenTrtError
 from qwen_trt.params import Reply
@@ -17,17 +23,339 @@ from qwen_trt.params import Reply
 CURSOR = "▌"
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_BACKTICKS = re.compile(r"\\*`+")
-# U+2060 WORD JOINER: invisible, and it keeps "!" and "[" apart so no dialect reads an image.
-_JOINER = "\u2060"
-# An image opener that a renderer could still read as one: "![" after an even run of backslashes.
-_LIVE_IMAGE = re.compile(r"(?<!\\)(?:\\\\)*!\[")
-# Lines as Markdown counts them (\n, \r\n or \r; not str.splitlines' \x0c, \u2028, ...).
-_LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+")
+# Every ASCII punctuation character gets a backslash: shown as written, never syntax.
+_ESCAPE = str.maketrans({c: "\\" + c for c in string.punctuation})
+_HTTP = re.compile(r"https?://[^\s]", re.IGNORECASE)
+# Characters kept as they are in a link destination; the rest is percent-encoded.
+_URL_UNSAFE = re.compile(r"[^A-Za-z0-9\-._~/?#@=&%+,;:]")
+# A bare URL in text (GFM autolinks these); trailing punctuation is not part of it.
+_BARE_URL = re.compile(r"(?<![A-Za-z0-9])https?://[^\s<>]+", re.IGNORECASE)
+_URL_TRAIL = "?!.,:*_~'\";"
+_TASK = re.compile(r"\[[ xX]\] ")
+_LANG = re.compile(r"[A-Za-z0-9_+#.\-]{1,40}")
+_BACKTICK_RUN = re.compile(r"`+")
+# Streamlit renders a ```math fence as LaTeX: such a block gets this language instead.
+_INERT_MATH_LANG = "latex"
+# A list right after another of the same marker would join it: it gets the other marker.
+_OTHER_MARKER = {"-": "*", "*": "-", "+": "-", ".": ")", ")": "."}
+# Deeper structures are cut by the parser (their text is left out of the output).
+MAX_NESTING = 100
 
 
-def _blank(line: str) -> bool:
-    return not line.strip(" \t\r\n")
+def _escape(text: str) -> str:
+    return text.translate(_ESCAPE)
+
+
+def _link_target(href: str) -> str | None:
+    """``href`` as a link destination if it is http(s) (percent-encoded so that nothing in it is
+    Markdown syntax), else None."""
+    if not _HTTP.match(href):
+        return None
+    href = _URL_UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), href)
+    return href.replace("&", "\\&")     # "&amp;" in a destination is an entity
+
+
+def _link(text_md: str, href: str) -> str:
+    return f"[{text_md}]({href})"
+
+
+def _bare_url_end(url: str) -> int:
+    end = len(url)
+    while end and (url[end - 1] in _URL_TRAIL
+                   or (url[end - 1] == ")" and url.count("(", 0, end) < url.count(")", 0, end))):
+        end -= 1
+    return end
+
+
+def _text(text: str, links: bool) -> str:
+    """Escaped text; with ``links``, bare http(s) URLs become links (GFM shows them so)."""
+    if not links or "://" not in text:
+        return _escape(text)
+    out, pos = [], 0
+    for m in _BARE_URL.finditer(text):
+        url = m.group()[:_bare_url_end(m.group())]
+        target = _link_target(_markdown().normalizeLink(url))
+        if target is None:
+            continue
+        out += [_escape(text[pos:m.start()]), _link(_escape(url), target)]
+        pos = m.start() + len(url)
+    out.append(_escape(text[pos:]))
+    return "".join(out)
+
+
+def _code_span(code: str, in_table: bool) -> str:
+    if in_table and "|" in code:
+        if re.search(r"\\\|", code):     # "\|" has no exact form in a cell: shown as text
+            return _escape(code)
+        code = code.replace("|", "\\|")  # GFM splits cells at "|" before finding code spans
+    runs = {len(r) for r in _BACKTICK_RUN.findall(code)}
+    n = 1
+    while n in runs:
+        n += 1
+    pad = " " if code.strip(" ") and (code[0] in " `" or code[-1] in " `") else ""
+    return "`" * n + pad + code + pad + "`" * n
+
+
+def _plain(tokens) -> str:
+    """The text of inline tokens (an image's alt text)."""
+    out = []
+    for t in tokens:
+        if t.type in ("softbreak", "hardbreak"):
+            out.append(" ")
+        elif t.type == "image":
+            out.append(_plain(t.children or []))
+        else:
+            out.append(t.content)
+    return "".join(out)
+
+
+def _inline(tokens, nl: str = "\n", in_table: bool = False, task: bool = False) -> str:
+    """Markdown for one inline token list; ``nl`` is what a line break becomes."""
+    out: list[str] = []
+    # open links: (target, or None when shown as text; where its text starts in out; href)
+    links: list[tuple[str | None, int, str]] = []
+    strike = 0
+    for i, t in enumerate(tokens):
+        kind = t.type
+        if kind in ("text", "text_special"):
+            text = t.content
+            if task and i == 0 and _TASK.match(text):     # GFM task list item: "[ ] " / "[x] "
+                out.append(text[:4])
+                text = text[4:]
+            out.append(_text(text, links=not links))
+        elif kind == "softbreak":
+            out.append(nl)
+        elif kind == "hardbreak":
+            out.append("\\" + nl if nl == "\n" else nl)
+        elif kind == "code_inline":
+            out.append(_code_span(t.content, in_table))
+        elif kind in ("em_open", "em_close", "strong_open", "strong_close"):
+            out.append(t.markup)
+        elif kind in ("s_open", "s_close"):
+            strike += 1 if kind == "s_open" else -1
+            if (kind == "s_open" and strike == 1) or (kind == "s_close" and strike == 0):
+                out.append("~~")
+        elif kind == "link_open":
+            href = t.attrGet("href") or ""
+            target = None if links else _link_target(href)
+            if target is not None:
+                out.append("[")
+            links.append((target, len(out), href))
+        elif kind == "link_close":
+            target, start, href = links.pop() if links else (None, 0, "")
+            if target is not None:
+                if start == len(out):     # no text: show the address
+                    out.append(_escape(href))
+                out.append(f"]({target})")
+        elif kind == "image":
+            src = t.attrGet("src") or ""
+            out.append(_escape(f"![{_plain(t.children or [])}]({src})"))
+        elif kind == "html_inline":
+            out.append(_escape(t.content).replace("\n", nl))
+        else:                             # anything else this parser knows: as text
+            out.append(_escape(t.content).replace("\n", nl))
+    return "".join(out)
+
+
+@dataclass
+class _Box:
+    """A container being written: the document, a quote, a list or a list item."""
+
+    kind: str                     # "doc" | "quote" | "list" | "item"
+    tight: bool = False
+    marker: str = ""              # item: "- " or "3. "; list: its bullet or delimiter
+    number: int = 1               # ordered list: the next item's number
+    started: bool = False         # item: its first line is written
+    last: str = ""                # the kind of the last block written in it ("" if none)
+    last_list: str = ""           # the marker of the last list written in it
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.stack: list[_Box] = [_Box("doc")]
+
+    def prefix(self) -> str:
+        parts = []
+        for box in self.stack:
+            if box.kind == "quote":
+                parts.append("> ")
+            elif box.kind == "item":
+                parts.append(box.marker if not box.started else " " * len(box.marker))
+        return "".join(parts)
+
+    def write(self, lines: list[str]) -> None:
+        for line in lines:
+            self.lines.append(self.prefix() + line)
+            for box in self.stack:
+                box.started = True
+
+    def blank(self) -> None:
+        self.lines.append(self.prefix().rstrip())
+
+    def begin(self, kind: str) -> None:
+        """Start a block of ``kind`` in the innermost container: a blank line before it
+        where the container needs one."""
+        box = self.stack[-1]
+        if box.kind == "list":
+            if box.last and not box.tight:
+                self.blank()
+        elif box.last:
+            tight = box.kind == "item" and box.tight
+            if (not tight or kind == "table" or box.last == "table"
+                    or (kind == "paragraph" and box.last in ("paragraph", "quote", "list"))):
+                self.blank()
+        box.last = kind
+
+
+def _tight(tokens, i: int) -> bool:
+    """Whether the list opening at ``tokens[i]`` is tight (its paragraphs are hidden)."""
+    depth = 0
+    for t in tokens[i + 1:]:
+        depth += t.nesting
+        if depth < 0:
+            return True
+        if t.type == "paragraph_open" and depth == 2:
+            return t.hidden
+    return True
+
+
+def _fence(code: str, lang: str) -> list[str]:
+    runs = [len(r) for r in _BACKTICK_RUN.findall(code)]
+    fence = "`" * max(3, max(runs, default=0) + 1)
+    lang = lang.split(maxsplit=1)[0] if lang.strip() else ""
+    if not _LANG.fullmatch(lang):
+        lang = ""
+    if lang.lower().startswith("math"):
+        lang = _INERT_MATH_LANG
+    body = code[:-1] if code.endswith("\n") else code
+    return [fence + lang] + (body.split("\n") if code else []) + [fence]
+
+
+def _table(tokens, i: int) -> tuple[list[str], int]:
+    """The table starting at ``tokens[i]`` as Markdown lines, and the index after it."""
+    rows: list[list[str]] = []
+    aligns: list[str] = []
+    j = i + 1
+    while tokens[j].type != "table_close":
+        t = tokens[j]
+        if t.type == "tr_open":
+            rows.append([])
+        elif t.type in ("th_open", "td_open"):
+            if t.type == "th_open":
+                style = t.attrGet("style") or ""
+                aligns.append({"text-align:left": ":---", "text-align:right": "---:",
+                               "text-align:center": ":---:"}.get(style, "---"))
+            cell = tokens[j + 1]
+            rows[-1].append(_inline(cell.children or [], nl=" ", in_table=True)
+                            if cell.type == "inline" else "")
+        j += 1
+    lines = []
+    for k, row in enumerate(rows):
+        lines.append("| " + " | ".join(c or " " for c in row) + " |")
+        if k == 0:
+            lines.append("| " + " | ".join(aligns) + " |")
+    return lines, j + 1
+
+
+def _html_lines(html: str) -> list[list[str]]:
+    """An HTML block as escaped text: paragraphs (split at blank lines) of escaped lines."""
+    paras: list[list[str]] = [[]]
+    for line in html.split("\n"):
+        line = line.strip(" \t")
+        if line:
+            paras[-1].append(_escape(line))
+        elif paras[-1]:
+            paras.append([])
+    return [p for p in paras if p]
+
+
+@functools.lru_cache(maxsize=1)
+def _markdown():
+    from markdown_it import MarkdownIt
+
+    # GFM's block grammar as far as markdown-it has it; parse() keeps its state per call.
+    return MarkdownIt("commonmark", {"maxNesting": MAX_NESTING}).enable(["table", "strikethrough"])
+
+
+def render_safe(text: str) -> str:
+    """:func:`sanitize_markdown` without its cache (for text seen once, e.g. a stream's tail)."""
+    tokens = _markdown().parse(text)
+    w = _Writer()
+    i, n = 0, len(tokens)
+    while i < n:
+        t = tokens[i]
+        kind = t.type
+        if kind == "paragraph_open":
+            inline = tokens[i + 1]
+            box = w.stack[-1]
+            w.begin("paragraph")
+            task = box.kind == "item" and not box.started
+            body = _inline(inline.children or [], task=task)
+            w.write([line.lstrip(" \t") for line in body.split("\n")])
+            i += 3
+            continue
+        if kind == "heading_open":
+            inline = tokens[i + 1]
+            w.begin("heading")
+            body = _inline(inline.children or [], nl=" ")
+            w.write([("#" * int(t.tag[1:]) + " " + body).rstrip()])
+            i += 3
+            continue
+        if kind in ("fence", "code_block"):
+            w.begin("code")
+            w.write(_fence(t.content, t.info if kind == "fence" else ""))
+        elif kind == "html_block":
+            for para in _html_lines(t.content):
+                w.begin("paragraph")
+                w.write([line + "\\" for line in para[:-1]] + para[-1:])
+        elif kind == "hr":
+            w.begin("hr")
+            w.write(["___"])          # not the list markers "-" / "*": "* ***" is a rule
+        elif kind == "table_open":
+            w.begin("table")
+            lines, i = _table(tokens, i)
+            w.write(lines)
+            continue
+        elif kind == "blockquote_open":
+            w.begin("quote")
+            w.stack.append(_Box("quote"))
+        elif kind in ("bullet_list_open", "ordered_list_open"):
+            box = w.stack[-1]
+            marker = t.markup or "-"
+            if box.last == "list" and box.last_list == marker:   # a new list right after
+                marker = _OTHER_MARKER[marker]                     # one of the same marker
+            w.begin("list")
+            box.last_list = marker
+            start = t.attrGet("start")
+            w.stack.append(_Box("list", tight=_tight(tokens, i), marker=marker,
+                                number=int(start) if start is not None else 1))
+        elif kind == "list_item_open":
+            lst = w.stack[-1]
+            w.begin("item")
+            if lst.marker in (".", ")"):
+                marker = f"{lst.number}{lst.marker} "
+                lst.number += 1
+            else:
+                marker = lst.marker + " "
+            w.stack.append(_Box("item", tight=lst.tight, marker=marker))
+        elif kind in ("blockquote_close", "bullet_list_close", "ordered_list_close",
+                      "list_item_close"):
+            box = w.stack[-1]
+            if not box.last and box.kind in ("item", "quote"):   # empty: its marker alone
+                w.write([""])
+                w.lines[-1] = w.lines[-1].rstrip()
+            w.stack.pop()
+        i += 1
+    return "\n".join(w.lines)
+
+
+@functools.lru_cache(maxsize=2048)   # history is re-rendered on every Streamlit rerun
+def sanitize_markdown(text: str) -> str:
+    """``text`` as Markdown that shows it as written, formatting kept, minus anything a browser
+    would fetch or interpret: see the module docstring. Cached (history is re-rendered on every
+    rerun)."""
+    return render_safe(text)
 
 
 def _fence_marker(line: str) -> str | None:
@@ -39,134 +367,6 @@ def _closes(marker: str, line: str) -> bool:
     m = _fence_marker(line)
     return (m is not None and m[0] == marker[0] and len(m) >= len(marker)
             and line.strip().strip(marker[0]) == "")
-
-
-def _escaper(pattern: str):
-    regex = re.compile(r"(\\*)(" + pattern + ")")
-
-    def escape(text: str) -> str:
-        def fix(m: re.Match) -> str:
-            slashes = m.group(1)
-            # An even number of backslashes escapes only themselves: the char is still live.
-            return slashes + ("\\" if len(slashes) % 2 == 0 else "") + m.group(2)
-        return regex.sub(fix, text)
-    return escape
-
-
-# In prose every one of these gets a backslash, which shows the character as written:
-#   "![" an image (an escaped "!" leaves a plain link the user has to click);
-#   "<"  raw HTML, an autolink "<http://...>" (Streamlit shows HTML as text anyway);
-#   "$"  LaTeX;
-#   ":"  before Streamlit's directives, ":red[text]", ":blue-background[x]" (an escaped colon
-#        shows the text as written, checked in Chromium on Streamlit 1.67). Icon shortcodes
-#        (":material/home:") are matched on the rendered text, so escaping cannot stop them;
-#        they are harmless.
-_escape_prose = _escaper(r"!(?=\[)|<|\$|:(?=[a-z]+(?:-[a-z]+)*\[)")
-
-
-def _break_images(text: str) -> str:
-    """Code (as we parsed it) keeps its text, but never a "![" a renderer could take for an
-    image should it parse the block differently: an invisible joiner goes between the two."""
-    return text.replace("![", "!" + _JOINER + "[")
-
-
-def _outside_code_spans(text: str, fn, in_code=lambda s: s) -> str:
-    """Apply ``fn`` to ``text`` outside CommonMark code spans and ``in_code`` to the spans (a
-    backtick run closed by the next run of the same length; a backslash-escaped backtick opens
-    nothing)."""
-    out, pos, i = [], 0, 0
-    runs = list(_BACKTICKS.finditer(text))
-    while i < len(runs):
-        m = runs[i]
-        run = m.group(0)
-        ticks = run.lstrip("\\")
-        if (len(run) - len(ticks)) % 2:        # escaped first backtick: the rest may open
-            ticks = ticks[1:]
-        start = m.end() - len(ticks)
-        close = next((j for j in range(i + 1, len(runs))   # backslashes are literal in code
-                      if len(runs[j].group(0).lstrip("\\")) == len(ticks)), None) if ticks else None
-        if close is None:
-            i += 1
-            continue
-        out.append(fn(text[pos:start]))
-        out.append(in_code(text[start:runs[close].end()]))
-        pos = runs[close].end()
-        i = close + 1
-    out.append(fn(text[pos:]))
-    return "".join(out)
-
-
-@functools.lru_cache(maxsize=1)
-def _markdown():
-    from markdown_it import MarkdownIt
-
-    # GFM's block grammar as far as markdown-it has it; parse() keeps its state per call.
-    return MarkdownIt("commonmark", {"maxNesting": 100}).enable(["table", "strikethrough"])
-
-
-def _line_kinds(lines: list[str], tokens) -> tuple[list[str], set[int]]:
-    """Each line's kind, "prose" unless the parse finds code, and the lines where inline blocks
-    start or end (code spans never cross those).
-
-    "keep" is a fence at the top level, unindented, after a blank line (or first): no container
-    of any Markdown dialect can hold such a fence, so it is code for every renderer and is left
-    exactly as written. Other code ("code": indented, in lists or quotes) is code only as this
-    parser sees it: its text stays, but images in it are broken. Lines the parser leaves out
-    (reference and footnote definitions, structures deeper than its limit) stay prose.
-    """
-    kinds = ["prose"] * len(lines)
-    edges: set[int] = set()
-    for t in tokens:
-        if not t.map:
-            continue
-        a, b = t.map
-        if t.type == "inline":
-            edges.update((a, b))
-        elif t.type in ("fence", "code_block"):
-            top = (t.type == "fence" and t.level == 0 and lines[a][:1] in ("`", "~")
-                   and (a == 0 or _blank(lines[a - 1])))
-            kinds[a:b] = ["keep" if top else "code"] * (b - a)
-            edges.update((a, b))
-    return kinds, edges
-
-
-def _segments(lines: list[str], kinds: list[str], edges: set[int]):
-    """Runs of lines of one kind; prose also splits at blank lines and block edges."""
-    start = 0
-    for i in range(1, len(lines) + 1):
-        if (i == len(lines) or kinds[i] != kinds[start]
-                or (kinds[i] == "prose" and (i in edges or _blank(lines[i - 1])
-                                              or _blank(lines[i])))):
-            yield kinds[start], "".join(lines[start:i])
-            start = i
-
-
-@functools.lru_cache(maxsize=2048)   # history is re-rendered on every Streamlit rerun
-def sanitize_markdown(text: str) -> str:
-    """``text`` as Markdown that renders as written, minus anything the browser would fetch.
-
-    Two layers. The parse (markdown-it-py, CommonMark plus GFM tables) only decides where text
-    may stay as written: top-level fenced code is kept byte for byte. Everywhere else the
-    defence is character level and does not depend on how any dialect builds the tree: in prose
-    ``![``, ``<``, ``$`` and ``:red[`` get a backslash (code spans excepted, which show
-    backslashes); in other code and in code spans ``![`` gets an invisible joiner. So the only
-    ``![`` left in the output either follows an odd run of backslashes (escaped in prose,
-    literal in code) or sits in a top-level fence, code in every dialect.
-    """
-    if "![" not in text and "$" not in text and ":" not in text and "<" not in text:
-        return text
-    lines = _LINE.findall(text)
-    kinds, edges = _line_kinds(lines, _markdown().parse(text))
-    out = []
-    for kind, seg in _segments(lines, kinds, edges):
-        if kind == "prose":
-            seg = _outside_code_spans(seg, _escape_prose, _break_images)
-        elif kind == "code":
-            seg = _break_images(seg)
-        if kind != "keep" and _LIVE_IMAGE.search(seg):    # never expected: fail safe
-            seg = _break_images(seg)
-        out.append(seg)
-    return "".join(out)
 
 
 def stable_prefix_end(text: str) -> int:
@@ -191,6 +391,27 @@ def stable_prefix_end(text: str) -> int:
         prev_blank = line.strip() == "" and line.endswith(("\n", "\r"))
         offset += len(line)
     return end
+
+
+DEMO_MODEL_NOTE = ("This is the tiny random demo model: its replies are gibberish by design. "
+                   "Start the app with `--model DIR` (a Qwen3 folder) for real answers.")
+
+
+def fork_note(query_key: str, original: str) -> str:
+    """The line a tab shows when its save found the chat changed by another tab."""
+    return (f"This chat was changed in another tab, so this tab's turns continue here as a new "
+            f"chat. [The original]({_page_link(query_key, original)}) keeps the other tab's.")
+
+
+def forks_note(query_key: str, forks: list[str]) -> str:
+    """The line under a chat that other tabs continued as new chats."""
+    links = ", ".join(f"[{i}]({_page_link(query_key, sid)})" for i, sid in enumerate(forks, 1))
+    what = "a new chat" if len(forks) == 1 else "new chats"
+    return f"Another tab continued this chat as {what}: {links}."
+
+
+def _page_link(query_key: str, sid: str) -> str:
+    return f"?{query_key}={sid}"       # ids are URL-safe base64 (store.new_session_id)
 
 
 def format_ms(ms: float) -> str:
