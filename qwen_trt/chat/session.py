@@ -79,9 +79,13 @@ class _Codec:
 
             copy = Tokenizer.from_str(backend.to_str())
             copy.encode_special_tokens = True
-            # encode_batch works with the GIL released (encode holds it for the whole text), so
-            # a long text does not stall the other threads; the ids stay in Rust until asked for.
-            self._encoding = lambda text: copy.encode_batch([text], add_special_tokens=False)[0]
+            # encode_batch(_fast) works with the GIL released (encode holds it for the whole
+            # text), so a long text does not stall the other threads; the ids stay in Rust until
+            # asked for. The fast form skips the offsets (unused here): a third of the time, and
+            # its encoding is freed at once (freeing the offsets of millions of tokens takes
+            # about a second, with the GIL held).
+            batch = getattr(copy, "encode_batch_fast", copy.encode_batch)
+            self._encoding = lambda text: batch([text], add_special_tokens=False)[0]
             self._encode = lambda text: self._encoding(text).ids
         else:  # a slow (Python) tokenizer: its own option, one call at a time
             lock = threading.Lock()

@@ -94,11 +94,11 @@ def run(args) -> int:
     from qwen_trt.api.listen import check_bindable, url_host
 
     settings = settings_from(args)        # a bad --host/--key refuses before the model loads
+    check_bindable(settings.host, settings.port)     # so does an address we cannot bind
     cfg = config_from(args)
     if cfg.backend == "openai":
         raise ConfigError("qwen-trt serve runs a local engine: --backend openai is for the app "
                           "and chat (use auto, torch or trtllm here).")
-    check_bindable(settings.host, settings.port)     # an address we cannot bind: before loading
     from qwen_trt.api.server import run_server
     from qwen_trt.serving.service import start_service
 
