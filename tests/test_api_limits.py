@@ -214,50 +214,62 @@ def test_no_bound_for_a_tokenizer_that_can_drop_text(tiny_tokenizer):
 
 
 # -- the queue holds for streams ----------------------------------------------------------------
+def _read_until(sock: socket.socket, marker: bytes, limit_s: float = 60) -> bytes:
+    got, deadline = b"", time.monotonic() + limit_s
+    while marker not in got and time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except socket.timeout:
+            continue
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
 def test_max_queue_holds_for_concurrent_streams(tiny_tokenizer):
     with serving(tiny_tokenizer, max_queue=2) as (origin, backend, service):
         backend.gate.clear()             # the engine takes one request and makes no progress
-        n = 16
-        statuses: list[int | None] = [None] * n
-        texts: list[str] = [""] * n
-        got, release = threading.Semaphore(0), threading.Event()
+        port = int(origin.rsplit(":", 1)[1])
+        n = 40
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=1) for _ in range(n)]
+        try:
+            for i, sock in enumerate(socks):     # all at once, on open connections
+                body = json.dumps({"messages": [{"role": "user", "content": f"hi {i}"}],
+                                   "stream": True}).encode()
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Type: application/json\r\nConnection: close\r\n"
+                             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            heads = [_read_until(sock, b"\r\n\r\n") for sock in socks]
+            statuses = [int(h.split(b" ", 2)[1]) if h.startswith(b"HTTP/1.1 ") else -1
+                        for h in heads]
+            accepted = [i for i in range(n) if statuses[i] == 200]
+            refused = [i for i in range(n) if statuses[i] == 503]
+            # one running in the engine (at most) + 2 waiting
+            assert 2 <= len(accepted) <= 3, statuses
+            assert len(refused) == n - len(accepted), statuses
+            for i in refused:
+                assert b'"queue_full"' in heads[i] + _read_until(socks[i], b"}}")
+            backend.gate.set()
+            for i in accepted:
+                text = (heads[i] + _read_until(socks[i], b"data: [DONE]")).decode()
+                events = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
+                assert events[-1] == "[DONE]"
+                assert "".join(json.loads(e)["choices"][0]["delta"].get("content", "")
+                               for e in events[:-1]) == TEXT
+        finally:
+            for sock in socks:
+                sock.close()
+        assert wait_for(lambda: service.status().queued == 0 and not service.status().busy)
 
-        def stream(i: int) -> None:
-            body = {"messages": [{"role": "user", "content": f"hi {i}"}], "stream": True}
-            try:
-                with httpx.stream("POST", f"{origin}/v1/chat/completions", json=body,
-                                  timeout=60) as r:
-                    statuses[i] = r.status_code
-                    got.release()
-                    if r.status_code == 200:
-                        release.wait(60)
-                    texts[i] = r.read().decode()
-            finally:
-                if statuses[i] is None:
-                    statuses[i] = -1
-                    got.release()
 
-        threads = [threading.Thread(target=stream, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for _ in range(n):
-            assert got.acquire(timeout=60)
-        backend.gate.set()
-        release.set()
-        for t in threads:
-            t.join(60)
-        accepted = [i for i in range(n) if statuses[i] == 200]
-        refused = [i for i in range(n) if statuses[i] == 503]
-        # one running in the engine (at most) + 2 waiting
-        assert 2 <= len(accepted) <= 3, statuses
-        assert len(refused) == n - len(accepted), statuses
-        assert all('"queue_full"' in texts[i] for i in refused)
-        for i in accepted:
-            events = [ln[6:] for ln in texts[i].splitlines() if ln.startswith("data: ")]
-            assert events[-1] == "[DONE]"
-            assert "".join(json.loads(e)["choices"][0]["delta"].get("content", "")
-                           for e in events[:-1]) == TEXT
-        assert service.status().queued == 0
+def wait_for(cond, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
 
 
 # -- /health while a 10 MB prompt is tokenised --------------------------------------------------
