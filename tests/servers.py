@@ -60,13 +60,18 @@ class Served:
 
 
 @contextlib.contextmanager
-def app_in_thread(app, port: int | None = None) -> Iterator[str]:
+def app_in_thread(app, port: int | None = None, config=None) -> Iterator[str]:
     """Serve the ASGI ``app`` with uvicorn in a thread on 127.0.0.1 (``port`` or a free one);
-    yields its origin ``http://127.0.0.1:PORT`` once it listens, stops it afterwards."""
+    yields its origin ``http://127.0.0.1:PORT`` once it listens, stops it afterwards.
+    ``config``: a ready ``uvicorn.Config`` to run instead (its host and port are used)."""
     import uvicorn
 
+    if config is not None:
+        port = config.port
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(config or uvicorn.Config(app, host="127.0.0.1", port=port,
+                                                     log_level="warning"))
+    host = config.host if config is not None else "127.0.0.1"
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -76,7 +81,7 @@ def app_in_thread(app, port: int | None = None) -> Iterator[str]:
         server.should_exit = True
         raise RuntimeError(f"the test server on port {port} did not start")
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{f'[{host}]' if ':' in host else host}:{port}"
     finally:
         server.should_exit = True
         thread.join(10)

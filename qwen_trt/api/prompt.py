@@ -9,11 +9,17 @@ from qwen_trt.api.errors import ApiError
 from qwen_trt.errors import first_line, QwenTrtError
 
 
-def encode_messages(tokenizer, messages: Sequence[dict]) -> list[int]:
+def encode_messages(tokenizer, messages: Sequence[dict], *, limit: int | None = None) -> list[int]:
+    """The prompt ids; with ``limit``, :class:`~qwen_trt.serving.session.PromptTokensError` when
+    there are more (counted without building them)."""
+    from qwen_trt.serving.session import PromptTokensError
     from qwen_trt.serving.session import encode_messages as encode
 
     try:
-        return encode(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+        return encode(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages],
+                      limit=limit)
+    except PromptTokensError:
+        raise
     except QwenTrtError as e:   # a message the template has no place for
         raise ApiError(400, str(e), param="messages") from e
     except Exception as e:  # the template rejects an odd conversation (no user message, ...)

@@ -15,9 +15,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from qwen_trt.api.errors import ApiError
+from qwen_trt.api.errors import ApiError, excerpt
 from qwen_trt.params import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingParams
 
+INT64_MAX = 2**63 - 1     # what the engine's integer tensors hold
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 16
 
@@ -99,22 +100,31 @@ def _number(obj: Mapping, name: str, default, lo: float, hi: float, *, lo_open=F
     v = obj.get(name)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise _bad(name, f"'{name}' must be a number, got {v!r}.")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+        raise _bad(name, f"'{name}' must be a number, got {excerpt(v)}.")
     if v < lo or v > hi or (lo_open and v == lo):
         left = "(" if lo_open else "["
-        raise _bad(name, f"'{name}' must be in {left}{lo:g}, {hi:g}], got {v!r}.")
+        raise _bad(name, f"'{name}' must be in {left}{lo:g}, {hi:g}], got {excerpt(v)}.")
     return float(v)
 
 
-def _int(obj: Mapping, name: str, default, lo: int | None = None):
+def _finite(v: int | float) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:       # an int too large for a float
+        return False
+
+
+def _int(obj: Mapping, name: str, default, lo: int | None = None, hi: int = INT64_MAX):
     v = obj.get(name)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int):
-        raise _bad(name, f"'{name}' must be an integer, got {v!r}.")
+        raise _bad(name, f"'{name}' must be an integer, got {excerpt(v)}.")
     if lo is not None and v < lo:
-        raise _bad(name, f"'{name}' must be >= {lo}, got {v}.")
+        raise _bad(name, f"'{name}' must be >= {lo}, got {excerpt(v)}.")
+    if v > hi:
+        raise _bad(name, f"'{name}' must be <= {hi}, got {excerpt(v)}.")
     return v
 
 
@@ -123,7 +133,7 @@ def _bool(obj: Mapping, name: str, default: bool) -> bool:
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise _bad(name, f"'{name}' must be true or false, got {v!r}.")
+        raise _bad(name, f"'{name}' must be true or false, got {excerpt(v)}.")
     return v
 
 
@@ -142,7 +152,7 @@ def _content(i: int, role: str, content) -> str:
                     part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise _bad(f"{param}[{j}]", f"{param}[{j}]: only text parts are supported "
-                                            f"(this model reads text), got {kind!r}.")
+                                            f"(this model reads text), got {excerpt(kind)}.")
             parts.append(part["text"])
         return "\n".join(parts)
     raise _bad(param, f"{param} must be a string or a list of text parts.")
@@ -163,13 +173,21 @@ def parse_messages(raw) -> tuple[dict, ...]:
         if role in ("tool", "function"):
             raise _bad(f"messages[{i}].role", f"messages[{i}]: role '{role}' needs tool calling, "
                                               "which this server does not support.")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise _bad(f"messages[{i}].role", f"messages[{i}].role must be one of "
-                                              f"{', '.join(ROLES)}, got {role!r}.")
+                                              f"{', '.join(ROLES)}, got {excerpt(role)}.")
         if role == "assistant" and not _empty(m.get("tool_calls")):
             raise _bad(f"messages[{i}].tool_calls", "tool calls are not supported by this server.")
         out.append({"role": ROLES[role], "content": _content(i, role, m.get("content"))})
     return tuple(out)
+
+
+def _valid_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _stops(raw) -> tuple[str, ...]:
@@ -196,9 +214,12 @@ def parse_chat_request(obj, *, penalties: set[str] | None = None) -> ChatRequest
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", "'model' must be a string.")
+    if model and not _valid_text(model):
+        raise _bad("model", f"'model' is not valid Unicode text (a lone surrogate): "
+                            f"{excerpt(model)}.")
     for name, neutral in NEUTRAL.items():
         if name in obj and not neutral(obj[name]):
-            raise _bad(name, f"'{name}' = {obj[name]!r} is not supported by this server "
+            raise _bad(name, f"'{name}' = {excerpt(obj[name])} is not supported by this server "
                              "(send its default or leave it out).", code="unsupported_parameter")
     have = supported_penalties() if penalties is None else penalties
     pens = {}
@@ -218,12 +239,13 @@ def parse_chat_request(obj, *, penalties: set[str] | None = None) -> ChatRequest
     if max_tokens is None:
         max_tokens = _int(obj, "max_tokens", None, 1)
     top_k = _int(obj, "top_k", DEFAULT_TOP_K, -1)
+    seed = _int(obj, "seed", None, 0, 2**64 - 1)
     return ChatRequest(
         messages=messages, model=model or None, stream=stream, include_usage=include_usage,
         max_tokens=max_tokens,
         temperature=_number(obj, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
         top_p=_number(obj, "top_p", DEFAULT_TOP_P, 0.0, 1.0, lo_open=True),
-        top_k=max(top_k, 0), seed=_int(obj, "seed", None), stop=_stops(obj.get("stop")),
+        top_k=max(top_k, 0), seed=seed, stop=_stops(obj.get("stop")),
         ignore_eos=_bool(obj, "ignore_eos", False), penalties=pens)
 
 

@@ -22,15 +22,21 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from qwen_trt.api.errors import ApiError, error_body
 from qwen_trt.api.keepalive import DEFAULT_KEEPALIVE_S, with_keepalive
+from qwen_trt.api.admission import Admission, Ticket
+from qwen_trt.api.errors import ApiError, error_body, excerpt
+from qwen_trt.api.limits import MIB, BodyLimit, chars_per_token, decode_json, min_prompt_tokens
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
 from qwen_trt.api.prompt import encode_messages
 from qwen_trt.api.protocol import ChatRequest, ChunkWriter, completion, parse_chat_request
 from qwen_trt.api.stops import StopScanner
+from qwen_trt.serving.session import PromptTokensError
 from qwen_trt.errors import ConfigError, QwenTrtError
 from qwen_trt.params import fit_problem
 from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
@@ -39,6 +45,7 @@ log = logging.getLogger("qwen_trt.api")
 
 LOOPBACK_NAMES = ("localhost",)
 DISCONNECT_CHECK_S = 0.2
+TOKENIZE_AT_ONCE = 2      # prompts tokenised at the same time (each may hold a large encoding)
 
 
 def is_loopback(host: str) -> bool:
@@ -61,16 +68,29 @@ class ServerSettings:
     model_name: str | None = None       # the id clients send as "model" (default: the model's)
     retry_after_s: int = 2
     sse_keepalive_s: float = DEFAULT_KEEPALIVE_S   # a silent stream gets ': keep-alive' (0 = off)
+    max_body_mb: float = 16.0           # larger request bodies get 413 (as deploy/nginx.conf)
+    header_timeout_s: float = 10.0      # a request's headers must arrive within this
+    body_timeout_s: float = 30.0        # ... and its body within this after them
+    shutdown_grace_s: float = 10.0      # SIGTERM/SIGINT: in-flight requests get this long
 
     def __post_init__(self) -> None:
+        from qwen_trt.api.listen import check_api_key, normalize_host
+
+        object.__setattr__(self, "host", normalize_host(self.host))
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be in 0..65535, got {self.port}.")
         if self.max_queue < 1:
             raise ConfigError(f"--max-queue must be >= 1, got {self.max_queue}.")
         if not 0 <= self.sse_keepalive_s < float("inf"):
             raise ConfigError(f"--sse-keepalive-s must be >= 0 seconds, got {self.sse_keepalive_s}.")
-        if self.api_key is not None and not self.api_key.strip():
-            raise ConfigError("--api-key / QWEN_TRT_API_KEY is empty: give a key or leave it unset.")
+        for flag, value in (("--max-body-mb", self.max_body_mb),
+                            ("--header-timeout-s", self.header_timeout_s),
+                            ("--body-timeout-s", self.body_timeout_s)):
+            if not value > 0 or value == float("inf"):
+                raise ConfigError(f"{flag} must be a positive number, got {value}.")
+        if not 0 <= self.shutdown_grace_s < float("inf"):
+            raise ConfigError(f"--shutdown-grace-s must be >= 0, got {self.shutdown_grace_s}.")
+        check_api_key(self.api_key)
         if not is_loopback(self.host) and not self.api_key:
             raise ConfigError(f"Refusing to listen on {self.host} without a key: set --api-key or "
                               "QWEN_TRT_API_KEY (only 127.0.0.1 / localhost may go without one).")
@@ -146,12 +166,18 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     created = int(time.time())
     counts = _Counts()
     metrics = ServerMetrics(service.status, lambda: counts.waiting, lambda: counts.running)
-    tok_lock = threading.Lock()   # one tokenization at a time (HF fast tokenizers are not reentrant)
+    admission = Admission(counts, settings.max_queue, settings.retry_after_s)
+    # Tokenising runs in worker threads with the GIL released (see chat.session._Codec), a few at
+    # a time; /health and other requests go on meanwhile.
+    tokenizing = asyncio.Semaphore(TOKENIZE_AT_ONCE)
+    per_token: list = []          # chars_per_token(tokenizer), worked out on first use
     app = FastAPI(title="qwen-trt", version="1", docs_url=None, redoc_url=None,
                   openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=int(settings.max_body_mb * MIB))
     app.state.service = service
     app.state.metrics = metrics
     app.state.counts = counts
+    app.state.admission = admission
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, e: ApiError):
@@ -160,6 +186,10 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_req: Request, e: StarletteHTTPException):
         return JSONResponse(error_body(str(e.detail), e.status_code), status_code=e.status_code)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_req: Request, _e: ClientDisconnect):
+        return Response(status_code=499)     # nobody reads it: the client left mid-body
 
     @app.exception_handler(Exception)
     async def _crash(_req: Request, e: Exception):
@@ -199,51 +229,59 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     async def chat_completions(request: Request):
         check_auth(request)
         raw = await request.body()
-        try:
-            obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"The body is not valid JSON ({e}).", code="invalid_json") from e
-        req = parse_chat_request(obj)
+        req = parse_chat_request(decode_json(raw))
         if req.model is not None and req.model != name:
-            raise ApiError(404, f"The model '{req.model}' does not exist here; this server serves "
-                                f"'{name}' (see /v1/models).", param="model",
+            raise ApiError(404, f"The model '{excerpt(req.model)}' does not exist here; this "
+                                f"server serves '{name}' (see /v1/models).", param="model",
                            code="model_not_found")
+        _queue_check()
         # No liveness gate here: a service whose engine process died restarts it on the next
         # submit (the request waits meanwhile); a closed service refuses the submit (503).
         tokenizer = service.tokenizer
+        if not per_token:
+            per_token.append(await run_in_threadpool(chars_per_token, tokenizer))
+        room = _room(req, info)
+        at_least = min_prompt_tokens(req.messages, per_token[0])
+        if at_least > room:        # cannot fit, whatever the tokenizer makes of it
+            raise _too_long(at_least, req, info, bound=True)
 
         def encode():
-            with tok_lock:
-                return encode_messages(tokenizer, req.messages)
+            try:
+                return encode_messages(tokenizer, req.messages, limit=room)
+            except PromptTokensError as e:
+                raise _too_long(e.tokens, req, info) from None
 
-        ids = await run_in_threadpool(encode)
+        async with tokenizing:
+            ids = await run_in_threadpool(encode)
         max_new = _fit(ids, req, info)
-        if counts.waiting >= settings.max_queue:
-            metrics.requests.labels("queue_full").inc()
-            raise ApiError(503, f"The server is busy: {counts.waiting} requests are already "
-                                f"waiting (--max-queue {settings.max_queue}); retry shortly.",
-                           code="queue_full",
-                           headers={"Retry-After": str(settings.retry_after_s)})
         try:
             params = req.sampling_params(max_new)
         except ValueError as e:
             raise ApiError(400, str(e)) from e
+        ticket = _take()          # the queue check and this request's place, at once
         try:
-            handle = service.submit(ids, params)
+            ticket.handle = service.submit(ids, params)
         except QwenTrtError as e:
+            ticket.release()
             raise ApiError(503, str(e), headers={"Retry-After": str(settings.retry_after_s)}) from e
+        except BaseException:
+            ticket.release()
+            raise
+        handle = ticket.handle
         metrics.prompt_tokens.inc(len(ids))
         t0 = time.perf_counter()
         if req.stream:
-            return StreamingResponse(with_keepalive(_sse(handle, req, len(ids), t0),
+            # the background task frees the place when the body never ran (client gone first)
+            return StreamingResponse(with_keepalive(_sse(handle, req, len(ids), t0, ticket),
                                                     settings.sse_keepalive_s),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
-                                              "X-Accel-Buffering": "no"})
+                                              "X-Accel-Buffering": "no"},
+                                     background=BackgroundTask(ticket.release))
         parts: list[str] = []
         result = None
         try:
-            async for item in _generate(handle, req, len(ids), t0, request):
+            async for item in _generate(handle, req, len(ids), t0, request, ticket):
                 if isinstance(item, str):
                     parts.append(item)
                 else:
@@ -255,12 +293,26 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         return completion(name, "".join(parts), result.finish_reason, result.prompt_tokens,
                           result.completion_tokens, result.cached_tokens)
 
+    def _queue_check() -> None:
+        try:
+            admission.check()
+        except ApiError as e:
+            metrics.requests.labels(e.code or "refused").inc()
+            raise
+
+    def _take() -> Ticket:
+        try:
+            return admission.take()
+        except ApiError as e:
+            metrics.requests.labels(e.code or "refused").inc()
+            raise
+
     async def _generate(handle, req: ChatRequest, n_prompt: int, t0: float,
-                        request: Request | None = None) -> AsyncIterator[str | _Result]:
+                        request: Request | None = None,
+                        ticket: Ticket | None = None) -> AsyncIterator[str | _Result]:
         """Text to send, then one :class:`_Result`; raises :class:`_EngineError`."""
         scanner = StopScanner(req.stop)
-        counts.waiting += 1
-        state = "waiting"
+        ticket = ticket or _take()
         first = True
         outcome = "cancelled"
         checked = time.monotonic()
@@ -275,10 +327,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                 if isinstance(ev, Waiting):
                     pass
                 elif isinstance(ev, Started):
-                    if state == "waiting":
-                        counts.waiting -= 1
-                        counts.running += 1
-                        state = "running"
+                    ticket.started()
                 elif isinstance(ev, Delta):
                     text = scanner.feed(ev.text)
                     if scanner.stopped:
@@ -312,17 +361,15 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                     outcome = "error"
                     raise _EngineError(str(ev.error))
         finally:
-            if state == "waiting":
-                counts.waiting -= 1
-            elif state == "running":
-                counts.running -= 1
+            ticket.release()
             metrics.requests.labels(outcome).inc()
 
-    async def _sse(handle, req: ChatRequest, n_prompt: int, t0: float) -> AsyncIterator[str]:
+    async def _sse(handle, req: ChatRequest, n_prompt: int, t0: float,
+                   ticket: Ticket | None = None) -> AsyncIterator[str]:
         w = ChunkWriter(name, include_usage=req.include_usage)
         yield _data(w.chunk({"role": "assistant", "content": ""}))
         try:
-            async for item in _generate(handle, req, n_prompt, t0):
+            async for item in _generate(handle, req, n_prompt, t0, None, ticket):
                 if isinstance(item, str):
                     yield _data(w.chunk({"content": item}))
                 else:
@@ -339,6 +386,29 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
 
 def _data(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _room(req: ChatRequest, info) -> int:
+    """The most prompt tokens this request may have (see :func:`_fit`)."""
+    ctx = info.max_seq_len
+    room = min(info.max_input_len, ctx - 1)
+    return room if req.max_tokens is None else min(room, ctx - req.max_tokens)
+
+
+def _too_long(n: int, req: ChatRequest, info, bound: bool = False) -> ApiError:
+    """The 400 for a prompt of ``n`` tokens (``bound``: at least ``n``) that does not fit."""
+    ctx, least = info.max_seq_len, "at least " if bound else ""
+    count = f"{least}{n}"
+    if req.max_tokens is not None and n <= min(info.max_input_len, ctx - 1):
+        return ApiError(400, f"This model's maximum context length is {ctx} tokens. However, you "
+                             f"requested {least}{n + req.max_tokens} tokens ({count} in the "
+                             f"messages, {req.max_tokens} in the completion). Please reduce the "
+                             "length of the messages or the completion.", param="max_tokens",
+                        code="context_length_exceeded")
+    return ApiError(400, f"This model's maximum context length is {ctx} tokens (prompts up to "
+                         f"{info.max_input_len}). However, your messages resulted in {count} "
+                         "tokens. Please shorten the messages.", param="messages",
+                    code="context_length_exceeded")
 
 
 def _fit(ids: list[int], req: ChatRequest, info) -> int:
@@ -362,14 +432,11 @@ def _fit(ids: list[int], req: ChatRequest, info) -> int:
 
 def run_server(service, settings: ServerSettings, *, model_name: str | None = None,
                log_level: str = "info") -> None:
-    """Serve until interrupted, then free the engine."""
-    import uvicorn
+    """Serve until SIGTERM/SIGINT (see :mod:`qwen_trt.api.shutdown`), then free the engine."""
+    from qwen_trt.api.shutdown import serve
 
     app = create_app(service, settings, model_name=model_name)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                            timeout_graceful_shutdown=5, access_log=False)
-    server = uvicorn.Server(config)
     try:
-        server.run()
+        serve(app, settings, log_level=log_level)
     finally:
         service.close()

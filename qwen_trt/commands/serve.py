@@ -14,6 +14,9 @@ from qwen_trt.errors import ConfigError
 ENV_HOST, ENV_PORT, ENV_KEY, ENV_QUEUE = ("QWEN_TRT_HOST", "QWEN_TRT_PORT", "QWEN_TRT_API_KEY",
                                           "QWEN_TRT_MAX_QUEUE")
 ENV_KEEPALIVE = "QWEN_TRT_SSE_KEEPALIVE_S"
+ENV_BODY, ENV_HEADER_T, ENV_BODY_T, ENV_GRACE = (
+    "QWEN_TRT_MAX_BODY_MB", "QWEN_TRT_HEADER_TIMEOUT_S", "QWEN_TRT_BODY_TIMEOUT_S",
+    "QWEN_TRT_SHUTDOWN_GRACE_S")
 
 
 def register(sub) -> None:
@@ -34,6 +37,18 @@ def register(sub) -> None:
     p.add_argument("--sse-keepalive-s", default=None,
                    help=f"a streaming client that waits (queued, long prefill) gets an SSE comment "
                         f"this often so proxies keep it; 0 = off (default 10) [env {ENV_KEEPALIVE}]")
+    p.add_argument("--max-body-mb", default=None,
+                   help=f"largest request body in MiB; larger ones get 413 (default 16, as "
+                        f"deploy/nginx.conf) [env {ENV_BODY}]")
+    p.add_argument("--header-timeout-s", default=None,
+                   help=f"seconds a client has to send a request's headers (default 10) "
+                        f"[env {ENV_HEADER_T}]")
+    p.add_argument("--body-timeout-s", default=None,
+                   help=f"seconds a client has to send a request's body after its headers "
+                        f"(default 30) [env {ENV_BODY_T}]")
+    p.add_argument("--shutdown-grace-s", default=None,
+                   help=f"on SIGTERM/SIGINT, seconds in-flight requests get to finish before "
+                        f"they end with an error (default 10) [env {ENV_GRACE}]")
     p.add_argument("--served-model-name", default=None,
                    help="model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -49,13 +64,13 @@ def _int(value: str | None, flag: str, default: int) -> int:
         raise ConfigError(f"{flag} must be a whole number, got '{value}'.") from None
 
 
-def _seconds(value: str | None, flag: str, default: float) -> float:
+def _float(value: str | None, flag: str, default: float) -> float:
     if value is None or value == "":
         return default
     try:
         return float(value)
     except ValueError:
-        raise ConfigError(f"{flag} must be a number of seconds, got '{value}'.") from None
+        raise ConfigError(f"{flag} must be a number, got '{value}'.") from None
 
 
 def settings_from(args, environ=None):
@@ -67,15 +82,25 @@ def settings_from(args, environ=None):
         port=_int(args.port or env.get(ENV_PORT), "--port", 8000),
         api_key=args.api_key if args.api_key is not None else (env.get(ENV_KEY) or None),
         max_queue=_int(args.max_queue or env.get(ENV_QUEUE), "--max-queue", 256),
-        sse_keepalive_s=_seconds(getattr(args, "sse_keepalive_s", None) or env.get(ENV_KEEPALIVE),
-                                 "--sse-keepalive-s", 10.0),
-        model_name=args.served_model_name)
+        sse_keepalive_s=_float(getattr(args, "sse_keepalive_s", None) or env.get(ENV_KEEPALIVE),
+                               "--sse-keepalive-s", 10.0),
+        model_name=args.served_model_name,
+        max_body_mb=_float(args.max_body_mb or env.get(ENV_BODY), "--max-body-mb", 16.0),
+        header_timeout_s=_float(args.header_timeout_s or env.get(ENV_HEADER_T),
+                                "--header-timeout-s", 10.0),
+        body_timeout_s=_float(args.body_timeout_s or env.get(ENV_BODY_T), "--body-timeout-s",
+                              30.0),
+        shutdown_grace_s=_float(args.shutdown_grace_s or env.get(ENV_GRACE),
+                                "--shutdown-grace-s", 10.0))
 
 
 def run(args) -> int:
     from qwen_trt.options import config_from
 
+    from qwen_trt.api.listen import check_bindable, url_host
+
     settings = settings_from(args)        # a bad --host/--key refuses before the model loads
+    check_bindable(settings.host, settings.port)     # so does an address we cannot bind
     cfg = config_from(args)
     if cfg.backend == "openai":
         raise ConfigError("qwen-trt serve runs a local engine: --backend openai is for the app "
@@ -83,7 +108,8 @@ def run(args) -> int:
     from qwen_trt.api.server import run_server
     from qwen_trt.serving.service import start_service
 
-    print(f"loading the model for http://{settings.host}:{settings.port}/v1 ...", file=sys.stderr)
+    print(f"loading the model for http://{url_host(settings.host)}:{settings.port}/v1 ...",
+          file=sys.stderr)
     service = start_service(cfg)
     print(f"serving {service.info.describe()}", file=sys.stderr, flush=True)
     run_server(service, settings, model_name=cfg.model, log_level=args.log_level)

@@ -1,0 +1,58 @@
+"""Where ``qwen-trt serve`` listens and the key it asks for, checked before the model loads."""
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+from qwen_trt.errors import ConfigError
+
+
+def normalize_host(host: str) -> str:
+    """``[::1]`` -> ``::1`` (the URL spelling of an IPv6 address); anything else as given."""
+    h = host.strip()
+    if h.startswith("[") or h.endswith("]"):
+        inner = h[1:-1] if h.startswith("[") and h.endswith("]") else ""
+        try:
+            ipaddress.IPv6Address(inner)
+        except ValueError:
+            raise ConfigError(f"--host '{host}' is not an address: brackets go around an IPv6 "
+                              "address only (e.g. [::1]).") from None
+        return inner
+    if not h:
+        raise ConfigError("--host is empty: give an address such as 127.0.0.1.")
+    return h
+
+
+def url_host(host: str) -> str:
+    """The host as a URL spells it (IPv6 in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+def check_api_key(key: str | None) -> None:
+    if key is None:
+        return
+    if not key.strip():
+        raise ConfigError("--api-key / QWEN_TRT_API_KEY is empty: give a key or leave it unset.")
+    if key != key.strip():
+        raise ConfigError("--api-key / QWEN_TRT_API_KEY starts or ends with spaces, which no "
+                          "client sends: remove them.")
+    if not all("\x21" <= c <= "\x7e" for c in key):
+        raise ConfigError("--api-key / QWEN_TRT_API_KEY may hold only visible ASCII characters "
+                          "(no spaces or control characters): clients send it in an HTTP header.")
+
+
+def check_bindable(host: str, port: int) -> None:
+    """Bind ``host:port`` once (and let go), so a wrong address or a port in use is reported
+    before the model loads."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigError(f"--host '{host}' does not resolve to an address ({e.strerror}).") \
+            from None
+    family, kind, proto, _name, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise ConfigError(f"Cannot listen on {url_host(host)}:{port}: {e.strerror}.") from None
