@@ -1,5 +1,7 @@
 """The ``trtllm`` backend: a per-GPU TensorRT-LLM engine served by the C++ executor with in-flight
-batching -- several requests at once, each streamed and cancelled on its own.
+batching -- several requests at once, each streamed and cancelled on its own. Without an engine
+folder (and on every release after 1.3.0rc20) :meth:`TrtllmBackend.load` takes the LLM API path
+instead, :mod:`qwen_trt.backends.trtllm_llmapi`, which reuses this module's request handling.
 
 Upstream calls, as read in NVIDIA/TensorRT-LLM (stored snapshots; the commit is recorded because
 the search index does not map commits to tags):
