@@ -503,6 +503,10 @@ class TrtllmBackend(Backend):
         if engine_dir is None:
             from qwen_trt.backends.trtllm_llmapi import LlmApiBackend
 
+            if engines_ok:
+                log.info("trtllm: no engine for %s under %s/ (`make engine GPU=<gpu>` builds "
+                         "one): serving the checkpoint through the LLM API", gpu.describe(),
+                         default_engines_dir())
             return LlmApiBackend.load_checkpoint(model, gpu=gpu, max_seq_len=max_seq_len,
                                                  warmup=warmup)
         return cls._load_engine(engine_dir, model, gpu, warmup=warmup)
