@@ -406,3 +406,17 @@ def test_the_service_checks_pass_on_the_llm_api_path(llmapi, monkeypatch):
             service, prompts[0], SamplingParams(max_new_tokens=6, temperature=0), 30)
     finally:
         service.close()
+
+
+def test_the_llm_api_path_on_a_release_too_old_is_one_line(fake_trtllm, monkeypatch,
+                                                           tiny_model_dir, tmp_path):
+    from qwen_trt.engine.env import TrtllmNotInstalledError
+
+    set_gpu(monkeypatch, "a10")
+    monkeypatch.setattr(fake_trtllm, "__version__", "1.1.0")
+    with pytest.raises(TrtllmNotInstalledError) as e:
+        TrtllmBackend.load(model=str(tiny_model_dir), warmup=False)
+    msg = str(e.value)
+    assert msg.startswith("tensorrt_llm 1.1.0 is installed, but the LLM API path needs "
+                          "tensorrt_llm>=1.2") and '.[trtllm-llmapi]' in msg and "\n" not in msg
+    assert calls(fake_trtllm, "LLM") == []
