@@ -34,8 +34,8 @@ class BackendOption:
 
 OPTIONS: tuple[BackendOption, ...] = (
     BackendOption("--model", "QWEN_TRT_MODEL",
-                  "model folder or hub id (default Qwen/Qwen3-4B-Instruct-2507); the tokenizer "
-                  "source for the trtllm backend"),
+                  "model folder or hub id (default Qwen/Qwen3-4B-Instruct-2507); for trtllm the "
+                  "checkpoint of the LLM API path (no engine folder) or the engine's tokenizer"),
     BackendOption("--engine", "QWEN_TRT_ENGINE",
                   "TensorRT-LLM engine folder (default engines/<gpu>/)"),
     BackendOption("--backend", "QWEN_TRT_BACKEND", f"{' | '.join(BACKENDS)} (default auto)"),
@@ -44,7 +44,8 @@ OPTIONS: tuple[BackendOption, ...] = (
     BackendOption("--dtype", "QWEN_TRT_DTYPE",
                   f"torch backend: {' | '.join(DTYPES)} (default auto)"),
     BackendOption("--max-seq-len", "QWEN_TRT_MAX_SEQ_LEN",
-                  "torch backend: context limit in tokens, prompt + reply (default: the model's)"),
+                  "torch backend and the trtllm LLM API path: context limit in tokens, prompt + "
+                  "reply (default: the model's; trtllm: this GPU's build profile)"),
     BackendOption("--max-batch", "QWEN_TRT_MAX_BATCH",
                   "fast path: sequences decoded together (continuous batching); 1 = one request "
                   "at a time on the batch-1 decoder, the lowest single-user latency (default 32)"),

@@ -383,3 +383,40 @@ def test_the_fp8_checkpoint_on_an_a10_is_one_line(fake_trtllm_13, monkeypatch, t
     assert "is an FP8 checkpoint (fp8 (128x128 blocks)), which needs an sm89+ GPU" in msg
     assert "this GPU is A10 (sm86)" in msg and "QUANT=int4_awq" in msg and "\n" not in msg
     assert calls(fake_trtllm_13, "LLM") == []
+
+
+# ---------------------------------------------------------------- through the service
+
+def test_the_service_checks_pass_on_the_llm_api_path(llmapi, monkeypatch):
+    from service_checks import (check_cancel_mid_reply_leaves_engine_clean,
+                                check_threads_get_their_own_replies)
+
+    from qwen_trt.serving.service import InferenceService
+
+    vocab = len(llmapi.tokenizer) - 300      # ordinary tokens, no specials
+    monkeypatch.setattr(_cls(), "script_for", staticmethod(
+        lambda p: [(1000 + 37 * p[-1] + 11 * i) % vocab for i in range(4000)]))
+    service = InferenceService(llmapi)
+    try:
+        tok = llmapi.tokenizer
+        prompts = [tok.encode(t, add_special_tokens=False) for t in ("one", "two", "three")]
+        check_threads_get_their_own_replies(service, prompts,
+                                            SamplingParams(max_new_tokens=6, temperature=0), 30)
+        check_cancel_mid_reply_leaves_engine_clean(
+            service, prompts[0], SamplingParams(max_new_tokens=6, temperature=0), 30)
+    finally:
+        service.close()
+
+
+def test_the_llm_api_path_on_a_release_too_old_is_one_line(fake_trtllm, monkeypatch,
+                                                           tiny_model_dir, tmp_path):
+    from qwen_trt.engine.env import TrtllmNotInstalledError
+
+    set_gpu(monkeypatch, "a10")
+    monkeypatch.setattr(fake_trtllm, "__version__", "1.1.0")
+    with pytest.raises(TrtllmNotInstalledError) as e:
+        TrtllmBackend.load(model=str(tiny_model_dir), warmup=False)
+    msg = str(e.value)
+    assert msg.startswith("tensorrt_llm 1.1.0 is installed, but the LLM API path needs "
+                          "tensorrt_llm>=1.2") and '.[trtllm-llmapi]' in msg and "\n" not in msg
+    assert calls(fake_trtllm, "LLM") == []

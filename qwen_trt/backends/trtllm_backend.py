@@ -1,5 +1,7 @@
 """The ``trtllm`` backend: a per-GPU TensorRT-LLM engine served by the C++ executor with in-flight
-batching -- several requests at once, each streamed and cancelled on its own.
+batching -- several requests at once, each streamed and cancelled on its own. Without an engine
+folder (and on every release after 1.3.0rc20) :meth:`TrtllmBackend.load` takes the LLM API path
+instead, :mod:`qwen_trt.backends.trtllm_llmapi`, which reuses this module's request handling.
 
 Upstream calls, as read in NVIDIA/TensorRT-LLM (stored snapshots; the commit is recorded because
 the search index does not map commits to tags):
@@ -502,6 +504,10 @@ class TrtllmBackend(Backend):
         if engine_dir is None:
             from qwen_trt.backends.trtllm_llmapi import LlmApiBackend
 
+            if engines_ok:
+                log.info("trtllm: no engine for %s under %s/ (`make engine GPU=<gpu>` builds "
+                         "one): serving the checkpoint through the LLM API", gpu.describe(),
+                         default_engines_dir())
             return LlmApiBackend.load_checkpoint(model, gpu=gpu, max_seq_len=max_seq_len,
                                                  warmup=warmup)
         return cls._load_engine(engine_dir, model, gpu, warmup=warmup)

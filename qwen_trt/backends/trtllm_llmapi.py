@@ -292,9 +292,21 @@ class LlmApiDispatcher:
             return len(self._sinks)
 
     def close(self, timeout: float = 2.0) -> None:
+        """Cancel the result iterations still running, then stop and close the loop."""
         if self._loop.is_closed():
             return
-        self._loop.call_soon_threadsafe(self._loop.stop)
+
+        async def stop() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._loop.stop()
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self._loop)
+        except RuntimeError:
+            return
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self._loop.close()

@@ -22,7 +22,8 @@ Mirrors NVIDIA/TensorRT-LLM as read (stored snapshots; the commit each was read 
   ``include_stop_str_in_output`` False, ``ignore_eos``, ``detokenize``, ...) and ``_validate``
   follow tensorrt_llm/sampling_params.py @000a01de; an unknown keyword is a TypeError.
 * ``KvCacheConfig``: a strict pydantic model (``StrictBaseModel``: unknown fields refused) with
-  ``enable_block_reuse=True``, ``max_tokens``, ``free_gpu_memory_fraction``, ``dtype``...:
+  ``enable_block_reuse=True``, ``max_tokens``, ``free_gpu_memory_fraction`` (0.9, in [0, 1]),
+  ``dtype``...:
   tensorrt_llm/llmapi/llm_args.py (stored snapshot, ``class KvCacheConfig(StrictBaseModel,
   PybindMirror)``); the LLM args' ``kv_cache_config``, ``enable_chunked_prefill``,
   ``max_batch_size``, ``max_num_tokens``, ``max_seq_len`` fields (same file).
@@ -54,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class RequestError(RuntimeError):
@@ -144,7 +145,7 @@ class KvCacheConfig(BaseModel):
     max_tokens: Optional[int] = None
     max_attention_window: Optional[list] = None
     sink_token_length: Optional[int] = None
-    free_gpu_memory_fraction: Optional[float] = 0.9
+    free_gpu_memory_fraction: Optional[float] = Field(default=0.9, ge=0, le=1)
     host_cache_size: Optional[int] = None
     onboard_blocks: bool = True
     enable_partial_reuse: bool = True
