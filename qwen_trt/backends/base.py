@@ -4,7 +4,10 @@ A backend is loaded once and then serves one request at a time (callers serialis
 see :mod:`qwen_trt.serving.service`). ``stream`` is a generator of new token ids:
 
 * callers check the request first with :meth:`Backend.check_request` (``ReplyStream`` does);
-* it yields each generated token id as soon as it is known, in order;
+* it yields each generated token id as soon as it is known, in order; when ``params.logprobs``
+  is set, each as a :class:`SampledToken` (the id, an ``int``, carrying its ``logprob``);
+* with ``params.grammar`` every token is one the grammar allows (backends that cannot
+  constrain raise a one-line error instead);
 * when a stop token (:meth:`Backend.stop_ids`) is generated it is yielded (so the caller can tell "stop" from "length")
   and the generator returns; unless ``params.ignore_eos``;
 * it never yields more than ``params.max_new_tokens`` ids;
@@ -19,7 +22,21 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from qwen_trt.errors import EmptyMessageError, PromptTooLongError
-from qwen_trt.params import SamplingParams
+from qwen_trt.params import SamplingParams, TokenLogprob
+
+
+class SampledToken(int):
+    """A generated token id (it is the ``int``) with its :class:`TokenLogprob`."""
+
+    logprob: TokenLogprob
+
+    def __new__(cls, logprob: TokenLogprob) -> "SampledToken":
+        tok = super().__new__(cls, logprob.token_id)
+        tok.logprob = logprob
+        return tok
+
+    def __reduce__(self):
+        return SampledToken, (self.logprob,)
 
 
 @dataclass(frozen=True)

@@ -69,8 +69,16 @@ class FastBackend(Backend):
             dec._decode_graphs.clear()      # they replay the static cache, freed below
             dec._prefill_graphs.clear()
             self._runner = make_batch_runner(dec.model, config, kv_tokens=kv_tokens,
-                                             checked=True, stop_ids=self.info.stop_token_ids)
+                                             checked=True, stop_ids=self.info.stop_token_ids,
+                                             grammars=self._grammars)
         return self._runner
+
+    def _grammars(self):
+        """This tokenizer's GrammarBook (built on the first constrained request)."""
+        from qwen_trt.backends.grammar import grammar_book
+
+        return grammar_book(self, self._tokenizer, self.decoder.model.cfg.vocab_size,
+                            self.info.stop_token_ids)
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
         cancel = self._begin()
@@ -82,4 +90,7 @@ class FastBackend(Backend):
                 if cancel.is_set():
                     return
             return
-        yield from self.decoder.generate(prompt_ids, params, cancel, stop_ids=self.stop_ids(params))
+        constraint = (self._grammars().constraint(params.grammar, params.max_new_tokens)
+                      if params.grammar is not None else None)
+        yield from self.decoder.generate(prompt_ids, params, cancel, stop_ids=self.stop_ids(params),
+                                         constraint=constraint)

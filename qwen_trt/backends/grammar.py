@@ -1,7 +1,8 @@
 """Constrained decoding with xgrammar: a per-request token mask applied before sampling.
 
 * :func:`check_grammar` checks a :class:`~qwen_trt.params.Grammar` without a tokenizer (the
-  API calls it to answer 400 before submitting): a bad schema is one ``ValueError`` line.
+  API calls it to answer 400 before submitting): a bad schema is a one-line ``GrammarError``
+  (a ``ValueError``).
 * :class:`GrammarBook` (one per loaded tokenizer) compiles grammars against the vocabulary,
   keeping the compiled ones by ``(kind, spec)``, and hands out one :class:`Constraint` per
   request.
@@ -23,6 +24,7 @@ from collections.abc import Collection
 
 import torch
 
+from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import Grammar
 
 CACHE_SIZE = 64                 # compiled grammars kept per tokenizer
@@ -37,6 +39,10 @@ _TIERS = (
     lambda t: set(t) <= set('"}],:0123456789'),
 )
 _XGR_PREFIX = re.compile(r"^\[[\d:.]+\]\s+\S+:\d+:\s*")
+
+
+class GrammarError(QwenTrtError, ValueError):
+    """A grammar that cannot be used (bad schema, unsupported keyword), or a token it rejects."""
 
 
 def _xgr():
@@ -54,33 +60,33 @@ def _json_spec(text: str, what: str):
     try:
         return json.loads(text)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{what} is not valid JSON ({_one_line(e, 80)})") from None
+        raise GrammarError(f"{what} is not valid JSON ({_one_line(e, 80)})") from None
 
 
 def _schema_grammar(schema, what: str, *, strict: bool):
     xgr = _xgr()
     if not isinstance(schema, (dict, bool)):
-        raise ValueError(f"{what} must be a JSON object")
+        raise GrammarError(f"{what} must be a JSON object")
     try:
         return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
                                             strict_mode=strict)
     except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError for any bad schema
-        raise ValueError(f"{what} is not supported: {_one_line(e)}") from None
+        raise GrammarError(f"{what} is not supported: {_one_line(e)}") from None
 
 
 def _tools(spec: str) -> tuple[list[tuple[str, object]], bool]:
     d = _json_spec(spec, "the tool_calls grammar spec")
     tools = d.get("tools") if isinstance(d, dict) else None
     if not isinstance(tools, list) or not tools:
-        raise ValueError('the tool_calls grammar spec needs a non-empty "tools" list')
+        raise GrammarError('the tool_calls grammar spec needs a non-empty "tools" list')
     parallel = d.get("parallel", False)
     if not isinstance(parallel, bool):
-        raise ValueError('the tool_calls grammar spec\'s "parallel" must be true or false')
+        raise GrammarError('the tool_calls grammar spec\'s "parallel" must be true or false')
     out = []
     for t in tools:
         name = t.get("name") if isinstance(t, dict) else None
         if not isinstance(name, str) or not name:
-            raise ValueError("each tool needs a non-empty string name")
+            raise GrammarError("each tool needs a non-empty string name")
         params = t.get("parameters")
         if params is None:
             params = {"type": "object"}
@@ -99,7 +105,7 @@ def _tool_calls_grammar(spec: str):
     for name, params in tools:
         what = f"the parameters of tool {name[:40]!r}"
         if not isinstance(params, dict):
-            raise ValueError(f"{what} must be a JSON object")
+            raise GrammarError(f"{what} must be a JSON object")
         # the compact JSON grammar of the arguments, embedded as EBNF (a json_schema element
         # of a structural tag allows whitespace)
         args = str(_schema_grammar(params, what, strict=True))
@@ -115,12 +121,12 @@ def _tool_calls_grammar(spec: str):
     try:
         return xgr.Grammar.from_structural_tag(st.StructuralTag(format=fmt))
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"the tool_calls grammar is not supported: {_one_line(e)}") from None
+        raise GrammarError(f"the tool_calls grammar is not supported: {_one_line(e)}") from None
 
 
 def build_grammar(grammar: Grammar):
-    """The xgrammar ``Grammar`` for ``grammar`` (no tokenizer needed); ``ValueError`` (one
-    line) when the spec is bad."""
+    """The xgrammar ``Grammar`` for ``grammar`` (no tokenizer needed); a one-line
+    ``GrammarError`` when the spec is bad."""
     if grammar.kind == "json_object":
         return _schema_grammar({"type": "object"}, "json_object", strict=False)
     if grammar.kind == "json_schema":
@@ -130,7 +136,8 @@ def build_grammar(grammar: Grammar):
 
 
 def check_grammar(grammar: Grammar) -> None:
-    """Raise ``ValueError`` (one line naming the problem) unless ``grammar`` compiles."""
+    """Raise ``GrammarError`` (a ``ValueError``; one line naming the problem) unless
+    ``grammar`` compiles."""
     build_grammar(grammar)
 
 
@@ -220,7 +227,7 @@ class GrammarBook:
         return pack_mask(allowed)
 
     def compile(self, grammar: Grammar):
-        """The compiled grammar (cached by ``(kind, spec)``); ``ValueError`` for a bad spec."""
+        """The compiled grammar (cached by ``(kind, spec)``); ``GrammarError`` for a bad spec."""
         key = (grammar.kind, grammar.spec)
         with self._lock:
             hit = self._cache.get(key)
@@ -231,7 +238,7 @@ class GrammarBook:
         try:
             compiled = self._compiler.compile_grammar(source)
         except Exception as e:  # noqa: BLE001
-            raise ValueError(f"the {grammar.kind} grammar does not compile: {_one_line(e)}") \
+            raise GrammarError(f"the {grammar.kind} grammar does not compile: {_one_line(e)}") \
                 from None
         with self._lock:
             self._cache[key] = compiled

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from qwen_trt.params import SamplingParams
+from qwen_trt.params import SamplingParams, TokenLogprob
 
 StepFinish = Literal["stop", "length", "cancelled", "error"]
 
@@ -34,6 +34,7 @@ class TokenEvent:
     finish: StepFinish | None = None
     error: str | None = None
     cached_tokens: int = 0          # prompt tokens served from the prefix cache (first event)
+    logprobs: tuple[TokenLogprob, ...] = ()   # one per token id when params.logprobs is set
 
 
 @dataclass(frozen=True)
