@@ -28,7 +28,8 @@ from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import Grammar
 
 CACHE_SIZE = 64                 # compiled grammars kept per tokenizer
-CLOSE_MARGIN = 48               # tokens before max_new_tokens where a constraint starts closing
+CHECK_WINDOW = 512              # in the last this many tokens of the budget...
+CHECK_EVERY = 8                 # ...every this many tokens, the closing distance is measured
 # Closing tiers, most preferred first (the first with an allowed token wins): text that
 # ends a string (and maybe more); that ends objects/arrays; separators (a number ends, the next
 # required key or value starts); digits (a number value). The stop ids are in every tier.
@@ -151,6 +152,9 @@ class Constraint:
         self._host = torch.full((1, book.width), -1, dtype=torch.int32)
         self.max_new_tokens = max_new_tokens
         self.generated = 0
+        self.closing = False
+        self._distance = 0
+        self._next_check = 0
 
     @property
     def width(self) -> int:
@@ -162,23 +166,54 @@ class Constraint:
 
     def fill(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The mask of the tokens allowed next (int32 ``[width]``), written into ``out`` (a host
-        tensor) when given. In the last ``CLOSE_MARGIN`` tokens of the budget (at most half
-        of it) it keeps only the allowed tokens of the first closing tier that has any (a
-        closing quote, then ``}``/``]``, then ``,``/``:``, then digits; the end of turn is in
-        every tier), else all allowed ones: the reply ends complete instead of being cut."""
-        host = self._host
-        self._matcher.fill_next_token_bitmask(host, 0)
-        row = host[0] & self._book.allowed
-        if self.max_new_tokens - self.generated <= min(CLOSE_MARGIN, self.max_new_tokens // 2):
-            for tier in self._book.tiers:
-                narrowed = row & tier
-                if bool(narrowed.any()):
-                    row = narrowed
-                    break
+        tensor) when given.
+
+        Closing mode: once the budget left is about what closing every open value takes
+        (measured every ``CHECK_EVERY`` tokens in the last ``CHECK_WINDOW``, with room for
+        what the model may open meanwhile), it keeps only the allowed tokens of the first
+        closing tier that has any (a closing quote, then ``}``/``]``, then ``,``/``:``, then
+        digits; the end of turn is in every tier), else all allowed ones: the reply ends
+        complete instead of being cut."""
+        row = self._allowed(self._matcher, self._host)
+        if self._should_close():
+            row = self._narrow(row)
         if out is None:
             return row.clone()
         out.copy_(row)
         return out
+
+    def _allowed(self, matcher, host: torch.Tensor) -> torch.Tensor:
+        matcher.fill_next_token_bitmask(host, 0)
+        return host[0] & self._book.allowed
+
+    def _narrow(self, row: torch.Tensor) -> torch.Tensor:
+        for tier in self._book.tiers:
+            narrowed = row & tier
+            if bool(narrowed.any()):
+                return narrowed
+        return row
+
+    def _should_close(self) -> bool:
+        left = self.max_new_tokens - self.generated
+        if self.closing or left > CHECK_WINDOW:
+            return self.closing
+        if self.generated >= self._next_check:
+            self._distance = self._closing_distance(left)
+            self._next_check = self.generated + CHECK_EVERY
+        self.closing = left <= self._distance + 2 * CHECK_EVERY + 4
+        return self.closing
+
+    def _closing_distance(self, cap: int) -> int:
+        """Tokens the closing mode takes to end the reply from here (at most ``cap``), on a
+        fork of the matcher, always taking the first token closing mode allows."""
+        m = self._matcher.fork()
+        host = torch.empty_like(self._host)
+        stops = self._book.stop_ids
+        for n in range(1, cap + 1):
+            tok = _first_bit(self._narrow(self._allowed(m, host)))
+            if tok is None or tok in stops or not m.accept_token(tok) or m.is_terminated():
+                return n
+        return cap
 
     def accept(self, token: int) -> bool:
         """Advance past ``token``; False when the grammar does not allow it."""
@@ -200,6 +235,7 @@ class GrammarBook:
         self._cache: OrderedDict[tuple[str, str], object] = OrderedDict()
         self._lock = threading.Lock()
         stops = set(self._info.stop_token_ids)
+        self.stop_ids = frozenset(stops)
         self.tiers = tuple(self._tier(keep, stops) for keep in _TIERS)
         # Special tokens (<|im_start|>, ...) are never text of a constrained reply; the stop
         # ids end it.
@@ -248,6 +284,16 @@ class GrammarBook:
 
     def constraint(self, grammar: Grammar, max_new_tokens: int) -> Constraint:
         return Constraint(self, self.compile(grammar), max_new_tokens)
+
+
+def _first_bit(words: torch.Tensor) -> int | None:
+    """The lowest token id set in an int32 bitmask row, or None."""
+    nz = torch.nonzero(words)
+    if not len(nz):
+        return None
+    i = int(nz[0, 0])
+    w = int(words[i]) & 0xFFFFFFFF
+    return 32 * i + (w & -w).bit_length() - 1
 
 
 def pack_mask(allowed: torch.Tensor) -> torch.Tensor:

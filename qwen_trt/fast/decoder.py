@@ -342,9 +342,7 @@ class FastDecoder:
                 if not params.ignore_eos else frozenset())
         kind = sampler_kind(params)
         k = params.logprobs
-        if constraint is not None:
-            self._load_mask(constraint)
-        pending = deque([self._start(prompt_ids, params, kind, k)])
+        pending = deque([self._start(prompt_ids, params, kind, k, constraint)])
         launched, emitted = 1, 0
         while pending:
             if constraint is None and launched < n:   # keep one step in flight
@@ -387,9 +385,11 @@ class FastDecoder:
 
     @torch.inference_mode()
     def _start(self, prompt_ids: Sequence[int], params: SamplingParams,
-               kind: Kind, k: int | None = None) -> Callable[[], int]:
+               kind: Kind, k: int | None = None, constraint=None) -> Callable[[], int]:
         """Prefill and choose the first token; returns a getter for its id."""
         self.sampler.set(params)
+        if constraint is not None:
+            self._load_mask(constraint)
         self._run_prefill(prompt_ids)
         self.tok.copy_(pick(self.logits, kind, self.sampler))
         self.pos.fill_(len(prompt_ids))
