@@ -104,6 +104,19 @@ def test_grammar_kind_is_checked_once_in_params():
         Grammar("yaml")
 
 
+def test_grammar_book_on_the_qwen3_vocabulary_width(tiny_tokenizer):
+    """The mask width of the real model (151,936 logits) against a smaller tokenizer: the
+    padding ids are never allowed."""
+    from qwen_trt.backends.grammar import GrammarBook
+
+    book = GrammarBook(tiny_tokenizer, 151936, (514,))
+    c = book.constraint(GRAMMARS["json_schema"], 64)
+    mask = c.fill()
+    assert mask.shape == (151936 // 32,)
+    allowed = ((mask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten()
+    assert allowed[len(tiny_tokenizer):].sum() == 0 and allowed.sum() > 0
+
+
 # -- the HF torch backend ----------------------------------------------------------------------
 @pytest.mark.parametrize("kind", list(GRAMMARS))
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
