@@ -363,3 +363,16 @@ class _EvenOnly:
     def accept(self, tok):
         self.generated += 1
         return tok % 2 == 0
+
+
+def test_a_backend_that_cannot_constrain_says_so_in_one_line(tiny_tokenizer):
+    from fakes import ScriptedBackend
+
+    from qwen_trt.backends.base import UnsupportedRequestError
+
+    backend = ScriptedBackend(tiny_tokenizer, "not JSON")
+    for params in (SamplingParams(grammar=GRAMMARS["json_object"]), SamplingParams(logprobs=2)):
+        with pytest.raises(UnsupportedRequestError) as e:
+            list(ReplyStream(backend, [1, 2], params))
+        assert "\n" not in str(e.value) and "scripted" in str(e.value)
+    assert "".join(ReplyStream(backend, [1, 2], SamplingParams())) == "not JSON"

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from qwen_trt.errors import EmptyMessageError, PromptTooLongError
+from qwen_trt.errors import EmptyMessageError, PromptTooLongError, QwenTrtError
 from qwen_trt.params import SamplingParams, TokenLogprob
 
 
@@ -39,6 +39,10 @@ class SampledToken(int):
         return SampledToken, (self.logprob,)
 
 
+class UnsupportedRequestError(QwenTrtError, ValueError):
+    """The request asks for something this backend cannot do (a grammar, logprobs)."""
+
+
 @dataclass(frozen=True)
 class BackendInfo:
     """What the UI shows about the engine in use."""
@@ -51,6 +55,8 @@ class BackendInfo:
     max_seq_len: int          # prompt + new tokens
     stop_token_ids: tuple[int, ...]   # resolved once at load (chat.template.default_stop_ids)
     max_concurrency: int = 1  # requests the backend serves at once (trtllm: in-flight batching)
+    grammar: bool = False     # honours SamplingParams.grammar (constrained decoding)
+    logprobs: bool = False    # reports SamplingParams.logprobs
 
     def describe(self) -> str:
         return f"{self.name} · {self.model} · {self.device} · {self.dtype} · ctx {self.max_seq_len}"
@@ -91,6 +97,13 @@ class Backend(ABC):
                 f"The prompt ({n} tokens) + max new tokens ({params.max_new_tokens}) exceeds this "
                 f"backend's limits (prompt {info.max_input_len}, prompt + reply "
                 f"{info.max_seq_len} tokens): shorten the prompt or lower max new tokens.")
+        if params.grammar is not None and not info.grammar:
+            raise UnsupportedRequestError(
+                f"The {info.name} backend cannot constrain its output to a grammar "
+                f"({params.grammar.kind}); use the torch backend.")
+        if params.logprobs is not None and not info.logprobs:
+            raise UnsupportedRequestError(
+                f"The {info.name} backend does not report logprobs; use the torch backend.")
 
     def stop_ids(self, params: SamplingParams) -> frozenset[int]:
         """The ids that end this request: the backend's and the request's; none with ignore_eos."""

@@ -39,7 +39,8 @@ class FastBackend(Backend):
         self._info = BackendInfo(name=self.name, model=source.name, device=dev_name,
                                  dtype=str(decoder.model.dtype).replace("torch.", ""),
                                  max_input_len=n - 1, max_seq_len=n,
-                                 stop_token_ids=default_stop_ids(tokenizer))
+                                 stop_token_ids=default_stop_ids(tokenizer),
+                                 grammar=True, logprobs=True)
 
     @classmethod
     def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",

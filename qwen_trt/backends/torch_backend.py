@@ -100,7 +100,8 @@ class TorchBackend(Backend):
             dtype=str(model.dtype).replace("torch.", ""),
             max_input_len=max_seq_len - 1, max_seq_len=max_seq_len,
             # no tokenizer: the benchmarks' bare model, which never stops early anyway
-            stop_token_ids=default_stop_ids(tokenizer) if tokenizer is not None else ())
+            stop_token_ids=default_stop_ids(tokenizer) if tokenizer is not None else (),
+            grammar=tokenizer is not None, logprobs=True)
 
     @classmethod
     def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
