@@ -323,6 +323,8 @@ class BatchRunner:
             if not seq.admitted:
                 if seq.compiling is not None:           # its grammar is still compiling
                     continue
+                if self._prefilling_same(seq):          # n > 1: prefill the prompt once
+                    continue
                 if len(self._running) >= self.config.max_batch or (
                         seq.row < 0 and not self._free_rows):
                     break
@@ -406,6 +408,17 @@ class BatchRunner:
         for seq, lp in zip(seqs, lps):
             seq.logprob = lp
         return toks
+
+    def _prefilling_same(self, seq: _Seq) -> bool:
+        """Whether a running sequence still prefilling starts with the same full block as
+        ``seq`` (identical prompts in flight, ``n > 1``): ``seq`` waits, then takes those
+        blocks from the prefix cache instead of computing them again."""
+        bs = self.alloc.block_size
+        if not self.config.prefix_caching or len(seq.tokens) <= bs:
+            return False
+        head = seq.tokens[:bs]
+        return any(s.computed < len(s.tokens) - 1 and s.computed < s.prompt_len
+                   and s.tokens[:bs] == head for s in self._running)
 
     # ---- grammars: compiled off the step loop, masks filled per step -----------------------
     def _compile(self, params: SamplingParams):
