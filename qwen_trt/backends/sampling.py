@@ -250,24 +250,23 @@ def pick_rows(st: SamplerState, logits: torch.Tensor, rows: Sequence[int],
     (all ones for unconstrained rows; on the host is fine), given when any row is constrained.
 
     Logprobs are computed for the rows that want them only; a step of greedy, unpenalized,
-    unconstrained rows without logprobs is one argmax."""
+    unconstrained rows without logprobs is one argmax (their rows are not advanced: nothing
+    reads them)."""
     kinds = [sampler_kind(p) for p in params]
+    if all(k == "greedy" for k in kinds):       # nothing of the rows' state is read
+        return torch.argmax(logits, dim=-1).tolist(), [None] * len(kinds)
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
     dev = logits.device
     idx = torch.tensor(list(rows), device=dev)
     kind = join_kinds(kinds).replace(LOGPROBS, "")
     if masks is None:
         kind = kind.replace(MASK, "")
-    base, flags = split_kind(kind)
-    if base == "greedy" and not flags and not want:
-        tokens = torch.argmax(logits, dim=-1)
-        lf = None
-    else:
-        view = RowsView(st, idx)
-        if masks is not None:
-            view.mask = masks.to(dev, non_blocking=True)
-        lf = prepare(logits, kind, view)
-        tokens = sample(lf, base, view)
+    base, _ = split_kind(kind)
+    view = RowsView(st, idx)
+    if masks is not None:
+        view.mask = masks.to(dev, non_blocking=True)
+    lf = prepare(logits, kind, view)
+    tokens = sample(lf, base, view)
     st.seen[idx, tokens] = True                 # SamplerState.advance for these rows
     st.counts[idx, tokens] += 1
     st.step[idx] += 1
