@@ -14,11 +14,54 @@ DEFAULT_MAX_NEW_TOKENS = 512
 MAX_NEW_TOKENS = 262144           # Qwen3-4B-Instruct-2507's whole context
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+MAX_TOP_LOGPROBS = 20             # OpenAI's top_logprobs limit
+GrammarKind = Literal["json_object", "json_schema", "tool_calls"]
+GRAMMAR_KINDS = ("json_object", "json_schema", "tool_calls")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What the reply must match (constrained decoding, :mod:`qwen_trt.fast.grammar`).
+
+    ``json_object``: one JSON object. ``json_schema``: ``spec`` is a JSON schema as JSON text;
+    the reply is one JSON value valid for it. ``tool_calls``: ``spec`` is JSON text
+    ``{"tools": [{"name": str, "parameters": <JSON schema>}], "parallel": bool}``: the whole
+    reply is one (``parallel``: one or more, newline-separated) ``<tool_call>\n{"name": <one of
+    the names>, "arguments": <an object valid for that tool's parameters>}\n</tool_call>``
+    block(s), then the end of the turn. The spec itself is checked by
+    :func:`qwen_trt.fast.grammar.check_grammar`.
+    """
+
+    kind: GrammarKind
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise ValueError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, "
+                             f"got {str(self.kind)[:40]!r}")
+        if not isinstance(self.spec, str):
+            raise ValueError("grammar spec must be JSON text")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability, and the ``top`` alternatives (id, logprob), most
+    likely first (as many as ``SamplingParams.logprobs`` asks for)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens. temperature 0 means greedy; top_k 0 and top_p 1 disable those filters.
+    """How to pick tokens. temperature 0 (or top_p 0, or top_k 1) means greedy; top_k 0, top_p 1
+    and min_p 0 disable those filters.
+
+    ``logprobs``: None (off) or how many top alternatives to report per token (0..20; 0 = the
+    chosen token's logprob only). A logprob is the log-softmax of the logits after the
+    penalties and the grammar mask, before temperature, top-k, top-p and min-p.
+    ``grammar``: constrained decoding (:class:`Grammar`).
 
     A request stops at the backend's stop ids (``BackendInfo.stop_token_ids``: ``<|im_end|>``,
     ``<|endoftext|>``, resolved once at load) and at the extra ``stop_token_ids`` given here;
@@ -34,12 +77,17 @@ class SamplingParams:
     ignore_eos: bool = False  # benchmarks only: generate exactly max_new_tokens
     presence_penalty: float = 0.0     # -2..2: subtracted once from each token already generated
     repetition_penalty: float = 1.0   # (0, 2]: HF semantics over the tokens generated so far
+    frequency_penalty: float = 0.0    # -2..2: subtracted once per time a token was generated
+    min_p: float = 0.0                # [0, 1]: drop tokens below min_p x the top token's prob
+    logprobs: int | None = None
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "top_k"):
             if type(getattr(self, name)) is not int:
                 raise ValueError(f"{name} must be a whole number, got {getattr(self, name)!r}")
-        for name in ("temperature", "top_p", "presence_penalty", "repetition_penalty"):
+        for name in ("temperature", "top_p", "presence_penalty", "repetition_penalty",
+                     "frequency_penalty", "min_p"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value):
@@ -51,14 +99,24 @@ class SamplingParams:
             raise ValueError(f"seed must be a whole number from 0 to 2**64 - 1, got {self.seed!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.top_p <= 1:
+            raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not -2 <= self.presence_penalty <= 2:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if not 0 < self.repetition_penalty <= 2:
             raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if not -2 <= self.frequency_penalty <= 2:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.logprobs is not None and (type(self.logprobs) is not int
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be None or a whole number from 0 to "
+                             f"{MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise ValueError("grammar must be a qwen_trt.params.Grammar")
 
     def stop_ids(self, model_stop_ids: Iterable[int]) -> frozenset[int]:
         """The ids that end this request: the model's (``BackendInfo.stop_token_ids``) and this
@@ -69,12 +127,13 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature == 0 or self.top_k == 1 or self.top_p == 0
 
     @property
     def penalized(self) -> bool:
         """Whether a penalty changes any logit (neutral values keep the plain samplers)."""
-        return self.presence_penalty != 0 or self.repetition_penalty != 1
+        return (self.presence_penalty != 0 or self.repetition_penalty != 1
+                or self.frequency_penalty != 0)
 
 
 def prompt_budget(max_input_len: int, max_seq_len: int, max_new_tokens: int) -> int:
@@ -94,6 +153,20 @@ def fit_problem(n_prompt: int, max_new_tokens: int, max_input_len: int,
                 f"backend's limits (prompt {max_input_len}, prompt + reply {max_seq_len} tokens): "
                 "shorten the prompt or lower max new tokens.")
     return None
+
+
+class SampledToken(int):
+    """A generated token id (it is the ``int``) with its :class:`TokenLogprob`."""
+
+    logprob: TokenLogprob
+
+    def __new__(cls, logprob: TokenLogprob) -> "SampledToken":
+        tok = super().__new__(cls, logprob.token_id)
+        tok.logprob = logprob
+        return tok
+
+    def __reduce__(self):
+        return SampledToken, (self.logprob,)
 
 
 @dataclass

@@ -18,7 +18,8 @@ COMPOSE = ROOT / "docker" / "compose.yaml"
 # What NVIDIA's TensorRT-LLM 1.2 release image already has (its release notes: torch 2.9.1,
 # transformers 4.57.x; tokenizers, safetensors, huggingface_hub, tqdm come with transformers).
 IN_IMAGE = {"torch", "transformers", "tokenizers", "safetensors", "huggingface-hub", "tqdm",
-            "tomli"}   # tomli: only below Python 3.11; the image has 3.12
+            "tomli",      # tomli: only below Python 3.11; the image has 3.12
+            "xgrammar"}   # a dependency of TensorRT-LLM itself (its guided decoding)
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:

@@ -1,9 +1,11 @@
 """Load time of the fast path when the continuous-batching runner will serve it: the batch-1
-decoder's warm-up (its CUDA graphs, which ``FastBackend.runner()`` drops) is skipped, the
+decoder's warm-up (its CUDA graphs, which ``batch_runner_for(FastBackend)`` drops) is skipped, the
 ``--max-batch 1`` path still warms up."""
 from __future__ import annotations
 
 import pytest
+
+from qwen_trt.serving.scheduler import batch_runner_for
 
 from qwen_trt.backends import BackendConfig
 from qwen_trt.params import SamplingParams

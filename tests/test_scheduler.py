@@ -130,6 +130,20 @@ def test_prefix_reuse_gives_the_same_tokens_and_reports_cached(weights):
     assert on.stats().prefix_hit_tokens == a[2]
 
 
+def test_identical_prompts_in_flight_prefill_once(weights):
+    """n > 1: four copies of one prompt arriving together; the first prefills it, the others
+    wait a step and take its full blocks from the prefix cache. Tokens as if alone."""
+    p = prompts(1, seed=8, lo=70, hi=71)[0]
+    reqs = {i: (p, SamplingParams(max_new_tokens=12, temperature=0.8, seed=i, ignore_eos=True))
+            for i in range(4)}
+    runner = make_runner(weights)
+    out = run_all(runner, reqs)
+    assert runner.stats().prefix_hit_tokens == 3 * ((len(p) - 1) // 16 * 16)
+    for i, (prompt, params) in reqs.items():
+        assert out[i][0] == alone(weights, prompt, params) and out[i][1] == "length"
+        assert out[i][2] == (0 if i == 0 else 64)
+
+
 def test_cancel_mid_batch_frees_kv_and_spares_the_others(weights):
     ps = prompts(4, seed=6)
     ref = {i: alone(weights, p, greedy(25)) for i, p in enumerate(ps)}

@@ -89,6 +89,33 @@ def test_replies_match_the_in_process_path(tiny, tiny_backend, tiny_tokenizer):
         assert reply.metrics.prompt_tokens == len(ids) and reply.metrics.ttft_ms > 0
 
 
+def test_grammar_and_logprobs_come_through_the_process(tiny, tiny_backend, tiny_tokenizer):
+    """A constrained request with logprobs: the same tokens, Delta token ids and logprobs as
+    in process (they cross the worker protocol as tuples)."""
+    import json
+
+    from qwen_trt.params import Grammar
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    params = SamplingParams(max_new_tokens=48, temperature=0.8, seed=2, logprobs=3,
+                            grammar=Grammar("json_schema", json.dumps(schema)))
+    ids = _prompt(tiny_tokenizer, "Reply in JSON.")
+    with ReplyStream(tiny_backend, ids, params) as rs:
+        local = list(rs.deltas())
+    handle = tiny.submit(ids, params)
+    evs = _events(handle)
+    reply = handle.result(0)
+    assert reply.token_ids == rs.reply.token_ids and isinstance(json.loads(reply.text)["a"], int)
+    remote = [e for e in evs if isinstance(e, Delta)]
+    assert [t for d in remote for t in d.token_ids] == reply.token_ids
+    got = [lp for d in remote for lp in d.logprobs]
+    want = [lp for d in local for lp in d.logprobs]
+    assert [lp.token_id for lp in got] == reply.token_ids and len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-5) and 1 <= len(a.top) <= 3
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
 def test_requests_from_many_threads_each_get_their_own_reply(tiny, tiny_tokenizer):
     texts = ["one", "three three three", "The quick brown fox"]
     check_threads_get_their_own_replies(tiny, [_prompt(tiny_tokenizer, t) for t in texts],

@@ -4,7 +4,10 @@ A backend is loaded once and then serves one request at a time (callers serialis
 see :mod:`qwen_trt.serving.service`). ``stream`` is a generator of new token ids:
 
 * callers check the request first with :meth:`Backend.check_request` (``ReplyStream`` does);
-* it yields each generated token id as soon as it is known, in order;
+* it yields each generated token id as soon as it is known, in order; when ``params.logprobs``
+  is set, each as a :class:`SampledToken` (the id, an ``int``, carrying its ``logprob``);
+* with ``params.grammar`` every token is one the grammar allows (backends that cannot
+  constrain raise a one-line error instead);
 * when a stop token (:meth:`Backend.stop_ids`) is generated it is yielded (so the caller can tell "stop" from "length")
   and the generator returns; unless ``params.ignore_eos``;
 * it never yields more than ``params.max_new_tokens`` ids;
@@ -18,8 +21,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from qwen_trt.errors import EmptyMessageError, PromptTooLongError
-from qwen_trt.params import SamplingParams, fit_problem
+from qwen_trt.errors import EmptyMessageError, PromptTooLongError, QwenTrtError
+from qwen_trt.params import SampledToken, SamplingParams, TokenLogprob, fit_problem  # noqa: F401
+
+
+class UnsupportedRequestError(QwenTrtError, ValueError):
+    """The request asks for something this backend cannot do (a grammar, logprobs)."""
 
 
 @dataclass(frozen=True)
@@ -32,12 +39,12 @@ class BackendInfo:
     dtype: str                # "float32", "bfloat16", "float16"
     max_input_len: int        # longest prompt accepted, in tokens
     max_seq_len: int          # prompt + new tokens
-    stop_token_ids: tuple[int, ...]   # resolved once at load (chat.template.default_stop_ids)
+    stop_token_ids: tuple[int, ...]   # resolved once at load (model.template.default_stop_ids)
     max_concurrency: int = 1  # requests the backend serves at once (trtllm: in-flight batching)
     path: str | None = None   # trtllm: "engine" (a TensorRT engine) or "llmapi" (the checkpoint
                               # through TensorRT-LLM's PyTorch-backend LLM API)
-    features: frozenset[str] = frozenset()   # request features beyond plain sampling that this
-                                             # backend serves (FEATURES); the API refuses others
+    grammar: bool = False     # honours SamplingParams.grammar (constrained decoding)
+    logprobs: bool = False    # reports SamplingParams.logprobs
 
     def describe(self) -> str:
         name = f"{self.name} ({PATH_LABELS.get(self.path, self.path)})" if self.path else self.name
@@ -45,10 +52,6 @@ class BackendInfo:
 
 
 PATH_LABELS = {"engine": "TensorRT engine", "llmapi": "LLM API, PyTorch backend"}
-# Names for BackendInfo.features: per-token logprobs, and guided decoding (JSON schema / grammar).
-FEATURE_LOGPROBS = "logprobs"
-FEATURE_GUIDED_DECODING = "guided_decoding"
-FEATURES = (FEATURE_LOGPROBS, FEATURE_GUIDED_DECODING)
 
 
 class Backend(ABC):
@@ -82,6 +85,13 @@ class Backend(ABC):
         problem = fit_problem(n, params.max_new_tokens, info.max_input_len, info.max_seq_len)
         if problem:
             raise (EmptyMessageError if n == 0 else PromptTooLongError)(problem)
+        if params.grammar is not None and not info.grammar:
+            raise UnsupportedRequestError(
+                f"The {info.name} backend cannot constrain its output to a grammar "
+                f"({params.grammar.kind}); use the torch backend.")
+        if params.logprobs is not None and not info.logprobs:
+            raise UnsupportedRequestError(
+                f"The {info.name} backend does not report logprobs; use the torch backend.")
 
     def stop_ids(self, params: SamplingParams) -> frozenset[int]:
         """The ids that end this request (:meth:`SamplingParams.stop_ids` over this backend's)."""

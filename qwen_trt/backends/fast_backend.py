@@ -40,7 +40,8 @@ class FastBackend(Backend):
         self._info = BackendInfo(name=self.name, model=source.name, device=dev_name,
                                  dtype=str(decoder.model.dtype).replace("torch.", ""),
                                  max_input_len=n - 1, max_seq_len=n,
-                                 stop_token_ids=default_stop_ids(tokenizer))
+                                 stop_token_ids=default_stop_ids(tokenizer),
+                                 grammar=True, logprobs=True)
 
     @classmethod
     def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
@@ -75,6 +76,13 @@ class FastBackend(Backend):
     def attached_runner(self) -> Runner | None:
         return self._runner
 
+    def grammars(self):
+        """This tokenizer's GrammarBook (built on the first constrained request)."""
+        from qwen_trt.fast.grammar import grammar_book
+
+        return grammar_book(self, self._tokenizer, self.decoder.model.cfg.vocab_size,
+                            self.info.stop_token_ids)
+
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:
         cancel = self._begin()
         if self._runner is not None:
@@ -83,4 +91,7 @@ class FastBackend(Backend):
                 if cancel.is_set():
                     return
             return
-        yield from self.decoder.generate(prompt_ids, params, cancel, stop_ids=self.stop_ids(params))
+        constraint = (self.grammars().constraint(params.grammar, params.max_new_tokens)
+                      if params.grammar is not None else None)
+        yield from self.decoder.generate(prompt_ids, params, cancel, stop_ids=self.stop_ids(params),
+                                         constraint=constraint)

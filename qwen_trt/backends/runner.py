@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from qwen_trt.errors import PromptTooLongError
-from qwen_trt.params import SamplingParams
+from qwen_trt.params import SamplingParams, TokenLogprob
 
 StepFinish = Literal["stop", "length", "cancelled", "error"]
 
@@ -35,6 +35,7 @@ class TokenEvent:
     finish: StepFinish | None = None
     error: str | None = None
     cached_tokens: int = 0          # prompt tokens served from the prefix cache (first event)
+    logprobs: tuple[TokenLogprob, ...] = ()   # one per token id when params.logprobs is set
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,12 @@ def generate(runner: Runner, prompt_ids: Sequence[int], params: SamplingParams,
                     continue
                 if ev.finish == "error":
                     raise PromptTooLongError(ev.error or "request failed")
-                yield from ev.token_ids
+                if ev.logprobs:
+                    from qwen_trt.params import SampledToken
+
+                    yield from map(SampledToken, ev.logprobs)
+                else:
+                    yield from ev.token_ids
                 done = ev.finish is not None
     finally:
         if not done:

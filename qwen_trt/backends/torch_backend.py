@@ -3,7 +3,9 @@
 Decoding is a plain loop in the caller's thread (prefill, then one forward per token with the
 KV cache), so closing the generator or :meth:`cancel` stops work before the next token. Sampling
 runs on the device with the fast path's sampler (:mod:`qwen_trt.fast.sampling`), so a seed
-gives the same tokens on both; only the chosen token id crosses to the host.
+gives the same tokens on both; only the chosen token id crosses to the host (and its logprobs
+when asked for). A grammar (:mod:`qwen_trt.fast.grammar`) fills the sampler's mask on the
+host before each step and accepts each token after it.
 """
 from __future__ import annotations
 
@@ -98,7 +100,8 @@ class TorchBackend(Backend):
             dtype=str(model.dtype).replace("torch.", ""),
             max_input_len=max_seq_len - 1, max_seq_len=max_seq_len,
             # no tokenizer: the benchmarks' bare model, which never stops early anyway
-            stop_token_ids=default_stop_ids(tokenizer) if tokenizer is not None else ())
+            stop_token_ids=default_stop_ids(tokenizer) if tokenizer is not None else (),
+            grammar=tokenizer is not None, logprobs=True)
 
     @classmethod
     def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
@@ -120,11 +123,13 @@ class TorchBackend(Backend):
         import torch
         from transformers import DynamicCache
 
+        from qwen_trt.params import SampledToken
         from qwen_trt.fast.sampling import SamplerState, pick, sampler_kind
 
         cancel = self._begin()
         stop = self.stop_ids(params)
         kind = sampler_kind(params)
+        constraint = self._constraint(params)
         with torch.inference_mode():
             ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
             cache = {self._cache_kw: DynamicCache(config=self.model.config)}
@@ -134,10 +139,19 @@ class TorchBackend(Backend):
             sampler = SamplerState(params.max_new_tokens, logits.shape[-1], self.device)
             sampler.set(params)
             for step in range(params.max_new_tokens):
+                if constraint is not None:
+                    constraint.fill(sampler.mask[0])
                 tok = pick(logits, kind, sampler)           # [1] on device
                 sampler.advance(tok)
                 tok_id = int(tok.item())                    # the one host sync per token
-                yield tok_id
+                if constraint is not None and not constraint.accept(tok_id):
+                    from qwen_trt.fast.grammar import GrammarError
+
+                    raise GrammarError(f"token {tok_id} broke the request's grammar")
+                if params.logprobs is not None:
+                    yield SampledToken(sampler.read_logprob(0, tok_id, params.logprobs))
+                else:
+                    yield tok_id
                 if tok_id in stop or cancel.is_set():
                     return
                 if step + 1 == params.max_new_tokens:
@@ -145,3 +159,13 @@ class TorchBackend(Backend):
                 out = self.model(input_ids=tok.view(1, 1), use_cache=True, **cache)
                 logits = out.logits[:, -1, :]
                 del out
+
+    def _constraint(self, params: SamplingParams):
+        """The request's grammar state (compiled against this tokenizer), or None."""
+        if params.grammar is None:
+            return None
+        from qwen_trt.fast.grammar import grammar_book
+
+        book = grammar_book(self, self._tokenizer, self.model.config.vocab_size,
+                            self.info.stop_token_ids)
+        return book.constraint(params.grammar, params.max_new_tokens)

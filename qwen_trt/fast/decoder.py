@@ -9,7 +9,10 @@ compiled and captured in :meth:`FastDecoder.warmup`, at load time.
 
 Host/device traffic per token is one 8-byte copy into pinned memory. The engine keeps one
 step in flight: it launches step n+1 before waiting for token n, so the GPU never idles on the
-host; when the caller stops early the extra step's result is simply dropped.
+host; when the caller stops early the extra step's result is simply dropped. A request with a
+grammar runs one step at a time instead: its mask for step n+1 (filled on the host from token
+n, copied into the sampler's mask buffer, which the ``+mask`` graphs read) needs token n first.
+Logprobs (``+logprobs`` graphs) are copied out of the sampler's buffers behind each step.
 
 On CPU (CI) the same code runs eagerly, without compile or graphs.
 """
@@ -28,7 +31,7 @@ from qwen_trt.errors import first_line
 from qwen_trt.fast.attention import check_triton, triton_usable
 from qwen_trt.fast.graphs import capture
 from qwen_trt.fast.model import Qwen3Fast, prefill_layer
-from qwen_trt.fast.sampling import Kind, SamplerState, pick, sampler_kind
+from qwen_trt.fast.sampling import Kind, SamplerState, logprob_of, pick, sampler_kind
 from qwen_trt.params import SamplingParams
 
 PREFILL_GRAPH_MAX = 4096   # prompts longer than this run compiled but not graph-captured
@@ -189,6 +192,8 @@ class FastDecoder:
         self.positions = torch.arange(n, device=dev)
         self.logits = torch.zeros(1, model.cfg.vocab_size, dtype=model.dtype, device=dev)
         self.sampler = SamplerState(n, model.cfg.vocab_size, dev)
+        self._mask_host = torch.full(self.sampler.mask.shape[1:], -1, dtype=torch.int32,
+                                     pin_memory=on_cuda)
         self._host = _HostTokens(dev)
         self.stats.compile, self.stats.graphs, self.stats.attention, self.stats.kernels = (
             self.compile, self.graphs, attention, kernels)
@@ -233,7 +238,8 @@ class FastDecoder:
         if graph is None:
             # A capture may happen mid-request (a sampler kind not warmed up): its warm-up runs
             # write only the spare cache slot past max_seq_len, which no request uses.
-            state = (self.pos, self.tok, self.sampler.step, self.sampler.seen)
+            state = (self.pos, self.tok, self.sampler.step, self.sampler.seen,
+                     self.sampler.counts)
             saved = [b.clone() for b in state]
 
             def reset() -> None:
@@ -312,40 +318,73 @@ class FastDecoder:
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                  cancel: threading.Event | None = None,
-                 stop_ids: Collection[int] = ()) -> Iterator[int]:
+                 stop_ids: Collection[int] = (), constraint=None) -> Iterator[int]:
         """Yield new token ids; same contract as :meth:`Backend.stream` (the caller checked the
         request with ``Backend.check_request``; stops at ``stop_ids`` and
         ``params.stop_token_ids`` unless ``params.ignore_eos``; at most ``max_new_tokens``;
-        stops when ``cancel`` is set or the generator is closed)."""
+        stops when ``cancel`` is set or the generator is closed). ``constraint``: the request's
+        :class:`~qwen_trt.fast.grammar.Constraint` when it has a grammar."""
         t = len(prompt_ids)
         n = params.max_new_tokens
         stop = params.stop_ids(stop_ids)
         kind = sampler_kind(params)
-        pending = deque([self._start(prompt_ids, params, kind)])
+        k = params.logprobs
+        pending = deque([self._start(prompt_ids, params, kind, k, constraint)])
         launched, emitted = 1, 0
         while pending:
-            if launched < n:   # keep one step in flight while the host waits
-                pending.append(self._step(t + launched - 1, kind))
+            if constraint is None and launched < n:   # keep one step in flight
+                pending.append(self._step(t + launched - 1, kind, k))
                 launched += 1
             tok_id = pending.popleft()()
             emitted += 1
+            if constraint is not None:
+                if not constraint.accept(tok_id):
+                    from qwen_trt.fast.grammar import GrammarError
+
+                    raise GrammarError(f"token {int(tok_id)} broke the request's grammar")
+                if launched < n and tok_id not in stop:   # the next step needs this token
+                    self._load_mask(constraint)
+                    pending.append(self._step(t + launched - 1, kind, k))
+                    launched += 1
             yield tok_id
             if tok_id in stop or emitted >= n or (cancel is not None and cancel.is_set()):
                 return
 
+    def _load_mask(self, constraint) -> None:
+        """The grammar's mask for the next step into the sampler (the graphs read it)."""
+        constraint.fill(self._mask_host)
+        self.sampler.mask[0].copy_(self._mask_host, non_blocking=True)
+
+    def _getter(self, k: int | None) -> Callable[[], int]:
+        """The getter of this step's token (a SampledToken with its logprobs when ``k`` is
+        set: copied out of the sampler behind the step, before the next one overwrites them)."""
+        if k is None:
+            return self._host.push(self.tok)
+        st = self.sampler
+        snap = (st.lp_token[0].clone(), st.lp_top[0, :k].clone(), st.lp_top_id[0, :k].clone())
+        get = self._host.push(self.tok)
+
+        def with_logprob() -> int:
+            from qwen_trt.params import SampledToken
+
+            return SampledToken(logprob_of(get(), *snap))
+        return with_logprob
+
     @torch.inference_mode()
     def _start(self, prompt_ids: Sequence[int], params: SamplingParams,
-               kind: Kind) -> Callable[[], int]:
+               kind: Kind, k: int | None = None, constraint=None) -> Callable[[], int]:
         """Prefill and choose the first token; returns a getter for its id."""
         self.sampler.set(params)
+        if constraint is not None:
+            self._load_mask(constraint)
         self._run_prefill(prompt_ids)
         self.tok.copy_(pick(self.logits, kind, self.sampler))
         self.pos.fill_(len(prompt_ids))
         self.sampler.advance(self.tok)
-        return self._host.push(self.tok)
+        return self._getter(k)
 
     @torch.inference_mode()
-    def _step(self, pos: int, kind: Kind) -> Callable[[], int]:
+    def _step(self, pos: int, kind: Kind, k: int | None = None) -> Callable[[], int]:
         """Launch the decode step for the token at ``pos``; returns a getter for the next id."""
         self._run_decode(pos, kind)
-        return self._host.push(self.tok)
+        return self._getter(k)

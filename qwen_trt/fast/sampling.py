@@ -2,9 +2,9 @@
 
 It can live inside a CUDA graph: no host syncs and no RNG calls when a token is picked. Request
 settings sit in small device buffers with one ROW per request (temperature, top-p, top-k,
-penalties, the pre-drawn random numbers, the step, the tokens generated so far), so a batched
-decoder picks a token for every row in one call, and one seed gives the same tokens on either
-path.
+min-p, penalties, the pre-drawn random numbers, the step, the tokens generated so far, the
+grammar mask), so a batched decoder picks a token for every row in one call, and one seed gives
+the same tokens on either path.
 
 Per row, in order:
 
@@ -12,27 +12,58 @@ Per row, in order:
    the whole conversation plus template tokens, which a reply may and must repeat):
    ``repetition_penalty`` with Hugging Face semantics (a seen token's logit is divided by it when
    positive, multiplied when negative), then ``presence_penalty`` subtracted once per distinct
-   seen token (OpenAI semantics). Neutral values (1.0, 0.0) leave logits untouched;
-2. temperature 0 is greedy (argmax);
-3. otherwise temperature, top-k, then the top-p nucleus (a token is dropped when the mass
-   before it already reaches top_p; the top token always stays), and inverse-CDF sampling with
-   the row's pre-drawn uniform for this step (drawn at request start from its seeded generator).
+   seen token and ``frequency_penalty`` once per time it was generated (OpenAI semantics).
+   Neutral values (1.0, 0.0) leave logits untouched;
+2. the grammar mask (kind ``+mask``): tokens the row's grammar does not allow next get -inf
+   (``SamplerState.mask``, xgrammar's bitmask layout, written by the host before the step;
+   unconstrained rows hold all ones);
+3. logprobs (kind ``+logprobs``): the log-softmax of these logits, the chosen token's and the
+   top 20 (``SamplerState.lp_*``), before temperature and the filters;
+4. temperature 0 is greedy (argmax);
+5. otherwise temperature, top-k, min-p (tokens below ``min_p`` x the top token's probability
+   dropped), then the top-p nucleus (a token is dropped when the mass before it already
+   reaches top_p; the top token always stays), and inverse-CDF sampling with the row's
+   pre-drawn uniform for this step (drawn at request start from its seeded generator).
 """
 from __future__ import annotations
 
 import torch
 
-from qwen_trt.params import SamplingParams
+from collections.abc import Sequence
 
-Kind = str   # "greedy" | "topk" | "full", plus "+penalties" when any row uses penalties
+from qwen_trt.params import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
+
+# "greedy" | "topk" | "full", then the flags in FLAGS order: "+penalties" (a row uses
+# penalties), "+mask" (a row is constrained by a grammar), "+logprobs" (a row wants logprobs)
+Kind = str
 TOPK_CAP = 64   # top_k up to this uses a cheap topk; larger (or 0 = off) sorts the whole vocab
 PENALTIES = "+penalties"
+MASK = "+mask"
+LOGPROBS = "+logprobs"
+FLAGS = (PENALTIES, MASK, LOGPROBS)
+BASES = ("greedy", "topk", "full")
 
 
 def sampler_kind(params: SamplingParams) -> Kind:
     """The kind of pick (one CUDA graph each) that serves ``params``."""
     base = "greedy" if params.greedy else "topk" if 0 < params.top_k <= TOPK_CAP else "full"
-    return base + PENALTIES if params.penalized else base
+    return base + "".join(f for f, on in zip(FLAGS, (
+        params.penalized, params.grammar is not None, params.logprobs is not None)) if on)
+
+
+def split_kind(kind: Kind) -> tuple[str, frozenset[str]]:
+    """``"topk+mask"`` -> ``("topk", {"+mask"})``."""
+    base, *flags = kind.split("+")
+    return base, frozenset("+" + f for f in flags)
+
+
+def join_kinds(kinds: Sequence[Kind]) -> Kind:
+    """The one kind that serves rows of all ``kinds`` in one pick (greedy rows in a sampling
+    kind have temperature 0 in their row)."""
+    parts = [split_kind(k) for k in kinds]
+    base = BASES[max(BASES.index(b) for b, _ in parts)]
+    flags = frozenset().union(*(f for _, f in parts))
+    return base + "".join(f for f in FLAGS if f in flags)
 
 
 def make_generator(params: SamplingParams, device: torch.device | str) -> torch.Generator | None:
@@ -60,21 +91,33 @@ class SamplerState(torch.nn.Module):
         buf("temperature", rows)
         buf("top_p", rows, fill=1)
         buf("top_k", rows, dtype=torch.long, fill=vocab)
+        buf("min_p", rows)
         buf("presence", rows)
         buf("repetition", rows, fill=1)
+        buf("frequency", rows)
         buf("uniforms", rows, max_tokens)
         buf("step", rows, dtype=torch.long)
         buf("seen", rows, vocab, dtype=torch.bool)
+        buf("counts", rows, vocab)                              # times generated (frequency)
+        buf("mask", rows, (vocab + 31) // 32, dtype=torch.int32, fill=-1)   # grammar bitmask
+        buf("lp_token", rows)                                   # logprob of the chosen token
+        buf("lp_top", rows, MAX_TOP_LOGPROBS)                   # the top logprobs...
+        buf("lp_top_id", rows, MAX_TOP_LOGPROBS, dtype=torch.long)   # ...and their ids
+        self.register_buffer("bit", torch.arange(32, dtype=torch.int32, device=device))
 
     def set(self, params: SamplingParams, row: int = 0) -> None:
         """Load ``params`` into ``row`` for a new request: step 0, nothing generated yet."""
         self.step[row] = 0
         self.seen[row] = False
+        self.counts[row] = 0
+        self.mask[row] = -1
         self.temperature[row] = 0.0 if params.greedy else params.temperature
         self.top_p[row] = params.top_p
         self.top_k[row] = params.top_k if params.top_k > 0 else self.seen.shape[1]
+        self.min_p[row] = params.min_p
         self.presence[row] = params.presence_penalty
         self.repetition[row] = params.repetition_penalty
+        self.frequency[row] = params.frequency_penalty
         gen = make_generator(params, self.uniforms.device)
         if gen is not None:
             n = min(params.max_new_tokens, self.uniforms.shape[1])
@@ -82,24 +125,81 @@ class SamplerState(torch.nn.Module):
 
     def advance(self, tokens: torch.Tensor) -> None:
         """Record the picked ``tokens [rows]`` (for the penalties) and move every row a step."""
-        self.seen.scatter_(1, tokens.view(-1, 1), True)
+        col = tokens.view(-1, 1)
+        self.seen.scatter_(1, col, True)
+        self.counts.scatter_add_(1, col, torch.ones_like(col, dtype=self.counts.dtype))
         self.step.add_(1)
 
     def penalize(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 ``logits [rows, vocab]`` with each row's penalties on its generated tokens."""
         rep = self.repetition.unsqueeze(-1)
         repeated = torch.where(logits > 0, logits / rep, logits * rep)
-        return torch.where(self.seen, repeated - self.presence.unsqueeze(-1), logits)
+        out = torch.where(self.seen, repeated - self.presence.unsqueeze(-1), logits)
+        return out - self.frequency.unsqueeze(-1) * self.counts
+
+    def apply_mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """float32 ``logits [rows, vocab]`` with the tokens each row's mask forbids at -inf."""
+        allowed = ((self.mask.unsqueeze(-1) >> self.bit) & 1).flatten(1)[:, :logits.shape[-1]]
+        return logits.masked_fill(allowed == 0, float("-inf"))
+
+    def store_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The log-softmax of the processed ``logits``: the chosen ``tokens``' logprobs and the
+        top ones, into ``lp_token`` / ``lp_top`` / ``lp_top_id``."""
+        chosen, top, top_id = token_logprobs(logits, tokens, self.lp_top.shape[1])
+        self.lp_token.copy_(chosen)
+        self.lp_top[:, :top.shape[1]].copy_(top)
+        self.lp_top_id[:, :top.shape[1]].copy_(top_id)
+
+    def read_logprob(self, row: int, token_id: int, k: int) -> TokenLogprob:
+        """Row ``row``'s stored logprobs as a :class:`TokenLogprob` with ``k`` alternatives
+        (a host sync: call once the step's token is known)."""
+        return logprob_of(token_id, self.lp_token[row], self.lp_top[row, :k],
+                          self.lp_top_id[row, :k])
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int):
+    """``(chosen [rows], top [rows, k], top_ids [rows, k])`` from float32 ``logits``."""
+    logp = torch.log_softmax(logits, dim=-1)
+    chosen = logp.gather(1, tokens.view(-1, 1)).squeeze(1)
+    top, top_id = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+    return chosen, top, top_id
+
+
+def logprob_of(token_id: int, chosen, top, top_id) -> TokenLogprob:
+    """A :class:`TokenLogprob` from one row's tensors (or lists); alternatives the grammar
+    forbids (logprob -inf) are left out."""
+    as_list = (lambda t: t.tolist() if isinstance(t, torch.Tensor) else t)
+    alts = tuple((int(i), float(v)) for i, v in zip(as_list(top_id), as_list(top))
+                 if v != float("-inf"))
+    return TokenLogprob(int(token_id), float(as_list(chosen)), alts)
+
+
+def prepare(logits: torch.Tensor, kind: Kind, st: SamplerState) -> torch.Tensor:
+    """float32 ``logits`` after the penalties and the grammar mask that ``kind`` names."""
+    _, flags = split_kind(kind)
+    lf = logits.float()
+    if PENALTIES in flags:
+        lf = st.penalize(lf)
+    if MASK in flags:
+        lf = st.apply_mask(lf)
+    return lf
 
 
 def pick(logits: torch.Tensor, kind: Kind, st: SamplerState) -> torch.Tensor:
-    """One token id per row (int64 ``[rows]``) from ``logits [rows, vocab]``; advances nothing."""
-    base, penalties = kind.removesuffix(PENALTIES), kind.endswith(PENALTIES)
-    if not penalties and base == "greedy":
+    """One token id per row (int64 ``[rows]``) from ``logits [rows, vocab]``; advances nothing.
+    Kind ``+logprobs`` also stores every row's logprobs in ``st``."""
+    base, flags = split_kind(kind)
+    if not flags and base == "greedy":
         return torch.argmax(logits, dim=-1)
-    lf = logits.float()
-    if penalties:
-        lf = st.penalize(lf)
+    lf = prepare(logits, kind, st)
+    tokens = sample(lf, base, st)
+    if LOGPROBS in flags:
+        st.store_logprobs(lf, tokens)
+    return tokens
+
+
+def sample(lf: torch.Tensor, base: str, st: SamplerState) -> torch.Tensor:
+    """Steps 4-5 of the module docstring on prepared float32 logits (``base`` of a kind)."""
     greedy = torch.argmax(lf, dim=-1)
     if base == "greedy":
         return greedy
@@ -112,6 +212,9 @@ def pick(logits: torch.Tensor, kind: Kind, st: SamplerState) -> torch.Tensor:
     ranks = torch.arange(vals.shape[-1], device=vals.device)
     vals = vals.masked_fill(ranks >= st.top_k.unsqueeze(-1), float("-inf"))
     probs = torch.softmax(vals, dim=-1)
+    probs = probs.masked_fill(probs < st.min_p.unsqueeze(-1) * probs[..., :1], 0.0)
+    min_p = st.min_p.unsqueeze(-1)
+    probs = torch.where(min_p > 0, probs / probs.sum(-1, keepdim=True), probs)
     before = torch.cumsum(probs, dim=-1) - probs
     probs = probs.masked_fill(before >= st.top_p.unsqueeze(-1), 0.0)
     cum = torch.cumsum(probs, dim=-1)
@@ -119,3 +222,63 @@ def pick(logits: torch.Tensor, kind: Kind, st: SamplerState) -> torch.Tensor:
     choice = (cum < u).sum(-1).clamp(max=vals.shape[-1] - 1)
     sampled = idx.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
     return torch.where(st.temperature > 0, sampled, greedy)
+
+
+_ROW_BUFFERS = ("temperature", "top_p", "top_k", "min_p", "presence", "repetition", "frequency",
+                "uniforms", "step", "seen", "counts", "mask", "bit")
+
+
+class RowsView:
+    """Some rows of a :class:`SamplerState`, in the order of a step's logits rows (copies:
+    :func:`pick_rows` writes the picks back)."""
+
+    def __init__(self, st: SamplerState, idx: torch.Tensor) -> None:
+        for name in _ROW_BUFFERS:
+            t = getattr(st, name)
+            setattr(self, name, t if name == "bit" else t.index_select(0, idx))
+
+    penalize = SamplerState.penalize
+    apply_mask = SamplerState.apply_mask
+
+
+def pick_rows(st: SamplerState, logits: torch.Tensor, rows: Sequence[int],
+              params: Sequence[SamplingParams], masks: torch.Tensor | None = None
+              ) -> tuple[list[int], list[TokenLogprob | None]]:
+    """One token per row of ``logits`` for the requests ``params`` holding sampler rows
+    ``rows`` (the batched runner's step), and each one's :class:`TokenLogprob` when it asked
+    for logprobs; advances those rows. ``masks``: int32 ``[len(rows), words]`` grammar masks
+    (all ones for unconstrained rows; on the host is fine), given when any row is constrained.
+
+    Logprobs are computed for the rows that want them only; a step of greedy, unpenalized,
+    unconstrained rows without logprobs is one argmax (their rows are not advanced: nothing
+    reads them)."""
+    kinds = [sampler_kind(p) for p in params]
+    if all(k == "greedy" for k in kinds):       # nothing of the rows' state is read
+        return torch.argmax(logits, dim=-1).tolist(), [None] * len(kinds)
+    want = [i for i, p in enumerate(params) if p.logprobs is not None]
+    dev = logits.device
+    idx = torch.tensor(list(rows), device=dev)
+    kind = join_kinds(kinds).replace(LOGPROBS, "")
+    if masks is None:
+        kind = kind.replace(MASK, "")
+    base, _ = split_kind(kind)
+    view = RowsView(st, idx)
+    if masks is not None:
+        view.mask = masks.to(dev, non_blocking=True)
+    lf = prepare(logits, kind, view)
+    tokens = sample(lf, base, view)
+    st.seen[idx, tokens] = True                 # SamplerState.advance for these rows
+    st.counts[idx, tokens] += 1
+    st.step[idx] += 1
+    out: list[TokenLogprob | None] = [None] * len(kinds)
+    host = tokens.tolist()
+    if want:
+        sel = torch.tensor(want, device=dev)
+        k = max(params[i].logprobs for i in want)
+        chosen, top, top_id = token_logprobs(lf.index_select(0, sel), tokens.index_select(0, sel),
+                                             max(k, 1))
+        chosen, top, top_id = chosen.tolist(), top.tolist(), top_id.tolist()
+        for j, i in enumerate(want):
+            n = params[i].logprobs
+            out[i] = logprob_of(host[i], chosen[j], top[j][:n], top_id[j][:n])
+    return host, out

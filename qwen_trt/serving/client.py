@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from qwen_trt.serving.generation import ReplyBuilder
 from qwen_trt.errors import first_line, QwenTrtError
-from qwen_trt.params import SamplingParams
+from qwen_trt.params import SamplingParams, TokenLogprob
 from qwen_trt.serving.session import PromptPlan
 from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, EngineState,
                                      EngineStoppedError, Failed, Finished, RequestHandle,
@@ -319,8 +319,8 @@ class EngineClient:
         """End the handle now; the slot stays taken until the worker's final event."""
         a.closing = True
         tail = a.builder.finish(cancelled=cancelled)
-        if tail:
-            a.handle._emit(Delta(tail))
+        if tail or a.builder.pending:
+            a.handle._emit(a.builder.delta(tail))
         a.handle._emit(Finished(a.builder.reply))
         self._served += 1
 
@@ -412,13 +412,13 @@ class EngineClient:
             if stats:
                 self._runner_stats = stats
             freed = False
-            for rid, token_ids, finish, error, cached in events:
+            for rid, token_ids, finish, error, cached, lps in events:
                 a = self._active.get(rid)
                 if a is None:
                     continue
                 self._cached += cached
                 try:
-                    self._apply(a, rid, token_ids, finish, error)
+                    self._apply(a, rid, token_ids, finish, error, lps)
                 except Exception as e:  # noqa: BLE001 - this request fails, the others go on
                     log.exception("request %s: handling its tokens failed", rid)
                     if not a.closing:
@@ -434,19 +434,19 @@ class EngineClient:
             if freed:
                 self._pump()
 
-    def _apply(self, a: _Active, rid: int, token_ids, finish, error) -> None:
+    def _apply(self, a: _Active, rid: int, token_ids, finish, error, lps=()) -> None:
         if a.closing:
             return
         b = a.builder
         text = []
-        for tok in token_ids:
+        for i, tok in enumerate(token_ids):
             if b.done:
                 break
-            d = b.add(tok)
+            d = b.add(tok, TokenLogprob(*lps[i]) if lps else None)
             if d:
                 text.append(d)
         if text:
-            a.handle._emit(Delta("".join(text)))
+            a.handle._emit(b.delta("".join(text)))
         if finish == "error":
             a.closing = True
             a.handle._emit(Failed(EngineFailedError(error or "The engine failed on this request.")))

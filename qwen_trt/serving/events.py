@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, Union
 
 from qwen_trt.errors import QwenTrtError
-from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
+from qwen_trt.params import Reply, ReplyMetrics, SamplingParams, TokenLogprob
 
 RequestState = Literal["queued", "running", "done"]
 # The engine's state as status() and Waiting.engine report it.
@@ -54,7 +54,13 @@ class Started:
 
 @dataclass(frozen=True)
 class Delta:
+    """New reply text, and the generated tokens whose text it completes (every generated
+    token is in exactly one Delta; the stop token in none); ``logprobs``, one per token id,
+    only when the request's ``params.logprobs`` is set."""
+
     text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from collections.abc import Iterator, Sequence
 
 from qwen_trt.backends.base import Backend
 from qwen_trt.model.detokenizer import IncrementalDetokenizer
-from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
+from qwen_trt.params import Reply, ReplyMetrics, SamplingParams, TokenLogprob
+from qwen_trt.serving.events import Delta
 
 
 class ReplyBuilder:
@@ -22,6 +23,8 @@ class ReplyBuilder:
     Call :meth:`start` when the request is handed to the engine, :meth:`add` for each new id
     (returns the text that is safe to show; a stop id sets :attr:`stopped` and shows nothing),
     and :meth:`finish` once at the end (returns the held-back tail, fixes the finish reason).
+    :meth:`delta` wraps text to show in a :class:`Delta` with the token ids (and logprobs)
+    added since the last one: each generated token lands in the Delta whose text completes it.
     ``stop_ids``: :meth:`Backend.stop_ids` of the request (empty with ignore_eos).
     """
 
@@ -37,6 +40,8 @@ class ReplyBuilder:
         self._t0 = time.perf_counter()
         self._t_first: float | None = None
         self._t_last: float | None = None
+        self._ids: list[int] = []
+        self._logprobs: list[TokenLogprob] = []
 
     def start(self) -> None:
         """The request reached the engine: time to first token counts from here."""
@@ -47,7 +52,20 @@ class ReplyBuilder:
         """A stop id arrived, or max_new_tokens did: nothing more will be shown."""
         return self.stopped or self.metrics.tokens >= self.params.max_new_tokens
 
-    def add(self, token_id: int) -> str:
+    @property
+    def pending(self) -> bool:
+        """Tokens were added that no :meth:`delta` has carried yet."""
+        return bool(self._ids)
+
+    def delta(self, text: str) -> Delta:
+        """``text`` as a :class:`Delta` carrying the tokens added since the last one."""
+        d = Delta(text, tuple(self._ids), tuple(self._logprobs))
+        self._ids, self._logprobs = [], []
+        return d
+
+    def add(self, token_id: int, logprob: TokenLogprob | None = None) -> str:
+        """``logprob``: the token's, when the request asked for logprobs (a
+        :class:`~qwen_trt.backends.base.SampledToken` id carries its own)."""
         now = time.perf_counter()
         m = self.metrics
         if self._t_first is None:
@@ -58,6 +76,12 @@ class ReplyBuilder:
         if token_id in self._stop_ids:
             self.stopped = True
             return ""
+        if logprob is None:
+            logprob = getattr(token_id, "logprob", None)
+        token_id = int(token_id)
+        self._ids.append(token_id)
+        if logprob is not None and self.params.logprobs is not None:
+            self._logprobs.append(logprob)
         return self._detok.add(token_id)
 
     def finish(self, cancelled: bool = False) -> str:
@@ -107,10 +131,16 @@ class ReplyStream:
         # This request's own flag: unlike the backend's, nothing clears it when a stream begins,
         # so a cancel that lands before the first token is never lost.
         self._cancel = cancel if cancel is not None else threading.Event()
-        self._gen = self._run()
+        self._deltas = self._run()
+        self._gen = (d.text for d in self._deltas if d.text)
 
     def __iter__(self) -> Iterator[str]:
         return self._gen
+
+    def deltas(self) -> Iterator[Delta]:
+        """Iterate instead of ``iter(stream)`` to get :class:`Delta` events (text plus the
+        token ids and logprobs it completes) rather than bare text."""
+        return self._deltas
 
     def __enter__(self) -> "ReplyStream":
         return self
@@ -120,6 +150,7 @@ class ReplyStream:
 
     def close(self) -> None:
         self._gen.close()
+        self._deltas.close()
         self._build.finish(cancelled=True)   # no-op when the stream ran to its end
 
     def cancel(self) -> None:
@@ -135,7 +166,7 @@ class ReplyStream:
     def reply(self) -> Reply:
         return self._build.reply
 
-    def _run(self) -> Iterator[str]:
+    def _run(self) -> Iterator[Delta]:
         b = self._build
         b.start()
         if self._cancel.is_set():          # cancelled before the engine was even asked
@@ -149,11 +180,11 @@ class ReplyStream:
                 if b.stopped:
                     break
                 if delta:
-                    yield delta
+                    yield b.delta(delta)
                 if self._cancel.is_set():
                     break
         finally:
             tokens.close()   # stops device work; its teardown is not part of the metrics
         tail = b.finish(cancelled=self._cancel.is_set())
-        if tail:
-            yield tail
+        if tail or b.pending:
+            yield b.delta(tail)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qwen_trt.fast.sampling import PENALTIES, SamplerState, pick, sampler_kind
+from qwen_trt.fast.sampling import SamplerState, pick_rows, sampler_kind
 from qwen_trt.fast.batched import BatchedModel, SeqChunk
 from qwen_trt.params import SamplingParams, fit_problem
 from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
@@ -72,6 +72,9 @@ class _Seq:
     reported: bool = False         # first event sent (it carries cached_tokens)
     admitted: bool = False
     row: int = -1                  # its row of the sampler state (kept through preemption)
+    constraint: object = None      # its grammar state (backends.grammar.Constraint)
+    compiling: object = None       # the Future of its grammar's compile, until admitted
+    logprob: object = None         # the TokenLogprob of the token being emitted
 
 
 @dataclass(eq=False)
@@ -86,9 +89,11 @@ class BatchRunner:
     """The continuous-batching runner of the fast path (module docstring)."""
 
     def __init__(self, model: BatchedModel, config: SchedulerConfig | None = None, *,
-                 stop_ids: Collection[int] = ()) -> None:
+                 stop_ids: Collection[int] = (), grammars=None) -> None:
         """``stop_ids``: the backend's stop ids (``BackendInfo.stop_token_ids``), added to each
-        request's own unless it sets ``ignore_eos``."""
+        request's own unless it sets ``ignore_eos``. ``grammars``: a callable returning the
+        :class:`~qwen_trt.fast.grammar.GrammarBook` of the model's tokenizer (requests
+        with a grammar fail without it)."""
         self.model = model
         self.config = config or SchedulerConfig()
         self.stop_ids = frozenset(stop_ids)
@@ -113,6 +118,9 @@ class BatchRunner:
         self.preemptions = 0
         self.prefix_hit_tokens = 0
         self.prompt_tokens = 0
+        self._grammars = grammars
+        self._compiler = None           # a thread compiling grammars off the step loop
+        self._mask_host: torch.Tensor | None = None
 
     # ---- the Runner contract ---------------------------------------------------------------
     def add(self, request_id: int, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -128,6 +136,13 @@ class BatchRunner:
             self._events.append(TokenEvent(request_id, finish="error", error=problem))
             return
         seq = _Seq(request_id, list(prompt_ids), n, params, params.stop_ids(self.stop_ids))
+        if params.grammar is not None:
+            if self._grammars is None:
+                self._events.append(TokenEvent(request_id, finish="error", error=(
+                    "Constrained decoding needs the model's tokenizer, which this runner "
+                    "was built without.")))
+                return
+            seq.compiling = self._compile(params)
         self._seqs[request_id] = seq
         self._waiting.append(seq)
         self.prompt_tokens += n
@@ -154,11 +169,14 @@ class BatchRunner:
                    "chained_steps": self.chained_steps})
 
     def step(self) -> list[TokenEvent]:
+        self._grammars_ready()
         events, self._events = self._events, []
         if self._inflight is not None:
             events += self._drain_or_chain()
             return events
         decode, prefill = self._schedule()
+        if not decode and not prefill and not events:
+            self._wait_compiles()
         if (decode and not prefill and self.model.can_chain(len(decode))
                 and all(sampler_kind(s.params) == "greedy" for s in decode)):
             # greedy decode on the GPU: launch now, read the tokens on the next call, by which
@@ -227,6 +245,9 @@ class BatchRunner:
         seq.tokens.append(tok)
         seq.generated += 1
         finish: StepFinish | None = None
+        if seq.constraint is not None and not seq.constraint.accept(tok):
+            self._finish(seq, "error", (), error=f"token {tok} broke the request's grammar")
+            return []
         if tok in seq.stop:
             finish = "stop"
         elif seq.generated >= seq.params.max_new_tokens or len(seq.tokens) >= self.max_seq_len:
@@ -237,7 +258,8 @@ class BatchRunner:
         return [self._event(seq, (tok,), None)]
 
     # ---- scheduling ------------------------------------------------------------------------
-    def _finish(self, seq: _Seq, finish: StepFinish, new: tuple[int, ...]) -> None:
+    def _finish(self, seq: _Seq, finish: StepFinish, new: tuple[int, ...],
+                error: str | None = None) -> None:
         self.alloc.free(seq.blocks)
         if seq.row >= 0:
             self._free_rows.append(seq.row)
@@ -250,12 +272,15 @@ class BatchRunner:
             except ValueError:
                 pass
         del self._seqs[seq.rid]
-        self._events.append(self._event(seq, new, finish))
+        self._events.append(self._event(seq, new, finish, error))
 
-    def _event(self, seq: _Seq, new: tuple[int, ...], finish: StepFinish | None) -> TokenEvent:
+    def _event(self, seq: _Seq, new: tuple[int, ...], finish: StepFinish | None,
+               error: str | None = None) -> TokenEvent:
         cached = 0 if seq.reported else seq.cached
         seq.reported = True
-        return TokenEvent(seq.rid, new, finish=finish, cached_tokens=cached)
+        lp, seq.logprob = seq.logprob, None
+        return TokenEvent(seq.rid, new, finish=finish, cached_tokens=cached, error=error,
+                          logprobs=(lp,) if lp is not None and new else ())
 
     def _preempt(self, seq: _Seq) -> None:
         self.alloc.free(seq.blocks)
@@ -289,6 +314,10 @@ class BatchRunner:
             if budget <= 0:
                 break
             if not seq.admitted:
+                if seq.compiling is not None:           # its grammar is still compiling
+                    continue
+                if self._prefilling_same(seq):          # n > 1: prefill the prompt once
+                    continue
                 if len(self._running) >= self.config.max_batch or (
                         seq.row < 0 and not self._free_rows):
                     break
@@ -362,40 +391,81 @@ class BatchRunner:
 
     def _pick(self, logits: torch.Tensor, seqs: list[_Seq]) -> list[int]:
         """One token per row of ``logits`` with each sequence's settings: the shared sampler
-        (:mod:`qwen_trt.fast.sampling`) over those sequences' rows of the sampler state."""
+        (:func:`qwen_trt.fast.sampling.pick_rows`) over those sequences' rows of the
+        sampler state, with the grammar masks of the constrained ones (filled on the host
+        while the step's forward runs on the GPU: it was launched before this call)."""
         if not seqs:
             return []
-        kinds = [sampler_kind(s.params) for s in seqs]
-        if all(k == "greedy" for k in kinds):
-            return torch.argmax(logits, dim=-1).tolist()
-        base = [k.removesuffix(PENALTIES) for k in kinds]
-        kind = "topk" if all(b in ("greedy", "topk") for b in base) else "full"
-        if any(k.endswith(PENALTIES) for k in kinds):
-            kind += PENALTIES
+        toks, lps = pick_rows(self.sampler, logits, [s.row for s in seqs],
+                              [s.params for s in seqs], self._masks(seqs))
+        for seq, lp in zip(seqs, lps):
+            seq.logprob = lp
+        return toks
+
+    def _prefilling_same(self, seq: _Seq) -> bool:
+        """Whether a running sequence still prefilling starts with the same full block as
+        ``seq`` (identical prompts in flight, ``n > 1``): ``seq`` waits, then takes those
+        blocks from the prefix cache instead of computing them again."""
+        bs = self.alloc.block_size
+        if not self.config.prefix_caching or len(seq.tokens) <= bs:
+            return False
+        head = seq.tokens[:bs]
+        return any(s.computed < len(s.tokens) - 1 and s.computed < s.prompt_len
+                   and s.tokens[:bs] == head for s in self._running)
+
+    # ---- grammars: compiled off the step loop, masks filled per step -----------------------
+    def _compile(self, params: SamplingParams):
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._compiler is None:
+            self._compiler = ThreadPoolExecutor(1, thread_name_prefix="qwen-trt-grammar")
+        book = self._grammars
+        return self._compiler.submit(lambda: book().constraint(params.grammar,
+                                                               params.max_new_tokens))
+
+    def _grammars_ready(self) -> None:
+        """Waiting requests whose grammar compiled may be admitted; a bad one fails."""
+        for seq in [s for s in self._waiting if s.compiling is not None]:
+            if not seq.compiling.done():
+                continue
+            fut, seq.compiling = seq.compiling, None
+            try:
+                seq.constraint = fut.result()
+            except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+                from qwen_trt.serving.serial import error_line
+
+                self._finish(seq, "error", (), error=error_line(e))
+
+    def _wait_compiles(self) -> None:
+        """Nothing to run but compiles: wait a little for one instead of spinning."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        futs = [s.compiling for s in self._waiting if s.compiling is not None]
+        if futs:
+            wait(futs, timeout=0.05, return_when=FIRST_COMPLETED)
+
+    def _masks(self, seqs: list[_Seq]) -> torch.Tensor | None:
+        """int32 ``[len(seqs), words]`` grammar masks for a step (all ones for the
+        unconstrained rows), or None when no row is constrained."""
+        if all(s.constraint is None for s in seqs):
+            return None
         st = self.sampler
-        idx = torch.tensor([s.row for s in seqs], device=st.step.device)
-        view = _RowsView(st, idx)
-        toks = pick(logits, kind, view)
-        st.seen[idx, toks] = True           # SamplerState.advance for these rows
-        st.step[idx] += 1
-        return toks.tolist()
-
-
-class _RowsView:
-    """Some rows of a :class:`SamplerState`, in the order of a step's logits rows."""
-
-    def __init__(self, st: SamplerState, idx: torch.Tensor) -> None:
-        for name in ("temperature", "top_p", "top_k", "presence", "repetition", "uniforms",
-                     "step", "seen"):
-            setattr(self, name, getattr(st, name).index_select(0, idx))
-
-    penalize = SamplerState.penalize
+        if self._mask_host is None:
+            self._mask_host = torch.empty(st.mask.shape, dtype=torch.int32,
+                                          pin_memory=st.mask.is_cuda)
+        host = self._mask_host[:len(seqs)]
+        host.fill_(-1)
+        for i, seq in enumerate(seqs):
+            if seq.constraint is not None:
+                seq.constraint.fill(host[i])
+        return host
 
 
 def make_batch_runner(model, config: SchedulerConfig | None = None, *,
                       kv_tokens: int | None = None, block_size: int | None = None,
                       graphs: bool | None = None, warmup: bool = True,
-                      checked: bool = False, stop_ids: Collection[int] = ()) -> BatchRunner:
+                      checked: bool = False, stop_ids: Collection[int] = (),
+                      grammars=None) -> BatchRunner:
     """A :class:`BatchRunner` over the weights of ``model`` (a
     :class:`~qwen_trt.fast.model.Qwen3Fast`); its batch-1 static cache is freed. ``kv_tokens``
     caps the paged cache (default: what fits in free GPU memory; 8192 tokens on CPU)."""
@@ -404,7 +474,7 @@ def make_batch_runner(model, config: SchedulerConfig | None = None, *,
 
     bm = make_batched(model, block_size=block_size or DEFAULT_BLOCK_SIZE, kv_tokens=kv_tokens,
                       graphs=graphs, warmup=warmup, checked=checked)
-    return BatchRunner(bm, config, stop_ids=stop_ids)
+    return BatchRunner(bm, config, stop_ids=stop_ids, grammars=grammars)
 
 
 def batch_runner_for(backend, config: SchedulerConfig | None = None, *,
@@ -414,6 +484,7 @@ def batch_runner_for(backend, config: SchedulerConfig | None = None, *,
     runner = backend.attached_runner
     if runner is None:
         runner = make_batch_runner(backend.take_model(), config, kv_tokens=kv_tokens,
-                                   checked=True, stop_ids=backend.info.stop_token_ids)
+                                   checked=True, stop_ids=backend.info.stop_token_ids,
+                                   grammars=getattr(backend, "grammars", None))
         backend.attach_runner(runner)
     return runner

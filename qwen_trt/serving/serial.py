@@ -108,22 +108,26 @@ class SerialRunner:
             events.append(self._finish(req, (), "error", error_line(e)))
             return events
         req.tokens += 1
+        lp = getattr(tok, "logprob", None)          # a SampledToken when logprobs are on
+        lps = (lp,) if lp is not None else ()
+        tok = int(tok)
         if tok in req.stop_ids:
-            events.append(self._finish(req, (tok,), "stop"))
+            events.append(self._finish(req, (tok,), "stop", logprobs=lps))
         elif req.tokens >= req.params.max_new_tokens:
-            events.append(self._finish(req, (tok,), "length"))
+            events.append(self._finish(req, (tok,), "length", logprobs=lps))
         else:
-            events.append(TokenEvent(req.request_id, (tok,)))
+            events.append(TokenEvent(req.request_id, (tok,), logprobs=lps))
         return events
 
     def stats(self) -> RunnerStats:
         return RunnerStats(running=int(self._running is not None), waiting=len(self._queue),
                            prompt_tokens=self._prompt_tokens)
 
-    def _finish(self, req: _Request, ids: tuple[int, ...], finish, error: str | None = None):
+    def _finish(self, req: _Request, ids: tuple[int, ...], finish, error: str | None = None,
+                logprobs: tuple = ()):
         self._close(req)
         self._running = None
-        return TokenEvent(req.request_id, ids, finish=finish, error=error)
+        return TokenEvent(req.request_id, ids, finish=finish, error=error, logprobs=logprobs)
 
     @staticmethod
     def _close(req: _Request) -> None:

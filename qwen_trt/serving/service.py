@@ -169,8 +169,8 @@ class InferenceService:
         try:
             stream = ReplyStream(self.backend, handle.prompt_ids, handle.params,
                                  dropped_turns=handle.dropped_turns, cancel=handle._cancel)
-            for delta in stream:
-                handle._emit(Delta(delta))
+            for delta in stream.deltas():
+                handle._emit(delta)
             stream.close()
             handle._emit(Finished(stream.reply))
         except QwenTrtError as e:

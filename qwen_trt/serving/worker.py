@@ -195,9 +195,11 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
 
 
 def pack(events) -> list[tuple]:
-    """TokenEvents as plain tuples ``(id, token_ids, finish, error, cached_tokens)``: pickling a
-    step's batch of 32 this way costs a fraction of pickling the dataclasses (bench/ipc.py)."""
-    return [(e.request_id, e.token_ids, e.finish, e.error, e.cached_tokens) for e in events]
+    """TokenEvents as plain tuples ``(id, token_ids, finish, error, cached_tokens, logprobs)``
+    (logprobs as ``(token_id, logprob, top)`` tuples, ``()`` when off): pickling a step's batch
+    of 32 this way costs a fraction of pickling the dataclasses (bench/ipc.py)."""
+    return [(e.request_id, e.token_ids, e.finish, e.error, e.cached_tokens,
+             tuple((lp.token_id, lp.logprob, lp.top) for lp in e.logprobs)) for e in events]
 
 
 def serve(conn, runner, beat=None) -> None:
@@ -265,7 +267,7 @@ def _handle(msg, runner, conn) -> bool:
         except Exception as e:  # noqa: BLE001 - this request fails, the others go on
             from qwen_trt.serving.serial import error_line
 
-            conn.send(("events", [(rid, (), "error", error_line(e), 0)], None))
+            conn.send(("events", [(rid, (), "error", error_line(e), 0, ())], None))
     elif kind == "abort":
         runner.abort(msg[1])
     elif kind == "stop":
