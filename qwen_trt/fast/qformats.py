@@ -141,10 +141,17 @@ Weight = torch.Tensor | PackedLinear
 
 
 def dense(w: Weight, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``w`` as a dense ``[N, K]`` tensor (packed formats dequantized: the reference path)."""
+    """``w`` as a dense ``[N, K]`` tensor; packed formats are dequantized to ``dtype`` (one
+    Triton kernel on CUDA, PyTorch ops elsewhere and inside ``torch.compile``)."""
     if isinstance(w, torch.Tensor):
         return w
-    return w.dequantize(dtype or torch.bfloat16)
+    dtype = dtype or torch.bfloat16
+    if w.device.type == "cuda" and not torch.compiler.is_compiling():
+        from qwen_trt.fast.qkernels import dequantize, triton
+
+        if triton is not None:
+            return dequantize(w, dtype)
+    return w.dequantize(dtype)
 
 
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
@@ -215,14 +222,24 @@ def _sum_bits(parts: torch.Tensor) -> torch.Tensor:
 
 def quantize(w: torch.Tensor, spec: QuantSpec) -> Weight:
     """A dense weight in ``spec``'s format (``none``: unchanged)."""
-    if spec.method == "fp8":
-        q, s = fp8_quantize(w, spec.block)
+    if spec.method == "fp8":   # bfloat16 scales, as Qwen's checkpoints store them
+        q, s = fp8_quantize(w, spec.block, scale_dtype=torch.bfloat16)
         return Fp8Linear(q, s, spec.block)
     if spec.method == "int4":
-        group = spec.group if w.shape[1] % spec.group == 0 else math.gcd(spec.group, w.shape[1])
-        q, s, z = int4_quantize(w, group)
-        return Int4Linear(pack_rows(q), s, z, group)
+        q, s, z = int4_quantize(w, spec.group)
+        return Int4Linear(pack_rows(q), s, z, spec.group)
     return w
+
+
+def group_for(widths: list[int], group: int = INT4_GROUP) -> int:
+    """The INT4 group size for projections of these input widths: ``group`` if it divides
+    them all, else the largest power of two that does (tiny test models)."""
+    g = group
+    for w in widths:
+        g = math.gcd(g, w)
+    if g < 16:
+        raise ValueError(f"int4: the projection widths {widths} allow no group size >= 16")
+    return g
 
 
 # ---- fusing q/k/v and gate/up ------------------------------------------------------------
