@@ -149,19 +149,19 @@ def init_random(model: Qwen3Fast, seed: int = 0, std: float = 0.02) -> None:
     """Random weights in place (on the model's device): normal(0, std) matrices, unit norms."""
     g = torch.Generator(device=model.device)
     g.manual_seed(seed)
-    packed = model.quant.method != "none"
     shapes = projection_shapes(model.cfg)
     with torch.no_grad():
-        for name, b in model.named_buffers():
-            if name.startswith(("cache.", "cos", "sin")) or b.numel() == 0:
+        # the dense model's buffer order: a packed model draws the same numbers, then packs them
+        for name, b in list(model.named_buffers()):
+            if name.startswith(("cache.", "cos", "sin")):
                 continue
-            if b.dim() == 1:
+            attr = name.rsplit(".", 1)[-1]
+            if b.numel() == 0 and attr in shapes:      # a packed projection's placeholder
+                layer = model.layers[int(name.split(".")[1])]
+                w = torch.empty(shapes[attr], dtype=model.dtype, device=model.device)
+                layer.set_projection(attr, quantize(w.normal_(0.0, std, generator=g),
+                                                    model.quant))
+            elif b.dim() == 1:
                 b.fill_(1.0)
-            elif b.dtype.is_floating_point and b.element_size() > 1:
+            else:
                 b.normal_(0.0, std, generator=g)
-        if packed:   # drawn dense, then quantized (one projection at a time)
-            for layer in model.layers:
-                for attr, shape in shapes.items():
-                    w = torch.empty(shape, dtype=model.dtype, device=model.device)
-                    layer.set_projection(attr, quantize(w.normal_(0.0, std, generator=g),
-                                                        model.quant))
