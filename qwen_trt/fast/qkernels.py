@@ -221,14 +221,13 @@ if triton is not None:
     # Tuned at the first call per (shape, format, fusion): the decoder's self-check and
     # warm-up, before any graph capture.
     _GEMV_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
-                     for bn, w, st in ((1, 4, 3), (2, 4, 3), (4, 4, 3), (4, 8, 3), (8, 8, 3),
-                                       (2, 4, 4), (4, 4, 4), (8, 4, 2), (16, 8, 2))]
+                     for bn, w, st in ((2, 4, 3), (4, 4, 3), (4, 8, 3), (8, 8, 2), (1, 4, 4))]
     _qgemv_tuned = triton.autotune(configs=_GEMV_CONFIGS,
                                    key=["N", "K", "FMT", "NORM", "GATE_UP", "RESIDUAL"],
                                    do_bench=_quick_bench)(_qgemv_kernel)
     _BGEMM_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
-                      for bn, w, st in ((16, 4, 4), (32, 4, 4), (64, 4, 4), (16, 4, 6),
-                                        (32, 8, 3), (64, 8, 3), (128, 4, 3), (16, 2, 8))]
+                      for bn, w, st in ((16, 4, 4), (32, 4, 4), (64, 4, 3), (32, 8, 3),
+                                        (128, 4, 3))]
     _qbgemm_tuned = triton.autotune(configs=_BGEMM_CONFIGS,
                                     key=["N", "K", "FMT", "BLOCK_M", "GATE_UP", "RESIDUAL"],
                                     do_bench=_quick_bench)(_qbgemm_kernel)
