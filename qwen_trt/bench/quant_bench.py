@@ -99,7 +99,8 @@ def all_logits(model, ids):
     return model._logits(x)
 
 
-def bench_format(fmt: str, prompt: list[int], new_tokens: int, ref_logits, log) -> dict:
+def bench_format(fmt: str, prompt: list[int], new_tokens: int, ref_logits, log,
+                 batched: bool = True) -> dict:
     import torch
 
     from qwen_trt.fast import SHAPES, load_fast_decoder
@@ -144,6 +145,10 @@ def bench_format(fmt: str, prompt: list[int], new_tokens: int, ref_logits, log) 
                                  "rel_err_mean": round(err.mean().item(), 5),
                                  "rel_err_max": round(err.max().item(), 5),
                                  "top1_agree": round(top1, 4)}
+    if not batched:
+        del dec, m
+        torch.cuda.empty_cache()
+        return res, logits
     # the batched runner's decode graphs at 8 and 32 rows
     dec._decode_graphs.clear()
     dec._prefill_graphs.clear()
@@ -173,6 +178,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--formats", default="none,fp8,int4")
     p.add_argument("--no-kernels", action="store_true")
+    p.add_argument("--kernel-formats", default=None, help="default: --formats")
+    p.add_argument("--no-batched", action="store_true", help="skip the 8/32-row decode graphs")
     p.add_argument("--no-decode", action="store_true")
     p.add_argument("--new-tokens", type=int, default=256)
     args = p.parse_args(argv)
@@ -195,7 +202,8 @@ def main(argv=None) -> int:
         ref = None
         for fmt in formats:
             try:
-                res, logits = bench_format(fmt, prompt, args.new_tokens, ref, log)
+                res, logits = bench_format(fmt, prompt, args.new_tokens, ref, log,
+                                           batched=not args.no_batched)
                 if fmt == "none":
                     ref = logits
                 out["decode"][fmt] = res
@@ -206,7 +214,7 @@ def main(argv=None) -> int:
                                       "trace": traceback.format_exc()[-1500:]}
             save()
     if not args.no_kernels:   # after the decode runs: the kernels are tuned by then
-        for fmt in formats:
+        for fmt in (args.kernel_formats or args.formats).split(","):
             try:
                 out["kernels"][fmt] = bench_kernels(fmt)
             except Exception as e:  # noqa: BLE001 - keep the other formats

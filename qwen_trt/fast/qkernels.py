@@ -3,9 +3,10 @@ scales) and INT4 (group scales and zero points), dequantized in registers (W8A16
 activations stay in the model dtype, no FP8 tensor cores needed).
 
 * :func:`qgemv` -- batch 1, with the fusions of :func:`qwen_trt.fast.gemv.gemv` (RMSNorm
-  prologue, residual, ``silu(gate) * up``). Each program owns ``BLOCK_N`` rows and walks K one
-  scale block (FP8) or group (INT4) at a time, accumulating products elementwise and reducing
-  once at the end.
+  prologue, residual, ``silu(gate) * up``). Each program owns ``BLOCK_N`` rows and walks K
+  ``BK`` columns at a time (several scale blocks / groups: each column's scale is gathered;
+  the loop is unrolled so the loads are in flight together), accumulating products
+  elementwise and reducing once at the end.
 * :func:`qbgemm` -- 2..64 rows, the fusions of :func:`qwen_trt.fast.bgemm.bgemm`: each program
   dequantizes a ``BLOCK_N x BK`` strip of the weight to the model dtype once and multiplies all
   M rows with it (``tl.dot``).
@@ -40,6 +41,7 @@ class QConfig:
     block_n: int = 4
     warps: int = 4
     stages: int = 3
+    bk: int = 0           # columns per step (0: one scale block / group)
 
 
 def _fmt_args(w: PackedLinear):
@@ -64,23 +66,26 @@ if triton is not None:
     def _dequant_tile(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K: tl.constexpr,
                       KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr,
                       BLOCK_N: tl.constexpr, BK: tl.constexpr, FMT: tl.constexpr):
-        """float32 weights ``[BLOCK_N, BK]`` of ``rows`` at columns ``k0 .. k0 + BK`` (one
-        scale column: BK divides the block/group). Rows outside ``row_ok`` are 0."""
+        """float32 weights ``[BLOCK_N, BK]`` of ``rows`` at columns ``k0 .. k0 + BK`` (any
+        number of scale blocks / groups: each column's scale is gathered, from L1). Rows
+        outside ``row_ok`` and columns past K are 0."""
         if FMT == 0:
             kk = k0 + tl.arange(0, BK)
             m = row_ok[:, None] & (kk < K)[None, :]
             raw = tl.load(q_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0)
             w = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            s = tl.load(s_ptr + (rows // SN) * KS + k0 // SK, mask=row_ok, other=0.0)
-            return w * s[:, None]
+            s = tl.load(s_ptr + (rows // SN)[:, None] * KS + (kk // SK)[None, :], mask=m,
+                        other=0.0)
+            return w * s
         else:
-            j = tl.arange(0, BK // 8)
-            wq = tl.load(q_ptr + rows[:, None] * (K // 8) + (k0 // 8 + j)[None, :],
-                         mask=row_ok[:, None], other=0)
+            j = k0 // 8 + tl.arange(0, BK // 8)          # words of the row
+            m = row_ok[:, None] & (j < K // 8)[None, :]
+            wq = tl.load(q_ptr + rows[:, None] * (K // 8) + j[None, :], mask=m, other=0)
             qv = ((wq[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 15).to(tl.float32)
-            s = tl.load(s_ptr + rows * KS + k0 // SK, mask=row_ok, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + rows * KS + k0 // SK, mask=row_ok, other=0).to(tl.float32)
-            w = qv * s[:, None, None] - (z * s)[:, None, None]    # exact: (q - z) * s
+            g = rows[:, None] * KS + (j * 8 // SK)[None, :]
+            s = tl.load(s_ptr + g, mask=m, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + g, mask=m, other=0).to(tl.float32)
+            w = qv * s[:, :, None] - (z * s)[:, :, None]    # exact: (q - z) * s
             return tl.reshape(w, (BLOCK_N, BK))
 
     @triton.jit
@@ -116,7 +121,7 @@ if triton is not None:
         if FMT == 0:
             acc = tl.zeros([BLOCK_N, BK], tl.float32)
             acc2 = tl.zeros([BLOCK_N, BK], tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in tl.static_range(0, K, BK):
                 kk = k0 + tl.arange(0, BK)
                 xf = _norm_x(x_ptr, ln_ptr, kk, kk < K, rstd, dt, NORM)[None, :]
                 acc += _dequant_tile(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, KS, SN, SK,
@@ -132,23 +137,24 @@ if triton is not None:
             shifts = (i * 4)[None, None, :]
             acc = tl.zeros([BLOCK_N, BK // 8, 8], tl.float32)
             acc2 = tl.zeros([BLOCK_N, BK // 8, 8], tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in tl.static_range(0, K, BK):
                 xoff = k0 + j[:, None] * 8 + i[None, :]
                 xf = _norm_x(x_ptr, ln_ptr, xoff, xoff < K, rstd, dt, NORM)[None, :, :]
-                woff = rows[:, None] * (K // 8) + (k0 // 8 + j)[None, :]
-                wq = tl.load(q_ptr + woff, mask=row_ok[:, None], other=0)
-                s = tl.load(s_ptr + rows * KS + k0 // SK, mask=row_ok, other=0.0).to(tl.float32)
-                z = tl.load(z_ptr + rows * KS + k0 // SK, mask=row_ok, other=0).to(tl.float32)
+                jj = k0 // 8 + j
+                m = row_ok[:, None] & (jj < K // 8)[None, :]
+                woff = rows[:, None] * (K // 8) + jj[None, :]
+                goff = rows[:, None] * KS + (jj * 8 // SK)[None, :]
+                wq = tl.load(q_ptr + woff, mask=m, other=0)
+                s = tl.load(s_ptr + goff, mask=m, other=0.0).to(tl.float32)
+                z = tl.load(z_ptr + goff, mask=m, other=0).to(tl.float32)
                 qv = ((wq[:, :, None] >> shifts) & 15).to(tl.float32)
-                acc += (qv * s[:, None, None] - (z * s)[:, None, None]) * xf
+                acc += (qv * s[:, :, None] - (z * s)[:, :, None]) * xf
                 if GATE_UP:
-                    wq2 = tl.load(q_ptr + N * (K // 8) + woff, mask=row_ok[:, None], other=0)
-                    s2 = tl.load(s_ptr + (rows + N) * KS + k0 // SK, mask=row_ok,
-                                 other=0.0).to(tl.float32)
-                    z2 = tl.load(z_ptr + (rows + N) * KS + k0 // SK, mask=row_ok,
-                                 other=0).to(tl.float32)
+                    wq2 = tl.load(q_ptr + N * (K // 8) + woff, mask=m, other=0)
+                    s2 = tl.load(s_ptr + N * KS + goff, mask=m, other=0.0).to(tl.float32)
+                    z2 = tl.load(z_ptr + N * KS + goff, mask=m, other=0).to(tl.float32)
                     qv2 = ((wq2[:, :, None] >> shifts) & 15).to(tl.float32)
-                    acc2 += (qv2 * s2[:, None, None] - (z2 * s2)[:, None, None]) * xf
+                    acc2 += (qv2 * s2[:, :, None] - (z2 * s2)[:, :, None]) * xf
             y_acc = tl.sum(tl.sum(acc, 2), 1)
             u_acc = tl.sum(tl.sum(acc2, 2), 1)
         y = y_acc.to(dt)
@@ -220,14 +226,15 @@ if triton is not None:
 
     # Tuned at the first call per (shape, format, fusion): the decoder's self-check and
     # warm-up, before any graph capture.
-    _GEMV_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
-                     for bn, w, st in ((2, 4, 3), (4, 4, 3), (4, 8, 3), (8, 8, 2), (1, 4, 4))]
+    _GEMV_CONFIGS = [triton.Config({"BLOCK_N": bn, "BK": bk}, num_warps=w, num_stages=1)
+                     for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 512, 8),
+                                       (1, 2048, 4), (2, 512, 4))]
     _qgemv_tuned = triton.autotune(configs=_GEMV_CONFIGS,
                                    key=["N", "K", "FMT", "NORM", "GATE_UP", "RESIDUAL"],
                                    do_bench=_quick_bench)(_qgemv_kernel)
-    _BGEMM_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
-                      for bn, w, st in ((16, 4, 4), (32, 4, 4), (64, 4, 3), (32, 8, 3),
-                                        (128, 4, 3))]
+    _BGEMM_CONFIGS = [triton.Config({"BLOCK_N": bn, "BK": bk}, num_warps=w, num_stages=st)
+                      for bn, bk, w, st in ((16, 256, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4),
+                                            (32, 512, 8, 3), (16, 512, 4, 3), (128, 128, 4, 3))]
     _qbgemm_tuned = triton.autotune(configs=_BGEMM_CONFIGS,
                                     key=["N", "K", "FMT", "BLOCK_M", "GATE_UP", "RESIDUAL"],
                                     do_bench=_quick_bench)(_qbgemm_kernel)
@@ -246,15 +253,15 @@ def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
     res = residual.reshape(n) if residual is not None else out
     pdl = pdl_enabled(x.device)
     args = (q, s, z, x, out, ln if ln is not None else x, res, eps)
-    kw = dict(N=n, K=k, KS=ks, SN=sn, SK=sk, BK=_bk(w), FMT=fmt, NORM=ln is not None,
+    kw = dict(N=n, K=k, KS=ks, SN=sn, SK=sk, FMT=fmt, NORM=ln is not None,
               RESIDUAL=residual is not None, GATE_UP=gate_up, PDL=pdl, **launch_kwargs(pdl))
     if config is None and x.device.type == "cuda":
         _qgemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **kw)
         return out
     cfg = config or QConfig()
     _qgemv_kernel[(triton.cdiv(n, cfg.block_n),)](*args, BLOCK_N=cfg.block_n,
-                                                  num_warps=cfg.warps, num_stages=cfg.stages,
-                                                  **kw)
+                                                  BK=cfg.bk or _bk(w), num_warps=cfg.warps,
+                                                  num_stages=cfg.stages, **kw)
     return out
 
 
@@ -272,15 +279,15 @@ def qbgemm(w: PackedLinear, x: torch.Tensor, *, residual: torch.Tensor | None = 
     pdl = pdl_enabled(x.device)
     args = (q, s, z, x, out, res, m)
     kw = dict(N=n, K=k, KS=ks, SN=sn, SK=sk, BLOCK_M=max(16, triton.next_power_of_2(m)),
-              BK=_bk(w), FMT=fmt, RESIDUAL=residual is not None, GATE_UP=gate_up,
+              FMT=fmt, RESIDUAL=residual is not None, GATE_UP=gate_up,
               IEEE=x.dtype == torch.float32, PDL=pdl, **launch_kwargs(pdl))
     if config is None and x.device.type == "cuda":
         _qbgemm_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **kw)
         return out
     cfg = config or QConfig(block_n=16)
     _qbgemm_kernel[(triton.cdiv(n, cfg.block_n),)](*args, BLOCK_N=cfg.block_n,
-                                                   num_warps=cfg.warps, num_stages=cfg.stages,
-                                                   **kw)
+                                                   BK=cfg.bk or _bk(w), num_warps=cfg.warps,
+                                                   num_stages=cfg.stages, **kw)
     return out
 
 
