@@ -32,8 +32,10 @@ def test_packed_gemv_gemm_and_dequantize_match_dequantized_weights():
                           residual=torch.randn(n) if f.get("residual") else None)
                 x = torch.randn(k)
                 ref = gemv_ref(wd, x, **kw)
-                for bn, bk in ((1, 64), (4, 128), (2, 512)):   # BK below, at, above a block
-                    got = K.qgemv(w, x, config=K.QConfig(block_n=bn, bk=bk), **kw)
+                # steps below, at and above a block / group; pipelined and unrolled loops
+                for bn, bk, unroll in ((1, 64, False), (4, 128, False), (2, 512, True),
+                                       (4, 64, True)):
+                    got = K.qgemv(w, x, config=K.QConfig(block_n=bn, bk=bk, unroll=unroll), **kw)
                     errs.append(((got - ref).norm() / ref.norm()).item())
                 for m in (2, 5):
                     xm = torch.randn(m, k)
@@ -50,7 +52,7 @@ def test_packed_gemv_gemm_and_dequantize_match_dequantized_weights():
                         errs.append(((got - y).norm() / y.norm()).item())
         print(json.dumps({"errs": errs, "deq": deq}))
     """)
-    assert len(res["errs"]) == 7 * (3 + 4), len(res["errs"])
+    assert len(res["errs"]) == 7 * (4 + 4), len(res["errs"])
     assert max(res["errs"]) < 1e-5, res["errs"]
     assert max(res["deq"]) == 0.0
 

@@ -42,6 +42,7 @@ class QConfig:
     warps: int = 4
     stages: int = 3
     bk: int = 0           # columns per step (0: one scale block / group)
+    unroll: bool = False  # GEMV: the K loop unrolled instead of pipelined
 
 
 def _fmt_args(w: PackedLinear):
@@ -63,29 +64,47 @@ def _bk(w: PackedLinear) -> int:
 
 if triton is not None:
     @triton.jit
+    def _int4_tile3(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K: tl.constexpr, KS: tl.constexpr,
+                    SK: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr):
+        """float32 INT4 weights ``[BLOCK_N, BK / 8, 8]`` (word, nibble) of ``rows`` at columns
+        ``k0 .. k0 + BK``: one scale / zero per row when the step lies in one group
+        (``BK <= SK``), else gathered per word."""
+        j = k0 // 8 + tl.arange(0, BK // 8)          # words of the row
+        m = row_ok[:, None] & (j < K // 8)[None, :]
+        wq = tl.load(q_ptr + rows[:, None] * (K // 8) + j[None, :], mask=m, other=0)
+        qv = ((wq[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 15).to(tl.float32)
+        if BK <= SK:
+            s = tl.load(s_ptr + rows * KS + k0 // SK, mask=row_ok, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + rows * KS + k0 // SK, mask=row_ok, other=0).to(tl.float32)
+            return qv * s[:, None, None] - (z * s)[:, None, None]    # exact: (q - z) * s
+        else:
+            g = rows[:, None] * KS + (j * 8 // SK)[None, :]
+            s = tl.load(s_ptr + g, mask=m, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + g, mask=m, other=0).to(tl.float32)
+            return qv * s[:, :, None] - (z * s)[:, :, None]
+
+    @triton.jit
     def _dequant_tile(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K: tl.constexpr,
                       KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr,
                       BLOCK_N: tl.constexpr, BK: tl.constexpr, FMT: tl.constexpr):
-        """float32 weights ``[BLOCK_N, BK]`` of ``rows`` at columns ``k0 .. k0 + BK`` (any
-        number of scale blocks / groups: each column's scale is gathered, from L1). Rows
-        outside ``row_ok`` and columns past K are 0."""
+        """float32 weights ``[BLOCK_N, BK]`` of ``rows`` at columns ``k0 .. k0 + BK``. A step
+        inside one scale block / group (``BK <= SK``) loads one scale per row; a wider one
+        gathers each column's scale (from L1). Rows outside ``row_ok`` and columns past K
+        are 0."""
         if FMT == 0:
             kk = k0 + tl.arange(0, BK)
             m = row_ok[:, None] & (kk < K)[None, :]
             raw = tl.load(q_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0)
             w = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            s = tl.load(s_ptr + (rows // SN)[:, None] * KS + (kk // SK)[None, :], mask=m,
-                        other=0.0)
-            return w * s
+            if BK <= SK:
+                s = tl.load(s_ptr + (rows // SN) * KS + k0 // SK, mask=row_ok, other=0.0)
+                return w * s[:, None]
+            else:
+                s = tl.load(s_ptr + (rows // SN)[:, None] * KS + (kk // SK)[None, :], mask=m,
+                            other=0.0)
+                return w * s
         else:
-            j = k0 // 8 + tl.arange(0, BK // 8)          # words of the row
-            m = row_ok[:, None] & (j < K // 8)[None, :]
-            wq = tl.load(q_ptr + rows[:, None] * (K // 8) + j[None, :], mask=m, other=0)
-            qv = ((wq[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 15).to(tl.float32)
-            g = rows[:, None] * KS + (j * 8 // SK)[None, :]
-            s = tl.load(s_ptr + g, mask=m, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + g, mask=m, other=0).to(tl.float32)
-            w = qv * s[:, :, None] - (z * s)[:, :, None]    # exact: (q - z) * s
+            w = _int4_tile3(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, KS, SK, BLOCK_N, BK)
             return tl.reshape(w, (BLOCK_N, BK))
 
     @triton.jit
@@ -98,11 +117,39 @@ if triton is not None:
         return xv.to(tl.float32)
 
     @triton.jit
+    def _qgemv_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0, rstd, acc, acc2,
+                    N: tl.constexpr, K: tl.constexpr, KS: tl.constexpr, SN: tl.constexpr,
+                    SK: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr,
+                    FMT: tl.constexpr, NORM: tl.constexpr, GATE_UP: tl.constexpr,
+                    dt: tl.constexpr):
+        """One ``BK``-column step of the GEMV: products accumulate elementwise (FP8
+        ``[BLOCK_N, BK]``, INT4 ``[BLOCK_N, BK / 8, 8]``)."""
+        if FMT == 0:
+            kk = k0 + tl.arange(0, BK)
+            xf = _norm_x(x_ptr, ln_ptr, kk, kk < K, rstd, dt, NORM)[None, :]
+            acc += _dequant_tile(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, KS, SN, SK,
+                                 BLOCK_N, BK, FMT) * xf
+            if GATE_UP:
+                acc2 += _dequant_tile(q_ptr, s_ptr, z_ptr, rows + N, row_ok, k0, K, KS, SN, SK,
+                                      BLOCK_N, BK, FMT) * xf
+        else:
+            xoff = k0 + tl.arange(0, BK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+            xf = _norm_x(x_ptr, ln_ptr, xoff, xoff < K, rstd, dt, NORM)[None, :, :]
+            acc += _int4_tile3(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, KS, SK, BLOCK_N,
+                               BK) * xf
+            if GATE_UP:
+                acc2 += _int4_tile3(q_ptr, s_ptr, z_ptr, rows + N, row_ok, k0, K, KS, SK,
+                                    BLOCK_N, BK) * xf
+        return acc, acc2
+
+    @triton.jit
     def _qgemv_kernel(q_ptr, s_ptr, z_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
                       N: tl.constexpr, K: tl.constexpr, KS: tl.constexpr, SN: tl.constexpr,
                       SK: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr,
                       FMT: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-                      GATE_UP: tl.constexpr, PDL: tl.constexpr):
+                      GATE_UP: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr = False):
+        """``UNROLL``: the K loop unrolled (every step's loads issued together; for wide
+        steps), else a pipelined loop (``num_stages``; for one-block steps)."""
         pid = tl.program_id(0)
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
@@ -121,40 +168,23 @@ if triton is not None:
         if FMT == 0:
             acc = tl.zeros([BLOCK_N, BK], tl.float32)
             acc2 = tl.zeros([BLOCK_N, BK], tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_N, BK // 8, 8], tl.float32)
+            acc2 = tl.zeros([BLOCK_N, BK // 8, 8], tl.float32)
+        if UNROLL:
             for k0 in tl.static_range(0, K, BK):
-                kk = k0 + tl.arange(0, BK)
-                xf = _norm_x(x_ptr, ln_ptr, kk, kk < K, rstd, dt, NORM)[None, :]
-                acc += _dequant_tile(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, KS, SN, SK,
-                                     BLOCK_N, BK, FMT) * xf
-                if GATE_UP:
-                    acc2 += _dequant_tile(q_ptr, s_ptr, z_ptr, rows + N, row_ok, k0, K, KS,
-                                          SN, SK, BLOCK_N, BK, FMT) * xf
+                acc, acc2 = _qgemv_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0,
+                                        rstd, acc, acc2, N, K, KS, SN, SK, BLOCK_N, BK, FMT,
+                                        NORM, GATE_UP, dt)
+        else:
+            for k0 in range(0, K, BK):
+                acc, acc2 = _qgemv_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0,
+                                        rstd, acc, acc2, N, K, KS, SN, SK, BLOCK_N, BK, FMT,
+                                        NORM, GATE_UP, dt)
+        if FMT == 0:
             y_acc = tl.sum(acc, 1)
             u_acc = tl.sum(acc2, 1)
         else:
-            j = tl.arange(0, BK // 8)
-            i = tl.arange(0, 8)
-            shifts = (i * 4)[None, None, :]
-            acc = tl.zeros([BLOCK_N, BK // 8, 8], tl.float32)
-            acc2 = tl.zeros([BLOCK_N, BK // 8, 8], tl.float32)
-            for k0 in tl.static_range(0, K, BK):
-                xoff = k0 + j[:, None] * 8 + i[None, :]
-                xf = _norm_x(x_ptr, ln_ptr, xoff, xoff < K, rstd, dt, NORM)[None, :, :]
-                jj = k0 // 8 + j
-                m = row_ok[:, None] & (jj < K // 8)[None, :]
-                woff = rows[:, None] * (K // 8) + jj[None, :]
-                goff = rows[:, None] * KS + (jj * 8 // SK)[None, :]
-                wq = tl.load(q_ptr + woff, mask=m, other=0)
-                s = tl.load(s_ptr + goff, mask=m, other=0.0).to(tl.float32)
-                z = tl.load(z_ptr + goff, mask=m, other=0).to(tl.float32)
-                qv = ((wq[:, :, None] >> shifts) & 15).to(tl.float32)
-                acc += (qv * s[:, :, None] - (z * s)[:, :, None]) * xf
-                if GATE_UP:
-                    wq2 = tl.load(q_ptr + N * (K // 8) + woff, mask=m, other=0)
-                    s2 = tl.load(s_ptr + N * KS + goff, mask=m, other=0.0).to(tl.float32)
-                    z2 = tl.load(z_ptr + N * KS + goff, mask=m, other=0).to(tl.float32)
-                    qv2 = ((wq2[:, :, None] >> shifts) & 15).to(tl.float32)
-                    acc2 += (qv2 * s2[:, :, None] - (z2 * s2)[:, :, None]) * xf
             y_acc = tl.sum(tl.sum(acc, 2), 1)
             u_acc = tl.sum(tl.sum(acc2, 2), 1)
         y = y_acc.to(dt)
@@ -226,15 +256,23 @@ if triton is not None:
 
     # Tuned at the first call per (shape, format, fusion): the decoder's self-check and
     # warm-up, before any graph capture.
-    _GEMV_CONFIGS = [triton.Config({"BLOCK_N": bn, "BK": bk}, num_warps=w, num_stages=1)
-                     for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 512, 8),
-                                       (1, 2048, 4), (2, 512, 4))]
+    # Two families, both measured on an H200 (docs/measurements/quant-bench-h200-run*.json):
+    # one scale block / group per step in a pipelined loop (faster for qkv, gate_up), and wide
+    # unrolled steps with gathered scales (faster for o, down); the tuner keeps the faster.
+    _GEMV_CONFIGS = (
+        [triton.Config({"BLOCK_N": bn, "BK": 128, "UNROLL": False}, num_warps=w, num_stages=st)
+         for bn, w, st in ((2, 4, 3), (4, 4, 3), (4, 8, 3), (8, 8, 2), (1, 4, 4))]
+        + [triton.Config({"BLOCK_N": bn, "BK": bk, "UNROLL": True}, num_warps=w, num_stages=1)
+           for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 512, 8),
+                             (1, 2048, 4))])
     _qgemv_tuned = triton.autotune(configs=_GEMV_CONFIGS,
                                    key=["N", "K", "FMT", "NORM", "GATE_UP", "RESIDUAL"],
                                    do_bench=_quick_bench)(_qgemv_kernel)
-    _BGEMM_CONFIGS = [triton.Config({"BLOCK_N": bn, "BK": bk}, num_warps=w, num_stages=st)
-                      for bn, bk, w, st in ((16, 256, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4),
-                                            (32, 512, 8, 3), (16, 512, 4, 3), (128, 128, 4, 3))]
+    # one scale block / group per step (the faster form measured on an H200: run 1 against
+    # run 2's wider gathered steps)
+    _BGEMM_CONFIGS = [triton.Config({"BLOCK_N": bn, "BK": 128}, num_warps=w, num_stages=st)
+                      for bn, w, st in ((16, 4, 4), (32, 4, 4), (64, 4, 3), (32, 8, 3),
+                                        (128, 4, 3))]
     _qbgemm_tuned = triton.autotune(configs=_BGEMM_CONFIGS,
                                     key=["N", "K", "FMT", "BLOCK_M", "GATE_UP", "RESIDUAL"],
                                     do_bench=_quick_bench)(_qbgemm_kernel)
@@ -260,7 +298,8 @@ def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
         return out
     cfg = config or QConfig()
     _qgemv_kernel[(triton.cdiv(n, cfg.block_n),)](*args, BLOCK_N=cfg.block_n,
-                                                  BK=cfg.bk or _bk(w), num_warps=cfg.warps,
+                                                  BK=cfg.bk or _bk(w), UNROLL=cfg.unroll,
+                                                  num_warps=cfg.warps,
                                                   num_stages=cfg.stages, **kw)
     return out
 
