@@ -43,7 +43,8 @@ def register(sub) -> None:
     p.add_argument("--max-seq-len", type=int, default=4096, help="fast path KV cache length")
     p.add_argument("--quantization", default=None,
                    help="fast path weight formats to measure beside the checkpoint's own, e.g. "
-                        "fp8,int4 (each quantized at load; rows fast:fp8, fast:int4)")
+                        "fp8,int4 (each quantized at load; rows fast:fp8, fast:int4); with "
+                        "--concurrency: the one format of that run")
     p.add_argument("--quick", action="store_true", help="tiny workload (smoke test)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the JSON here (also bench-results/last.json)")
@@ -85,6 +86,12 @@ def run_serving(args, cuda: bool) -> int:
             kw[name] = getattr(args, name)
     if args.max_seq_len != 4096 or not quick:
         kw["max_seq_len"] = args.max_seq_len
+    formats = _quantizations(args.quantization)[1:]
+    if len(formats) > 1:
+        raise QwenTrtError("--quantization with --concurrency takes one format per run "
+                           f"(got {','.join(formats)})")
+    if formats:
+        kw["quantization"] = formats[0]
     try:
         cfg = ServingBenchConfig(
             model=args.model, random_weights=args.random_weights or (not cuda and not args.model),
