@@ -61,7 +61,7 @@ TRITON_DIR ?= .venv-triton
 TRITON_SPEC ?= triton==3.5.0
 test-kernels: setup
 	test -d $(TRITON_DIR)/triton || $(PIP) install -q --target $(TRITON_DIR) --no-deps "$(TRITON_SPEC)"
-	QWEN_TRT_TRITON_PATH=$(TRITON_DIR) $(PY) -m pytest -q -p no:cacheprovider tests/test_fast_kernels_interpret.py tests/test_paged_kernels_interpret.py
+	QWEN_TRT_TRITON_PATH=$(TRITON_DIR) $(PY) -m pytest -q -p no:cacheprovider tests/test_fast_kernels_interpret.py tests/test_paged_kernels_interpret.py tests/test_quant_kernels_interpret.py
 
 # The OpenAI-compatible API on 127.0.0.1:8000 (the tiny model when there is no GPU and no MODEL);
 # SERVE_ARGS="--port 9000 --api-key KEY ..." passes more flags (qwen-trt serve --help).

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "qwen_trt.commands.build",
     "qwen_trt.commands.export_onnx",
     "qwen_trt.commands.serve",
+    "qwen_trt.commands.quantize",
 )
 
 

@@ -1,7 +1,7 @@
 """The backend options, one home for the app and the CLI.
 
 ``add_backend_args(parser)`` adds ``--model --engine --backend --device --dtype --max-seq-len
---max-batch --fast --watchdog-s --base-url --api-key`` to any argparse parser; ``config_from(args, environ)`` turns the parsed flags plus the
+--max-batch --fast --watchdog-s --quantization --base-url --api-key`` to any argparse parser; ``config_from(args, environ)`` turns the parsed flags plus the
 ``QWEN_TRT_*`` environment variables into a checked :class:`BackendConfig` (a flag wins over its
 variable; an empty variable counts as unset; with nothing given the backend's ``auto`` choice
 applies). The values themselves are checked once, in ``BackendConfig.__post_init__``.
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from qwen_trt import settings
-from qwen_trt.backends import BACKENDS, DTYPES, FAST_MODES, BackendConfig
+from qwen_trt.backends import BACKENDS, DTYPES, FAST_MODES, QUANTIZATIONS, BackendConfig
 from qwen_trt.errors import ConfigError
 
 
@@ -56,6 +56,9 @@ OPTIONS: tuple[BackendOption, ...] = (
                   "the engine process: restart it when it makes no progress for this many "
                   "seconds while requests wait or run (a hung GPU or process); 0 = off "
                   "(default 30)"),
+    BackendOption("--quantization", "QWEN_TRT_QUANTIZATION",
+                  f"fast path weights: {' | '.join(QUANTIZATIONS)} (default auto = as the "
+                  "checkpoint has them; fp8 / int4 quantize a bf16 checkpoint at load)"),
     BackendOption("--base-url", "QWEN_TRT_BASE_URL",
                   "openai backend: an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"),
     BackendOption("--api-key", "QWEN_TRT_API_KEY",
@@ -101,6 +104,7 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = No
                          device=v["device"] or "auto", dtype=v["dtype"] or "auto",
                          max_seq_len=max_seq_len, max_batch=max_batch, fast=v["fast"] or "auto",
                          base_url=v["base_url"], api_key=v["api_key"],
+                         quantization=v["quantization"] or "auto",
                          **({} if watchdog is None else {"watchdog_s": watchdog}))
 
 

@@ -60,6 +60,7 @@ def test_config_key_differs_per_config_and_table_lists_every_env_var():
     envs = [o.env for o in OPTIONS]
     assert envs == ["QWEN_TRT_MODEL", "QWEN_TRT_ENGINE", "QWEN_TRT_BACKEND", "QWEN_TRT_DEVICE",
                     "QWEN_TRT_DTYPE", "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_MAX_BATCH", "QWEN_TRT_FAST", "QWEN_TRT_WATCHDOG_S",
+                    "QWEN_TRT_QUANTIZATION",
                     "QWEN_TRT_BASE_URL",
                     "QWEN_TRT_API_KEY"]
 
@@ -70,6 +71,14 @@ def test_fast_mode_from_flag_or_env_and_bad_value():
     assert parse_app_config([], {"QWEN_TRT_FAST": "on"}).fast == "on"
     with pytest.raises(ConfigError, match="Unknown fast mode 'fastest'"):
         parse_app_config(["--fast", "fastest"], {})
+
+
+def test_quantization_from_flag_or_env_and_bad_value():
+    assert parse_app_config([], {}).quantization == "auto"
+    assert parse_app_config(["--quantization", "fp8"], {}).quantization == "fp8"
+    assert parse_app_config([], {"QWEN_TRT_QUANTIZATION": "int4"}).quantization == "int4"
+    with pytest.raises(ConfigError, match="Unknown quantization 'int3'"):
+        parse_app_config(["--quantization", "int3"], {})
 
 
 def test_cli_parser_gets_the_same_options_and_checks():

@@ -12,6 +12,7 @@ from qwen_trt.errors import ConfigError
 BACKENDS = ("auto", "torch", "trtllm", "openai")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 FAST_MODES = ("auto", "on", "off")
+QUANTIZATIONS = ("auto", "none", "fp8", "int4")   # fast path weight formats
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 MIN_MAX_SEQ_LEN = 32   # room for the chat template, a short message and a reply
 
@@ -41,11 +42,15 @@ class BackendConfig:
     base_url: str | None = None     # openai only: an OpenAI-compatible server (.../v1)
     api_key: str | None = None      # openai: the key sent; qwen-trt serve: the key required
     watchdog_s: float = DEFAULT_WATCHDOG_S  # engine process: no progress this long -> restart
+    quantization: str = "auto"      # fast path: weights as the checkpoint has them, or
+                                    # fp8 / int4 quantized at load, or none (dequantized)
 
     def __post_init__(self) -> None:
         for what, flag, value, allowed in (("backend", "backend", self.backend, BACKENDS),
                                            ("dtype", "dtype", self.dtype, DTYPES),
-                                           ("fast mode", "fast", self.fast, FAST_MODES)):
+                                           ("fast mode", "fast", self.fast, FAST_MODES),
+                                           ("quantization", "quantization", self.quantization,
+                                            QUANTIZATIONS)):
             if value not in allowed:
                 raise ConfigError(f"Unknown {what} '{value}' ({_where(flag)}): "
                                   f"use one of {', '.join(allowed)}.")
@@ -130,6 +135,6 @@ def load_backend(cfg: BackendConfig, *, for_runner: bool = False) -> Backend:
     if use_fast(cfg.fast, pick_device(cfg.device)):
         return FastBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype,
                                 max_seq_len=cfg.max_seq_len, warmup=cfg.warmup,
-                                for_runner=for_runner)
+                                for_runner=for_runner, quantization=cfg.quantization)
     return TorchBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype,
                              max_seq_len=cfg.max_seq_len, warmup=cfg.warmup)

@@ -46,18 +46,20 @@ class FastBackend(Backend):
     @classmethod
     def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
              max_seq_len: int | None = None, warmup: bool = True,
-             for_runner: bool = False) -> "FastBackend":
+             for_runner: bool = False, quantization: str = "auto") -> "FastBackend":
         """``for_runner``: the caller serves through :meth:`runner` (the worker with
         ``--max-batch`` other than 1), which drops the batch-1 decoder's static cache and CUDA
         graphs; their compile and capture (about 15 s on an H200) is then skipped. The Triton
         self-checks still run (the decoder's constructor: the runner relies on them), and the
-        runner's own warm-up captures its batch buckets when it is built."""
+        runner's own warm-up captures its batch buckets when it is built. ``quantization``:
+        the projections' format (:func:`qwen_trt.fast.loader.resolve_quant`)."""
         from qwen_trt.fast import FastConfig, load_fast_decoder
 
         p = prepare_torch_load(model, device, dtype, max_seq_len)
         cfg = FastConfig.from_hf(p.source.config, f"'{p.source.name}'/config.json")
         decoder = load_fast_decoder(cfg, weights=p.source.path, dtype=p.dtype, device=p.device,
-                                    max_seq_len=p.max_seq_len, warmup=warmup and not for_runner)
+                                    max_seq_len=p.max_seq_len, warmup=warmup and not for_runner,
+                                    quantization=quantization)
         return cls(p.source, decoder, p.tokenizer)
 
     def take_model(self):

@@ -36,8 +36,15 @@ class BenchConfig:
     max_seq_len: int = 4096
     seed: int = 0
     command: str = ""
+    # weight formats of the fast path, each measured as its own path: "none" is the
+    # checkpoint as it is ("fast"), fp8 / int4 quantize it at load ("fast:fp8", "fast:int4")
+    quantization: tuple[str, ...] = ("none",)
 
     def __post_init__(self) -> None:
+        bad_q = [q for q in self.quantization if q not in ("none", "auto", "fp8", "int4")]
+        if bad_q or not self.quantization:
+            raise ValueError(f"unknown quantization {', '.join(bad_q) or '(none)'}; choose "
+                             "from none, fp8, int4")
         bad = [p for p in self.paths if p not in PATHS]
         if bad:
             raise ValueError(f"unknown path(s) {', '.join(bad)}; choose from {', '.join(PATHS)}")
@@ -190,14 +197,20 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
             if progress:
                 progress(_finish(dict(out), list(rows), reports, ids, weight_bytes, copy_tbps))
 
-    if "fast" in cfg.paths:
-        rep = reports["fast"] = PathReport()
+    fast_runs = [q for q in cfg.quantization] if "fast" in cfg.paths else []
+    path_bytes: dict[str, int] = {}
+    for quant in fast_runs:
+        name = "fast" if quant in ("none", "auto") else f"fast:{quant}"
+        rep = reports[name] = PathReport()
         try:   # a compile/capture failure must not lose the rows already measured
             t = time.perf_counter()
             weights = hf.state_dict() if hf is not None else model_dir
             engine = load_fast_decoder(fcfg, weights=weights, max_seq_len=max_seq_len, dtype=dtype,
-                                      device=device, seed=cfg.seed, warmup=False)
+                                      device=device, seed=cfg.seed, warmup=False,
+                                      quantization="auto" if quant == "none" else quant)
             del weights
+            rep.info["quantization"] = engine.model.quant.method
+            path_bytes[name] = engine.model.weight_bytes
             rep.info["load_s"] = round(time.perf_counter() - t, 2)
             if hf is not None:   # free the HF model and anything compiled for it
                 hf_ref = weakref.ref(hf)
@@ -212,7 +225,7 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
             _reset_peak(device)
             if _cuda(device):
                 rep.info["resident_before_warmup_GB"] = _gb(torch.cuda.memory_allocated())
-            log("[bench] fast: compile + capture ...")
+            log(f"[bench] {name}: compile + capture ...")
             stats = engine.warmup()
             rep.info.update(warmup_s=round(stats.warmup_s, 2), compile=stats.compile,
                             kernels=stats.kernels, attention=stats.attention,
@@ -224,21 +237,21 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
                             weights_GB=_gb(engine.model.weight_bytes))
             if _cuda(device):
                 rep.info["resident_after_warmup_GB"] = _gb(torch.cuda.memory_allocated())
-            r, ids["fast"] = _measure("fast", engine_runner(engine), prompts, cfg, device,
-                                      warm_tokens=4)
+            r, ids[name] = _measure(name, engine_runner(engine), prompts, cfg, device,
+                                    warm_tokens=4)
             rows += r
             if _cuda(device):
                 rep.info["mem_vs_weights_plus_kv"] = round(
                     r[0].peak_mem_gb * 1e9 / (engine.model.weight_bytes + engine.model.cache.nbytes), 3)
-            log("[bench] fast: " + ", ".join(f"{x.prompt_len}: {x.ttft_ms_p50:.1f} ms / "
+            log(f"[bench] {name}: " + ", ".join(f"{x.prompt_len}: {x.ttft_ms_p50:.1f} ms / "
                                              f"{x.decode_tok_s:.1f} tok/s" for x in r))
             del engine
             gc.collect()
             if _cuda(device):
                 torch.cuda.empty_cache()
         except Exception as e:  # noqa: BLE001 - reported in the JSON, the run goes on
-            rep.status = first_line(f"failed: {type(e).__name__}: {e}")[:300]
-            log(f"[bench] fast: {rep.status}")
+            rep.status = first_line(f"failed: {type(e).__name__}: {e}")
+            log(f"[bench] {name}: {rep.status}")
 
     if "trtllm" in cfg.paths:
         rep = reports["trtllm"] = PathReport()
@@ -260,14 +273,18 @@ def run_bench(cfg: BenchConfig, log=print, progress=None) -> dict:
             except Exception as e:  # missing library/engine is a skip, not a failure
                 rep.status = first_line(f"skipped: {type(e).__name__}: {e}")[:300]
 
-    return _finish(out, rows, reports, ids, weight_bytes, copy_tbps)
+    return _finish(out, rows, reports, ids, weight_bytes, copy_tbps, path_bytes)
 
 
 def _finish(out: dict, rows: list[Row], reports: dict[str, PathReport],
             ids: dict[str, dict[int, list[int]]], weight_bytes: int,
-            copy_tbps: float | None) -> dict:
+            copy_tbps: float | None, path_bytes: dict[str, int] | None = None) -> dict:
     add_ratios(rows, weight_bytes, copy_tbps)
-    rows = sorted(rows, key=lambda r: (PATHS.index(r.path), r.prompt_len))
+    for r in rows:   # packed weights: the roofline of the bytes that path reads per step
+        if copy_tbps and path_bytes and r.path in path_bytes and ":" in r.path:
+            r.roofline_frac = path_bytes[r.path] * r.decode_tok_s / (copy_tbps * 1e12)
+    rows = sorted(rows, key=lambda r: (PATHS.index(r.path.split(":")[0]), r.path,
+                                       r.prompt_len))
     out["rows"] = [r.to_json() for r in rows]
     out["paths"] = {k: {"status": v.status, **v.info} for k, v in reports.items()}
     out["parity"] = {}

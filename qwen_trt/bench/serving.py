@@ -56,10 +56,14 @@ class ServingBenchConfig:
     batch1: bool = True                   # today's FastDecoder first, same weights
     seed: int = 0
     command: str = ""
+    quantization: str = "auto"            # the fast path's weight format (none, fp8, int4)
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("concurrency values must be >= 1")
+        if self.quantization not in ("auto", "none", "fp8", "int4"):
+            raise ValueError(f"unknown quantization {self.quantization!r}; choose from none, "
+                             "fp8, int4 (one per serving run)")
         if min(self.prompt_len, self.new_tokens, self.long_prompt, self.turns,
                self.turn_tokens) < 1:
             raise ValueError("prompt, token and turn counts must be >= 1")
@@ -190,8 +194,11 @@ def run_serving_bench(cfg: ServingBenchConfig, log=print, progress=None) -> dict
     }
     t = time.perf_counter()
     decoder = load_fast_decoder(fcfg, weights=weights, max_seq_len=cfg.max_seq_len, dtype=dtype,
-                                device=device, seed=cfg.seed, warmup=cfg.batch1)
+                                device=device, seed=cfg.seed, warmup=cfg.batch1,
+                                quantization=cfg.quantization)
     out["load_s"] = round(time.perf_counter() - t, 2)
+    out["model"].update(quantization=decoder.model.quant.method,
+                        packed_weight_GB=round(decoder.model.weight_bytes / 1e9, 3))
     if cfg.batch1:      # today's batch-1 decoder, same weights, before the runner takes over
         log("[bench] batch-1 decoder ...")
         p = prompt(cfg.prompt_len)

@@ -41,6 +41,10 @@ def register(sub) -> None:
                    help="timed runs for the launch-bound hf-eager/torch paths (default 2)")
     p.add_argument("--paths", default=",".join(PATHS), help=f"subset of {','.join(PATHS)}")
     p.add_argument("--max-seq-len", type=int, default=4096, help="fast path KV cache length")
+    p.add_argument("--quantization", default=None,
+                   help="fast path weight formats to measure beside the checkpoint's own, e.g. "
+                        "fp8,int4 (each quantized at load; rows fast:fp8, fast:int4); with "
+                        "--concurrency: the one format of that run")
     p.add_argument("--quick", action="store_true", help="tiny workload (smoke test)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the JSON here (also bench-results/last.json)")
@@ -82,6 +86,12 @@ def run_serving(args, cuda: bool) -> int:
             kw[name] = getattr(args, name)
     if args.max_seq_len != 4096 or not quick:
         kw["max_seq_len"] = args.max_seq_len
+    formats = _quantizations(args.quantization)[1:]
+    if len(formats) > 1:
+        raise QwenTrtError("--quantization with --concurrency takes one format per run "
+                           f"(got {','.join(formats)})")
+    if formats:
+        kw["quantization"] = formats[0]
     try:
         cfg = ServingBenchConfig(
             model=args.model, random_weights=args.random_weights or (not cuda and not args.model),
@@ -148,6 +158,7 @@ def run(args) -> int:
         cfg = BenchConfig(model=args.model, random_weights=random_weights, shape=shape,
                           device=args.device, dtype=args.dtype, paths=tuple(_split(args.paths)),
                           max_seq_len=args.max_seq_len, seed=args.seed,
+                          quantization=_quantizations(args.quantization),
                           command=_command(args), **kw)
     except ValueError as e:
         raise QwenTrtError(str(e)) from e
@@ -185,13 +196,19 @@ def _command(args) -> str:
     for name in ("model", "random_weights", "shape", "device", "dtype", "prompt_lens",
                  "new_tokens", "repeats", "slow_repeats", "paths", "max_seq_len", "quick", "seed",
                  "concurrency", "token_budget", "max_batch", "long_prompt", "turns",
-                 "turn_tokens", "no_fifo", "no_batch1", "out"):
+                 "turn_tokens", "no_fifo", "no_batch1", "quantization", "out"):
         value = getattr(args, name)
         if value in (None, False) or defaults.get(name) == value:
             continue
         flag = "--" + name.replace("_", "-")
         parts += [flag] if value is True else [flag, str(value)]
     return shlex.join(parts)
+
+
+def _quantizations(text: str | None) -> tuple[str, ...]:
+    """The fast path's formats: the checkpoint's own first, then each of ``text`` (fp8,int4)."""
+    extra = [q for q in _split(text or "") if q not in ("none", "auto")]
+    return ("none", *dict.fromkeys(extra))
 
 
 def _split(text: str) -> list[str]:

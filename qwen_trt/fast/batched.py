@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from qwen_trt.errors import first_line
 from qwen_trt.fast.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK, LayerKVCache
 from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
+from qwen_trt.fast.qformats import dense, linear
 from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_attention_ref,
                                          paged_decode_attention, paged_rope_cache,
                                          paged_rope_decode_attention,
@@ -324,13 +325,14 @@ class BatchedModel:
         x = F.embedding(tok, m.embed)
         for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
-            qkv = self._pre(x, layer.ln_in, layer.wqkv, eps)
+            dt = m.dtype    # packed projections: dequantized, then cuBLAS
+            qkv = self._pre(x, layer.ln_in, dense(layer.wqkv, dt), eps)
             q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
                                  kc, vc, eps, cfg.heads)
             o = paged_varlen_attention(q, kc, vc, meta.tables, meta.ctx, meta.qstart, meta.qlen,
                                        meta.tile_seq, meta.tile_q0, self.block_size, *tile)
-            x = self._post(x, o.reshape(-1, cfg.q_size), layer.wo, layer.ln_post,
-                           layer.w_gate_up, layer.w_down, eps)
+            x = self._post(x, o.reshape(-1, cfg.q_size), dense(layer.wo, dt), layer.ln_post,
+                           dense(layer.w_gate_up, dt), dense(layer.w_down, dt), eps)
         return self._head(x.index_select(0, rows))
 
     def _forward_math(self, tokens: Sequence[int], positions: Sequence[int],
@@ -347,7 +349,7 @@ class BatchedModel:
         x = F.embedding(tok, m.embed)
         for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
-            qkv = _pre_attention(x, layer.ln_in, layer.wqkv, cfg.rms_eps)
+            qkv = _pre_attention(x, layer.ln_in, dense(layer.wqkv, m.dtype), cfg.rms_eps)
             q, k, v = split_norm_rope(qkv, pos, m.cos, m.sin, layer.q_norm, layer.k_norm,
                                       cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps)
             kc.index_copy_(1, slots, k.transpose(0, 1))
@@ -356,8 +358,9 @@ class BatchedModel:
             for c, cs, qp in zip(chunks, ctx_slots, q_pos):
                 o[c.start:c.start + c.n] = paged_attention_ref(q[c.start:c.start + c.n], kc, vc,
                                                                cs, qp)
-            x = _post_attention(x, o.reshape(-1, cfg.q_size), layer.wo, layer.ln_post,
-                                layer.w_gate_up, layer.w_down, cfg.rms_eps)
+            x = _post_attention(x, o.reshape(-1, cfg.q_size), dense(layer.wo, m.dtype),
+                                layer.ln_post, dense(layer.w_gate_up, m.dtype),
+                                dense(layer.w_down, m.dtype), cfg.rms_eps)
         rows = torch.tensor(list(logit_rows), dtype=torch.long, device=dev)
         return self._head(x.index_select(0, rows))
 
@@ -508,7 +511,7 @@ class BatchedModel:
             elif impl == "bgemm":
                 qkv = bgemm(layer.wqkv, rms_rows(x, layer.ln_in, eps))
             else:
-                qkv = F.linear(rms_norm(x, layer.ln_in, eps), layer.wqkv)
+                qkv = linear(rms_norm(x, layer.ln_in, eps), layer.wqkv)
             o = paged_rope_decode_attention(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin,
                                             pos, slots, kc, vc, tables, lens,
                                             self.block_size, eps, cfg.heads)
@@ -521,7 +524,7 @@ class BatchedModel:
                 act = bgemm(layer.w_gate_up, rms_rows(x, layer.ln_post, eps), gate_up=True)
                 x = bgemm(layer.w_down, act, residual=x)
             else:
-                x = x + F.linear(o.view(b, cfg.q_size), layer.wo)
+                x = x + linear(o.view(b, cfg.q_size), layer.wo)
                 x = mlp(cfg, x, layer.ln_post, layer.w_gate_up, layer.w_down)
         if impl == "gemv":
             logits = gemv(m._head(), x.view(cfg.hidden), ln=m.ln_final, eps=eps).view(1, -1)

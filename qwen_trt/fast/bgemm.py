@@ -138,7 +138,12 @@ def rms_rows(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
 
 def bgemm(w: torch.Tensor, x: torch.Tensor, *, residual: torch.Tensor | None = None,
           gate_up: bool = False, config: BgemmConfig | None = None) -> torch.Tensor:
-    """``x [M, K]`` (M <= 64) times ``w.T``, with the fusions of the module docstring."""
+    """``x [M, K]`` (M <= 64) times ``w.T``, with the fusions of the module docstring. A
+    packed weight (:mod:`qwen_trt.fast.qformats`) runs :func:`qwen_trt.fast.qkernels.qbgemm`."""
+    if not isinstance(w, torch.Tensor):
+        from qwen_trt.fast.qkernels import qbgemm
+
+        return qbgemm(w, x, residual=residual, gate_up=gate_up)
     rows, k = w.shape
     n = rows // 2 if gate_up else rows
     m = x.shape[0]

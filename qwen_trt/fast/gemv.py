@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from qwen_trt.fast.kernel_parts import silu_mul
 from qwen_trt.fast.options import options
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+from qwen_trt.fast.qformats import dense
 from qwen_trt.fast.reference import rms_norm
 
 try:  # Triton comes with CUDA builds of torch; CPU-only installs lack it
@@ -229,7 +230,12 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, ep
          residual: torch.Tensor | None = None, gate_up: bool = False,
          config: GemvConfig | None = None) -> torch.Tensor:
     """Triton GEMV with the fusions listed in the module docstring; returns ``[N]``. The
-    persistent configurations stream the weights with the evict-first L2 policy."""
+    persistent configurations stream the weights with the evict-first L2 policy. A packed weight
+    (FP8, INT4: :mod:`qwen_trt.fast.qformats`) runs :func:`qwen_trt.fast.qkernels.qgemv` instead."""
+    if not isinstance(w, torch.Tensor):
+        from qwen_trt.fast.qkernels import qgemv
+
+        return qgemv(w, x, ln=ln, eps=eps, residual=residual, gate_up=gate_up)
     rows, k = w.shape
     n = rows // 2 if gate_up else rows
     x = x.reshape(k)
@@ -265,7 +271,7 @@ def gemv_ref(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None
     x = x.reshape(1, -1)
     if ln is not None:
         x = rms_norm(x, ln, eps)
-    y = F.linear(x, w)
+    y = F.linear(x, dense(w, x.dtype))
     if gate_up:
         g, u = y.chunk(2, dim=-1)
         y = F.silu(g) * u

@@ -1,32 +1,94 @@
 """Build a :class:`FastDecoder` from a checkpoint folder, an HF state dict, or random weights."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import torch
 
+from qwen_trt.errors import ModelSourceError
 from qwen_trt.fast.config import FastConfig
 from qwen_trt.fast.decoder import FastDecoder
 from qwen_trt.fast.model import Qwen3Fast
-from qwen_trt.fast.weights import init_random, load_safetensors, load_state_dict
+from qwen_trt.fast.qformats import INT4_GROUP, METHODS, QuantSpec, group_for
+from qwen_trt.fast.weights import checkpoint_quant, init_random, load_safetensors, load_state_dict
+
+FP8_PREFILL_MODES = ("auto", "dequant", "tensorcore")
 
 
 def build_model(cfg: FastConfig, *, max_seq_len: int, dtype: torch.dtype,
-                device: str | torch.device) -> Qwen3Fast:
+                device: str | torch.device, quant: QuantSpec | None = None) -> Qwen3Fast:
     """An empty model (uninitialised weights, zeroed cache) directly on ``device``."""
     max_seq_len = min(max_seq_len, cfg.max_position_embeddings)
-    return Qwen3Fast(cfg, max_seq_len, dtype, device)
+    return Qwen3Fast(cfg, max_seq_len, dtype, device, quant)
+
+
+def resolve_quant(weights: str | Path | dict | None, quantization: str = "auto") -> QuantSpec:
+    """How the projections are held: the checkpoint's format (``auto``), or ``none`` / ``fp8``
+    / ``int4`` -- a bf16 checkpoint is quantized as it loads (INT4 by round to nearest); a
+    quantized one may only be dequantized (``none``), never re-quantized."""
+    if quantization not in ("auto", *METHODS):
+        raise ModelSourceError(f"--quantization {quantization!r}: use auto, "
+                               f"{', '.join(METHODS)}")
+    ck = checkpoint_quant(weights) if isinstance(weights, (str, Path)) else None
+    have = ck.method if ck else "none"
+    if quantization == "auto":
+        return ck.spec() if ck else QuantSpec()
+    if have != "none" and quantization not in ("none", have):
+        raise ModelSourceError(f"the checkpoint is {have} ({ck.layout}); --quantization "
+                               f"{quantization} would quantize it twice: use auto or none")
+    if quantization == have and ck is not None:
+        return ck.spec()
+    return QuantSpec(quantization)
+
+
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """Whether the GPU has FP8 tensor cores (compute capability 8.9+);
+    ``QWEN_TRT_FP8_TENSOR_CORES=0`` says no (to exercise the fallback anywhere)."""
+    if os.environ.get("QWEN_TRT_FP8_TENSOR_CORES", "") == "0" or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def fp8_notes(device: torch.device, mode: str | None = None) -> list[str]:
+    """What an FP8 model runs on, as notes; ``mode`` (``QWEN_TRT_FP8_PREFILL``): ``auto`` /
+    ``dequant`` (prefill dequantizes, then bf16 GEMMs) or ``tensorcore``, which raises a
+    one-line error on a GPU without FP8 tensor cores. Decode always runs the W8A16 kernels."""
+    mode = mode or os.environ.get("QWEN_TRT_FP8_PREFILL", "auto") or "auto"
+    if mode not in FP8_PREFILL_MODES:
+        raise ModelSourceError(f"QWEN_TRT_FP8_PREFILL={mode!r}: use "
+                               f"{', '.join(FP8_PREFILL_MODES)}")
+    has_tc = fp8_tensor_cores(device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    if mode == "tensorcore" and not has_tc:
+        raise ModelSourceError(f"FP8 tensor-core prefill needs FP8 tensor cores (compute "
+                               f"capability 8.9+), which {where} lacks: unset "
+                               "QWEN_TRT_FP8_PREFILL to use the W8A16 kernels")
+    notes = []
+    if not has_tc:
+        notes.append(f"fp8 weights on {where} without FP8 tensor cores: W8A16 kernels "
+                     "(dequantized in registers), prefill dequantizes then runs bf16 GEMMs")
+    elif mode == "tensorcore":
+        notes.append("fp8 tensor-core prefill is not built: prefill dequantizes then runs "
+                     "bf16 GEMMs")
+    return notes
 
 
 def load_fast_decoder(cfg: FastConfig, *, weights: str | Path | dict | None, max_seq_len: int,
                      dtype: torch.dtype, device: str | torch.device, seed: int = 0,
                      compile: bool | None = None, graphs: bool | None = None,
-                     warmup: bool = True, kernels: str = "auto") -> FastDecoder:
+                     warmup: bool = True, kernels: str = "auto",
+                     quantization: str = "auto") -> FastDecoder:
     """``weights``: a checkpoint folder, an HF state dict, or None for random weights.
     ``kernels``: decode with the fused Triton kernels (``"triton"``), the compiled PyTorch ops
-    (``"torch"``), or ``"auto"`` (Triton on CUDA when its self-check passes)."""
-    model = build_model(cfg, max_seq_len=max_seq_len, dtype=dtype, device=device)
+    (``"torch"``), or ``"auto"`` (Triton on CUDA when its self-check passes).
+    ``quantization``: see :func:`resolve_quant`."""
+    quant = resolve_quant(weights, quantization)
+    if quant.method == "int4" and quantization == "int4" and quant.group == INT4_GROUP:
+        quant = QuantSpec("int4", group=group_for([cfg.hidden, cfg.intermediate, cfg.q_size]))
+    notes = fp8_notes(torch.device(device)) if quant.method == "fp8" else []
+    model = build_model(cfg, max_seq_len=max_seq_len, dtype=dtype, device=device, quant=quant)
     if weights is None:
         init_random(model, seed=seed)
     elif isinstance(weights, dict):
@@ -34,6 +96,7 @@ def load_fast_decoder(cfg: FastConfig, *, weights: str | Path | dict | None, max
     else:
         load_safetensors(model, weights)
     decoder = FastDecoder(model, compile=compile, graphs=graphs, kernels=kernels)
+    decoder.stats.notes[:0] = notes
     report_fallbacks(decoder)
     if warmup:
         decoder.warmup()

@@ -25,6 +25,7 @@ from qwen_trt.fast.attention import decode_attention, math_attend, rope_decode_a
 from qwen_trt.fast.config import FastConfig
 from qwen_trt.fast.gemv import gemv
 from qwen_trt.fast.kv_cache import StaticKVCache
+from qwen_trt.fast.qformats import PackedLinear, QuantSpec, Weight, dense, linear
 from qwen_trt.fast.reference import rms_norm, rope_tables, split_norm_rope
 
 
@@ -32,16 +33,16 @@ def qkv_rope(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torch.Ten
              sin: torch.Tensor, ln_in: torch.Tensor, wqkv: torch.Tensor, q_norm: torch.Tensor,
              k_norm: torch.Tensor):
     """Norm, fused projection, q/k norms and rotary for ``x [T, hidden]`` at ``pos [T]``."""
-    qkv = F.linear(rms_norm(x, ln_in, cfg.rms_eps), wqkv)
+    qkv = linear(rms_norm(x, ln_in, cfg.rms_eps), wqkv)
     return split_norm_rope(qkv, pos, cos, sin, q_norm, k_norm, cfg.heads, cfg.kv_heads,
                            cfg.head_dim, cfg.rms_eps)
 
 
-def mlp(cfg: FastConfig, x: torch.Tensor, ln_post: torch.Tensor, w_gate_up: torch.Tensor,
-        w_down: torch.Tensor) -> torch.Tensor:
+def mlp(cfg: FastConfig, x: torch.Tensor, ln_post: torch.Tensor, w_gate_up: Weight,
+        w_down: Weight) -> torch.Tensor:
     h = rms_norm(x, ln_post, cfg.rms_eps)
-    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, w_down)
+    gate, up = linear(h, w_gate_up).chunk(2, dim=-1)
+    return x + linear(F.silu(gate) * up, w_down)
 
 
 def prefill_layer(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
@@ -77,30 +78,59 @@ def prefill_layer(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torc
     return mlp(cfg, x, ln_post, w_gate_up, w_down)
 
 
-class Qwen3Layer(torch.nn.Module):
-    """Weights of one decoder layer (fused projections)."""
+PROJECTIONS = ("wqkv", "wo", "w_gate_up", "w_down")
 
-    def __init__(self, cfg: FastConfig, dtype: torch.dtype, device) -> None:
+
+def projection_shapes(cfg: FastConfig) -> dict[str, tuple[int, int]]:
+    """``[N, K]`` of each fused projection of a layer."""
+    return {"wqkv": (cfg.q_size + 2 * cfg.kv_size, cfg.hidden), "wo": (cfg.hidden, cfg.q_size),
+            "w_gate_up": (2 * cfg.intermediate, cfg.hidden),
+            "w_down": (cfg.hidden, cfg.intermediate)}
+
+
+class Qwen3Layer(torch.nn.Module):
+    """Weights of one decoder layer (fused projections). A projection is a dense buffer in the
+    model dtype or a packed submodule (:mod:`qwen_trt.fast.qformats`); with a packed ``quant``
+    the projections are left empty until :meth:`set_projection` fills them."""
+
+    def __init__(self, cfg: FastConfig, dtype: torch.dtype, device,
+                 quant: QuantSpec | None = None) -> None:
         super().__init__()
 
         def buf(name: str, *shape: int) -> None:
             self.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
 
-        buf("wqkv", cfg.q_size + 2 * cfg.kv_size, cfg.hidden)
-        buf("wo", cfg.hidden, cfg.q_size)
-        buf("w_gate_up", 2 * cfg.intermediate, cfg.hidden)
-        buf("w_down", cfg.hidden, cfg.intermediate)
+        packed = quant is not None and quant.method != "none"
+        for name, shape in projection_shapes(cfg).items():
+            buf(name, *((0, shape[1]) if packed else shape))
         buf("ln_in", cfg.hidden)
         buf("ln_post", cfg.hidden)
         buf("q_norm", cfg.head_dim)
         buf("k_norm", cfg.head_dim)
 
+    def set_projection(self, name: str, w: Weight) -> None:
+        """Replace projection ``name`` with ``w`` (a dense tensor or a packed module)."""
+        if name not in PROJECTIONS:
+            raise KeyError(name)
+        self._buffers.pop(name, None)
+        self._modules.pop(name, None)
+        if isinstance(w, PackedLinear):
+            self.add_module(name, w)
+        else:
+            self.register_buffer(name, w)
+
+    def projections(self) -> dict[str, Weight]:
+        return {name: getattr(self, name) for name in PROJECTIONS}
+
 
 class Qwen3Fast(torch.nn.Module):
     def __init__(self, cfg: FastConfig, max_seq_len: int, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+                 device: torch.device | str, quant: QuantSpec | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        # how the projections are held (``none``: dense in ``dtype``); the LM head, the
+        # embedding and the norms stay in ``dtype`` in every format
+        self.quant = quant or QuantSpec()
         self.max_seq_len = max_seq_len
         self.dtype = dtype
         self.attn_impl = "math"   # or "triton" (CUDA): chosen by the decoder after a self-check
@@ -113,7 +143,7 @@ class Qwen3Fast(torch.nn.Module):
             self.register_buffer("lm_head", torch.empty(cfg.vocab_size, cfg.hidden, dtype=dtype,
                                                         device=device))
         self.register_buffer("ln_final", torch.empty(cfg.hidden, dtype=dtype, device=device))
-        self.layers = torch.nn.ModuleList(Qwen3Layer(cfg, dtype, device)
+        self.layers = torch.nn.ModuleList(Qwen3Layer(cfg, dtype, device, self.quant)
                                           for _ in range(cfg.layers))
         # One spare slot past max_seq_len: a scratch position for graph-capture warm-ups, and it
         # keeps every KV bucket a strict sub-view of the cache (one compiled decode serves all).
@@ -161,8 +191,11 @@ class Qwen3Fast(torch.nn.Module):
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = self.cache.kv(i)
-            weights = (layer.ln_in, layer.wqkv, layer.q_norm, layer.k_norm, layer.wo,
-                       layer.ln_post, layer.w_gate_up, layer.w_down)
+            # packed projections: dequantized here, then the layer's bf16 GEMMs
+            dt = self.dtype
+            weights = (layer.ln_in, dense(layer.wqkv, dt), layer.q_norm, layer.k_norm,
+                       dense(layer.wo, dt), layer.ln_post, dense(layer.w_gate_up, dt),
+                       dense(layer.w_down, dt))
             x = fn(self.cfg, x, pos, self.cos, self.sin, weights, k_cache, v_cache)
         return self._logits(x.index_select(0, last))
 
@@ -185,7 +218,7 @@ class Qwen3Fast(torch.nn.Module):
                 o = decode_attention(q, k_cache, v_cache, pos)
             else:
                 o = math_attend(q, k_cache, v_cache, pos, kv_pos)
-            x = x + F.linear(o.reshape(1, cfg.q_size), layer.wo)
+            x = x + linear(o.reshape(1, cfg.q_size), layer.wo)
             x = self._mlp(layer, x)
         return self._logits(x)
 
