@@ -13,6 +13,28 @@ DEFAULT_MAX_NEW_TOKENS = 512
 MAX_NEW_TOKENS = 262144           # Qwen3-4B-Instruct-2507's whole context
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+MAX_LOGPROBS = 20                 # top alternatives per token, at most (OpenAI's limit)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A constraint on the whole reply. json_schema: ``spec`` is the schema as JSON text;
+    tool_calls: ``spec`` is JSON text ``{"tools": [{"name": str, "parameters": <JSON schema>}],
+    "parallel": bool}``: the reply is one (or, if parallel, one or more) ``<tool_call>`` blocks
+    of ``{"name": <one of the names>, "arguments": <object valid for its parameters>}``,
+    newline-separated, then the end of the turn."""
+
+    kind: Literal["json_object", "json_schema", "tool_calls"]
+    spec: str = ""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability and, when asked, its top alternatives."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -33,12 +55,17 @@ class SamplingParams:
     ignore_eos: bool = False  # benchmarks only: generate exactly max_new_tokens
     presence_penalty: float = 0.0     # -2..2: subtracted once from each token already generated
     repetition_penalty: float = 1.0   # (0, 2]: HF semantics over the tokens generated so far
+    logprobs: int | None = None       # None = off; 0..20 top alternatives per token
+    frequency_penalty: float = 0.0    # -2..2: subtracted per occurrence (OpenAI semantics)
+    min_p: float = 0.0                # [0, 1]: drop tokens below min_p * the top probability
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "top_k"):
             if type(getattr(self, name)) is not int:
                 raise ValueError(f"{name} must be a whole number, got {getattr(self, name)!r}")
-        for name in ("temperature", "top_p", "presence_penalty", "repetition_penalty"):
+        for name in ("temperature", "top_p", "presence_penalty", "repetition_penalty",
+                     "frequency_penalty", "min_p"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value):
@@ -50,23 +77,32 @@ class SamplingParams:
             raise ValueError(f"seed must be a whole number from 0 to 2**64 - 1, got {self.seed!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.top_p <= 1:
+            raise ValueError(f"top_p must be in [0, 1] (0 = greedy), got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not -2 <= self.presence_penalty <= 2:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if not 0 < self.repetition_penalty <= 2:
             raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if not -2 <= self.frequency_penalty <= 2:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.logprobs is not None and (type(self.logprobs) is not int
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be a whole number from 0 to {MAX_LOGPROBS}, "
+                             f"got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature == 0 or self.top_k == 1 or self.top_p == 0
 
     @property
     def penalized(self) -> bool:
         """Whether a penalty changes any logit (neutral values keep the plain samplers)."""
-        return self.presence_penalty != 0 or self.repetition_penalty != 1
+        return (self.presence_penalty != 0 or self.repetition_penalty != 1
+                or self.frequency_penalty != 0)
 
 
 @dataclass

@@ -3,8 +3,8 @@
 ``qwen-trt tiny-model DIR`` writes a folder that ``AutoTokenizer`` / ``AutoModelForCausalLM``
 load like the real Qwen3-4B-Instruct-2507: ``config.json`` (model_type qwen3, head_dim not equal
 to hidden/heads, tied embeddings), ``model.safetensors`` with random weights from a seed,
-``generation_config.json``, ``tokenizer.json`` and ``tokenizer_config.json`` with the ChatML
-template. No network, a few seconds on two CPU cores.
+``generation_config.json``, ``tokenizer.json`` and ``tokenizer_config.json`` with Qwen3's
+added tokens (the tool tags included) and chat template (tools included). No network, a few seconds on two CPU cores.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen_trt.chat.template import ENDOFTEXT, IM_END, IM_START, QWEN3_INSTRUCT_CHAT_TEMPLATE
+from qwen_trt.chat.template import (ENDOFTEXT, IM_END, IM_START, QWEN3_EXTRA_TOKENS,
+                                    QWEN3_INSTRUCT_CHAT_TEMPLATE)
 from qwen_trt.errors import FileProblemError
 
 # Qwen2/Qwen3 pre-tokenizer split pattern (same regex as the real tokenizer.json).
@@ -91,6 +92,11 @@ def build_tokenizer(vocab_size: int):
 
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t in (ENDOFTEXT, IM_START, IM_END)])
+    # Then Qwen3's other added tokens in its order: the tool tags <tool_call>, </tool_call>,
+    # <tool_response>, </tool_response> (and fim / think) are not special, as in Qwen3.
+    for text, special in QWEN3_EXTRA_TOKENS:
+        added = AddedToken(text, special=special, normalized=False)
+        (tok.add_special_tokens if special else tok.add_tokens)([added])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,

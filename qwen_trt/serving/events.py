@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, Union
 
 from qwen_trt.errors import QwenTrtError
-from qwen_trt.params import Reply, ReplyMetrics, SamplingParams
+from qwen_trt.params import Reply, ReplyMetrics, SamplingParams, TokenLogprob
 
 RequestState = Literal["queued", "running", "done"]
 # The engine's state as status() and Waiting.engine report it.
@@ -54,7 +54,13 @@ class Started:
 
 @dataclass(frozen=True)
 class Delta:
+    """New reply text; ``token_ids``: the generated tokens whose text it completes (each
+    generated token in exactly one Delta, the stop token excluded); ``logprobs``: one per id,
+    filled only when the request asked for logprobs."""
+
     text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
