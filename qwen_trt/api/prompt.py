@@ -1,6 +1,7 @@
 """Messages -> prompt ids through the model's own chat template, contents as plain text (a
 ``<|im_start|>`` typed into a message is text, never a control token): the same encoder the
-app uses (:func:`qwen_trt.chat.session.encode_messages`), behind one function here."""
+app uses (:func:`qwen_trt.chat.session.encode_messages`), behind one function here. Tools
+and tool calls go to the template as data; control-token text inside them stays text."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -9,11 +10,16 @@ from qwen_trt.api.errors import ApiError
 from qwen_trt.errors import QwenTrtError
 
 
-def encode_messages(tokenizer, messages: Sequence[dict]) -> list[int]:
+def encode_messages(tokenizer, messages: Sequence[dict],
+                    tools: Sequence[dict] | None = None) -> list[int]:
+    """``messages`` as checked by the protocol (role, content, an assistant's ``tool_calls``);
+    ``tools`` rendered by the template when given."""
     from qwen_trt.chat.session import encode_messages as encode
 
+    keep = ("role", "content", "tool_calls")
     try:
-        return encode(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+        return encode(tokenizer, [{k: m[k] for k in keep if k in m} for m in messages],
+                      tools=tools)
     except QwenTrtError as e:   # a message the template has no place for
         raise ApiError(400, str(e), param="messages") from e
     except Exception as e:  # the template rejects an odd conversation (no user message, ...)

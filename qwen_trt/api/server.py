@@ -25,10 +25,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from qwen_trt.api import constraints
+from qwen_trt.api.choices import ChatChoice, Piece, merge
 from qwen_trt.api.errors import ApiError, error_body
+from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
 from qwen_trt.api.prompt import encode_messages
-from qwen_trt.api.protocol import ChatRequest, ChunkWriter, completion, parse_chat_request
+from qwen_trt.api.protocol import ChatRequest, ChunkWriter, parse_chat_request, usage
 from qwen_trt.api.stops import StopScanner
 from qwen_trt.errors import ConfigError, QwenTrtError
 from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
@@ -214,55 +217,73 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             raise ApiError(404, f"The model '{req.model}' does not exist here; this server serves "
                                 f"'{name}' (see /v1/models).", param="model",
                            code="model_not_found")
+        constraints.check(req.grammar, req.grammar_param)
         # No liveness gate here: a service whose engine process died restarts it on the next
         # submit (the request waits meanwhile); a closed service refuses the submit (503).
         tokenizer = service.tokenizer
+        tools = req.tools.tools if req.tools.render else None
 
         def encode():
             with tok_lock:
-                return encode_messages(tokenizer, req.messages)
+                return encode_messages(tokenizer, req.messages, tools=tools)
 
         ids = await run_in_threadpool(encode)
         max_new = _fit(ids, req, info)
-        if counts.waiting >= settings.max_queue:
+        handles = await submit(ids, [req.sampling_params(max_new, i) for i in range(req.n)])
+        texts = token_texts(tokenizer) if req.logprobs is not None else None
+        choices = [ChatChoice(i, req.tools, texts, req.logprobs) for i in range(req.n)]
+        t0 = time.perf_counter()
+        if req.stream:
+            return StreamingResponse(_sse(handles, choices, req, len(ids), t0),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache",
+                                              "X-Accel-Buffering": "no"})
+        results: list = [None] * req.n
+        try:
+            async for i, item in merge([_generate(h, req, len(ids), t0, request)
+                                        for h in handles]):
+                if isinstance(item, Piece):
+                    choices[i].feed(item)
+                else:
+                    choices[i].finish()
+                    results[i] = item
+        except _EngineError as e:
+            raise ApiError(e.status, str(e)) from e
+        if any(r is None for r in results):     # the client went away
+            return Response(status_code=499)
+        return {"id": new_chat_id(), "object": "chat.completion", "created": int(time.time()),
+                "model": name,
+                "choices": [c.choice(r.finish_reason) for c, r in zip(choices, results)],
+                "usage": _usage(results)}
+
+    async def submit(ids: list[int], params_list) -> list:
+        """Hand ``ids`` to the engine once per choice (503 when the queue is full)."""
+        if counts.waiting + len(params_list) > settings.max_queue:
             metrics.requests.labels("queue_full").inc()
             raise ApiError(503, f"The server is busy: {counts.waiting} requests are already "
                                 f"waiting (--max-queue {settings.max_queue}); retry shortly.",
                            code="queue_full",
                            headers={"Retry-After": str(settings.retry_after_s)})
+        handles = []
         try:
-            params = req.sampling_params(max_new)
-        except ValueError as e:
-            raise ApiError(400, str(e)) from e
-        try:
-            handle = service.submit(ids, params)
+            for params in params_list:
+                handles.append(service.submit(ids, params))
         except QwenTrtError as e:
+            for h in handles:
+                h.cancel()
             raise ApiError(503, str(e), headers={"Retry-After": str(settings.retry_after_s)}) from e
         metrics.prompt_tokens.inc(len(ids))
-        t0 = time.perf_counter()
-        if req.stream:
-            return StreamingResponse(_sse(handle, req, len(ids), t0), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache",
-                                              "X-Accel-Buffering": "no"})
-        parts: list[str] = []
-        result = None
-        try:
-            async for item in _generate(handle, req, len(ids), t0, request):
-                if isinstance(item, str):
-                    parts.append(item)
-                else:
-                    result = item
-        except _EngineError as e:
-            raise ApiError(e.status, str(e)) from e
-        if result is None:     # the client went away
-            return Response(status_code=499)
-        return completion(name, "".join(parts), result.finish_reason, result.prompt_tokens,
-                          result.completion_tokens, result.cached_tokens)
+        return handles
 
-    async def _generate(handle, req: ChatRequest, n_prompt: int, t0: float,
-                        request: Request | None = None) -> AsyncIterator[str | _Result]:
-        """Text to send, then one :class:`_Result`; raises :class:`_EngineError`."""
+    app.state.submit = submit
+
+    async def _generate(handle, req, n_prompt: int, t0: float,
+                        request: Request | None = None) -> AsyncIterator[Piece | _Result]:
+        """Text to send (with its tokens' logprobs), then one :class:`_Result`; raises
+        :class:`_EngineError`. ``req``: anything with ``stop`` (chat or completions)."""
         scanner = StopScanner(req.stop)
+        lps: list = []          # logprobs of tokens whose text the stop scanner holds back
+        tokens = 0
         counts.waiting += 1
         state = "waiting"
         first = True
@@ -284,14 +305,19 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                         counts.running += 1
                         state = "running"
                 elif isinstance(ev, Delta):
+                    stopped = scanner.stopped
                     text = scanner.feed(ev.text)
+                    if not stopped:
+                        lps.extend(ev.logprobs)
+                        tokens += len(ev.token_ids) or 1
                     if scanner.stopped:
                         handle.cancel()      # stop string: the engine stops before its next token
                     if text:
                         if first:
                             metrics.ttft.observe(time.perf_counter() - t0)
                             first = False
-                        yield text
+                        yield Piece(text, tuple(lps), tokens)
+                        lps, tokens = [], 0
                 elif isinstance(ev, Finished):
                     m = ev.reply.metrics
                     reason = m.finish_reason
@@ -303,10 +329,10 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                                            "(shutting down or restarting); retry.", 503)
                     else:
                         tail = scanner.flush()
-                        if tail:
+                        if tail or lps:
                             if first:
                                 metrics.ttft.observe(time.perf_counter() - t0)
-                            yield tail
+                            yield Piece(tail, tuple(lps), tokens)
                     metrics.generation_tokens.inc(m.tokens)
                     if m.decode_tok_s > 0:
                         metrics.tok_s.observe(m.decode_tok_s)
@@ -322,23 +348,57 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                 counts.running -= 1
             metrics.requests.labels(outcome).inc()
 
-    async def _sse(handle, req: ChatRequest, n_prompt: int, t0: float) -> AsyncIterator[str]:
+    async def _sse(handles, choices: list[ChatChoice], req: ChatRequest, n_prompt: int,
+                   t0: float) -> AsyncIterator[str]:
         w = ChunkWriter(name, include_usage=req.include_usage)
-        yield _data(w.chunk({"role": "assistant", "content": ""}))
+        running = [0] * len(choices)        # completion tokens so far, per choice
+
+        def chunk(c: ChatChoice, delta: dict, reason: str | None = None) -> str:
+            live = (usage(n_prompt, sum(running)) if req.continuous_usage else None)
+            return _data(w.chunk(delta, reason, index=c.index, logprobs=c.take_logprobs(),
+                                 usage=live))
+
+        for c in choices:
+            yield _data(w.chunk({"role": "assistant", "content": ""}, index=c.index,
+                                logprobs=None, usage=usage(n_prompt, 0)
+                                if req.continuous_usage else None))
+        results: list = [None] * len(choices)
         try:
-            async for item in _generate(handle, req, n_prompt, t0):
-                if isinstance(item, str):
-                    yield _data(w.chunk({"content": item}))
+            async for i, item in merge([_generate(h, req, n_prompt, t0) for h in handles]):
+                c = choices[i]
+                if isinstance(item, Piece):
+                    running[i] += item.tokens
+                    for delta in c.feed(item):
+                        yield chunk(c, delta)
                 else:
-                    yield _data(w.chunk({}, item.finish_reason))
-                    if req.include_usage:
-                        yield _data(w.usage_chunk(item.prompt_tokens, item.completion_tokens,
-                                                  item.cached_tokens))
+                    results[i] = item
+                    running[i] = item.completion_tokens
+                    for delta in c.finish():
+                        yield chunk(c, delta)
+                    yield chunk(c, {}, c.finish_reason(item.finish_reason))
+            if req.include_usage:
+                u = _usage(results)
+                yield _data(w.usage_chunk(u["prompt_tokens"], u["completion_tokens"],
+                                          (u.get("prompt_tokens_details") or {}).get(
+                                              "cached_tokens")))
         except _EngineError as e:
             yield _data(error_body(str(e), e.status))
         yield "data: [DONE]\n\n"
 
     return app
+
+
+def _usage(results) -> dict:
+    """Usage of one request: the prompt once, the completions of every choice."""
+    cached = [r.cached_tokens for r in results if r.cached_tokens is not None]
+    return usage(results[0].prompt_tokens, sum(r.completion_tokens for r in results),
+                 cached[0] if cached else None)
+
+
+def new_chat_id() -> str:
+    from qwen_trt.api.protocol import new_id
+
+    return new_id()
 
 
 def _data(obj: dict) -> str:
