@@ -227,6 +227,21 @@ def supported_penalties() -> set[str]:
     return {f.name for f in dataclasses.fields(SamplingParams)} & set(PENALTIES)
 
 
+def sampling_penalties(obj: Mapping, penalties: set[str] | None = None) -> dict:
+    """The penalty fields of a request that differ from neutral (400 for one the engine's
+    SamplingParams lacks, or out of range)."""
+    have = supported_penalties() if penalties is None else penalties
+    pens = {}
+    for name, (neutral, lo, hi) in PENALTIES.items():
+        v = _number(obj, name, neutral, lo, hi, lo_open=name == "repetition_penalty")
+        if v != neutral:
+            if name not in have:
+                raise _bad(name, f"'{name}' = {v:g} is not supported by this engine (send "
+                                 f"{neutral:g} or leave it out).", code="unsupported_parameter")
+            pens[name] = v
+    return pens
+
+
 def parse_chat_request(obj, *, penalties: set[str] | None = None) -> ChatRequest:
     """Check a decoded JSON body; raises :class:`ApiError` (400) naming the bad field."""
     if not isinstance(obj, dict):
@@ -239,15 +254,7 @@ def parse_chat_request(obj, *, penalties: set[str] | None = None) -> ChatRequest
         if name in obj and not neutral(obj[name]):
             raise _bad(name, f"'{name}' = {obj[name]!r} is not supported by this server "
                              "(send its default or leave it out).", code="unsupported_parameter")
-    have = supported_penalties() if penalties is None else penalties
-    pens = {}
-    for name, (neutral, lo, hi) in PENALTIES.items():
-        v = _number(obj, name, neutral, lo, hi, lo_open=name == "repetition_penalty")
-        if v != neutral:
-            if name not in have:
-                raise _bad(name, f"'{name}' = {v:g} is not supported by this engine (send "
-                                 f"{neutral:g} or leave it out).", code="unsupported_parameter")
-            pens[name] = v
+    pens = sampling_penalties(obj, penalties)
     stream = _bool(obj, "stream", False)
     opts = obj.get("stream_options")
     if opts is not None and not isinstance(opts, dict):

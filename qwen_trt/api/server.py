@@ -15,6 +15,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qwen_trt.api import constraints
 from qwen_trt.api.choices import ChatChoice, Piece, merge
+from qwen_trt.api.completions import ApiContext, add_routes, model_card
+from qwen_trt.api.schema import describe_openapi
 from qwen_trt.api.errors import ApiError, error_body
 from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
@@ -39,6 +42,7 @@ from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
 log = logging.getLogger("qwen_trt.api")
 
 LOOPBACK_NAMES = ("localhost",)
+ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
 DISCONNECT_CHECK_S = 0.2
 DEAD_STATES = {"dead", "failed", "restarting", "starting", "loading", "closed", "stopped"}
 
@@ -62,6 +66,7 @@ class ServerSettings:
     max_queue: int = 256                # requests waiting for the engine before 503
     model_name: str | None = None       # the id clients send as "model" (default: the model's)
     retry_after_s: int = 2
+    allowed_origins: tuple[str, ...] = ()   # browser origins allowed to call the API (CORS)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -70,6 +75,10 @@ class ServerSettings:
             raise ConfigError(f"--max-queue must be >= 1, got {self.max_queue}.")
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("--api-key / QWEN_TRT_API_KEY is empty: give a key or leave it unset.")
+        for origin in self.allowed_origins:
+            if origin != "*" and not ORIGIN_RE.match(origin):
+                raise ConfigError(f"--allowed-origins: {origin[:80]!r} is not an origin (give "
+                                  "scheme://host[:port] without a path, or *).")
         if not is_loopback(self.host) and not self.api_key:
             raise ConfigError(f"Refusing to listen on {self.host} without a key: set --api-key or "
                               "QWEN_TRT_API_KEY (only 127.0.0.1 / localhost may go without one).")
@@ -157,7 +166,13 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     metrics = ServerMetrics(service.status, lambda: counts.waiting, lambda: counts.running)
     tok_lock = threading.Lock()   # one tokenization at a time (HF fast tokenizers are not reentrant)
     app = FastAPI(title="qwen-trt", version="1", docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url="/openapi.json")
+    if settings.allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"])
     app.state.service = service
     app.state.metrics = metrics
     app.state.counts = counts
@@ -200,9 +215,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     @app.get("/v1/models")
     async def models(request: Request):
         check_auth(request)
-        return {"object": "list", "data": [{
-            "id": name, "object": "model", "created": created, "owned_by": "qwen-trt",
-            "root": info.model, "parent": None, "max_model_len": info.max_seq_len}]}
+        return {"object": "list", "data": [model_card(name, created, info)]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -275,7 +288,38 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         metrics.prompt_tokens.inc(len(ids))
         return handles
 
-    app.state.submit = submit
+    async def encode_chat(messages, tools, add_generation_prompt: bool = True) -> list[int]:
+        from qwen_trt.chat.session import encode_messages as encode_raw
+
+        def run():
+            with tok_lock:
+                if add_generation_prompt:
+                    return encode_messages(tokenizer_of(), messages, tools=tools)
+                return encode_raw(tokenizer_of(), list(messages), tools=tools,
+                                  add_generation_prompt=False)
+        return await run_in_threadpool(run)
+
+    def tokenizer_of():
+        return service.tokenizer
+
+    async def tokenize(text: str, add_special_tokens: bool) -> list[int]:
+        def run():
+            with tok_lock:
+                return tokenizer_of().encode(text, add_special_tokens=add_special_tokens)
+        return await run_in_threadpool(run)
+
+    async def detokenize(ids: list[int]) -> str:
+        def run():
+            with tok_lock:
+                return tokenizer_of().decode(ids)
+        return await run_in_threadpool(run)
+
+    add_routes(app, ApiContext(name=name, created=created, service=service,
+                               check_auth=check_auth, submit=submit,
+                               generate=lambda *a: _generate(*a), encode_chat=encode_chat,
+                               tokenize=tokenize, detokenize=detokenize,
+                               engine_error=_EngineError, data=_data))
+    describe_openapi(app)
 
     async def _generate(handle, req, n_prompt: int, t0: float,
                         request: Request | None = None) -> AsyncIterator[Piece | _Result]:

@@ -13,6 +13,7 @@ from qwen_trt.errors import ConfigError
 
 ENV_HOST, ENV_PORT, ENV_KEY, ENV_QUEUE = ("QWEN_TRT_HOST", "QWEN_TRT_PORT", "QWEN_TRT_API_KEY",
                                           "QWEN_TRT_MAX_QUEUE")
+ENV_ORIGINS = "QWEN_TRT_ALLOWED_ORIGINS"
 
 
 def register(sub) -> None:
@@ -30,6 +31,9 @@ def register(sub) -> None:
     p.add_argument("--max-queue", default=None,
                    help=f"requests waiting for the engine before new ones get 503 (default 256) "
                         f"[env {ENV_QUEUE}]")
+    p.add_argument("--allowed-origins", default=None,
+                   help="comma-separated browser origins (scheme://host[:port], or *) allowed to "
+                        f"call the API directly (CORS; default: none) [env {ENV_ORIGINS}]")
     p.add_argument("--served-model-name", default=None,
                    help="model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -54,7 +58,14 @@ def settings_from(args, environ=None):
         port=_int(args.port or env.get(ENV_PORT), "--port", 8000),
         api_key=args.api_key if args.api_key is not None else (env.get(ENV_KEY) or None),
         max_queue=_int(args.max_queue or env.get(ENV_QUEUE), "--max-queue", 256),
-        model_name=args.served_model_name)
+        model_name=args.served_model_name,
+        allowed_origins=_origins(getattr(args, "allowed_origins", None) or env.get(ENV_ORIGINS)))
+
+
+def _origins(value: str | None) -> tuple[str, ...]:
+    """``--allowed-origins a,b`` as a tuple (checked by ServerSettings)."""
+    return tuple(dict.fromkeys(o.strip().rstrip("/") for o in (value or "").split(",")
+                               if o.strip()))
 
 
 def run(args) -> int:
