@@ -433,3 +433,24 @@ def test_openapi_describes_the_real_bodies(env):
         "/ChatCompletion")
     assert "/v1/completions" in doc["paths"] and "/tokenize" in doc["paths"]
     assert "/v1/models/{model_id}" in doc["paths"]
+
+
+def test_open_webui_sized_tools_are_accepted_and_errors_quote_little(tiny_tokenizer):
+    from fastapi.testclient import TestClient
+
+    service = InferenceService(ScriptedBackend(tiny_tokenizer, "Hi.", max_seq_len=65536))
+    tools = [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": "Does a thing. " * 20,
+        "parameters": {"type": "object", "properties": {
+            "q": {"type": "string", "description": "what " * 10}}}}} for i in range(60)]
+    assert len(json.dumps(tools)) > 25_000
+    try:
+        with TestClient(create_app(service, ServerSettings(), model_name="fake")) as c:
+            r = c.post("/v1/chat/completions", json={"messages": ask(), "tools": tools,
+                                                      "tool_choice": "auto"})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Hi."
+            r = c.post("/v1/chat/completions", json={
+                "messages": ask(), "tools": tools, "logit_bias": {str(i): 1 for i in range(3000)}})
+            assert r.status_code == 400 and len(r.json()["error"]["message"]) < 200
+    finally:
+        service.close()

@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from qwen_trt.api.choices import Piece, merge
 from qwen_trt.api.errors import ApiError, error_body
 from qwen_trt.api.logprobs import CompletionLogprobs, token_texts
-from qwen_trt.api.protocol import (NEUTRAL, ChatRequest, _bad, _bool, _int, _number, _stops,
-                                   parse_n, parse_stop_ids, sampling_penalties, usage)
+from qwen_trt.api.protocol import (NEUTRAL, ChatRequest, _bad, _bool, _excerpt, _int, _number,
+                                   _stops, parse_n, parse_stop_ids, sampling_penalties, usage)
 from qwen_trt.params import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_LOGPROBS
 
 DEFAULT_MAX_TOKENS = 16
@@ -92,7 +92,7 @@ def parse_completion_request(obj, vocab: int) -> CompletionRequest:
         raise _bad("model", "'model' must be a string.")
     for name, neutral in NEUTRAL.items():
         if name in obj and not neutral(obj[name]):
-            raise _bad(name, f"'{name}' = {str(obj[name])[:40]!r} is not supported by this "
+            raise _bad(name, f"'{name}' = {_excerpt(obj[name])} is not supported by this "
                              "server (send its default or leave it out).",
                        code="unsupported_parameter")
     if obj.get("suffix") not in (None, ""):

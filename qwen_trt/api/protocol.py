@@ -103,6 +103,12 @@ class ChatRequest:
                               grammar=self.grammar, **self.penalties)
 
 
+def _excerpt(value, limit: int = 40) -> str:
+    """A short quote of what was sent (never the whole of a large value)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def _bad(param: str, message: str, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
@@ -252,8 +258,9 @@ def parse_chat_request(obj, *, penalties: set[str] | None = None) -> ChatRequest
         raise _bad("model", "'model' must be a string.")
     for name, neutral in NEUTRAL.items():
         if name in obj and not neutral(obj[name]):
-            raise _bad(name, f"'{name}' = {obj[name]!r} is not supported by this server "
-                             "(send its default or leave it out).", code="unsupported_parameter")
+            raise _bad(name, f"'{name}' = {_excerpt(obj[name])} is not supported by this "
+                             "server (send its default or leave it out).",
+                       code="unsupported_parameter")
     pens = sampling_penalties(obj, penalties)
     stream = _bool(obj, "stream", False)
     opts = obj.get("stream_options")
