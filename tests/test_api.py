@@ -145,6 +145,7 @@ def test_stop_string_trims_and_finishes_with_stop(client):
     ({"messages": ask("x"), "max_tokens": 0}, "max_tokens"),
     ({"messages": ask("x"), "max_tokens": 1.5}, "max_tokens"),
     ({"messages": ask("x"), "seed": "x"}, "seed"),
+    ({"messages": ask("x"), "seed": -1, "n": 2}, None),
     ({"messages": ask("x"), "stream": "yes"}, "stream"),
     ({"messages": ask("x"), "stop": 5}, "stop"),
     ({"messages": ask("x"), "top_k": -2}, "top_k"),

@@ -166,8 +166,7 @@ def add_routes(app: FastAPI, ctx: ApiContext) -> None:
         handles = []
         try:
             for ids in ids_list:
-                handles += await ctx.submit(ids, [s.sampling_params(s.max_tokens, j)
-                                                  for j in range(s.n)])
+                handles += await ctx.submit(ids, s.choice_params(s.max_tokens))
         except ApiError:
             for h in handles:
                 h.cancel()

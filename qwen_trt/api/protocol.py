@@ -102,6 +102,13 @@ class ChatRequest:
                               min_p=self.min_p, stop_token_ids=self.stop_token_ids,
                               grammar=self.grammar, **self.penalties)
 
+    def choice_params(self, max_new_tokens: int) -> list[SamplingParams]:
+        """The settings of each of the n choices; a value the engine refuses is a 400."""
+        try:
+            return [self.sampling_params(max_new_tokens, i) for i in range(self.n)]
+        except ValueError as e:
+            raise ApiError(400, str(e).splitlines()[0][:300]) from e
+
 
 def _excerpt(value, limit: int = 40) -> str:
     """A short quote of what was sent (never the whole of a large value)."""

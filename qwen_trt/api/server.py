@@ -242,7 +242,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
 
         ids = await run_in_threadpool(encode)
         max_new = _fit(ids, req, info)
-        handles = await submit(ids, [req.sampling_params(max_new, i) for i in range(req.n)])
+        handles = await submit(ids, req.choice_params(max_new))
         texts = token_texts(tokenizer) if req.logprobs is not None else None
         choices = [ChatChoice(i, req.tools, texts, req.logprobs) for i in range(req.n)]
         t0 = time.perf_counter()

@@ -150,9 +150,13 @@ def _write(out: Path, shape: TinyShape, seed: int) -> Path:
     _patch_tokenizer_config(out)
 
     vocab = len(tokenizer)
+    # The weights are drawn for the BPE vocabulary and the three ChatML tokens first, as they
+    # were before Qwen3's other added tokens joined (so the same seed keeps the same model);
+    # the rows of those tokens come after, from their own generator.
+    base = vocab - len(QWEN3_EXTRA_TOKENS)
     endoftext, im_end = tokenizer.convert_tokens_to_ids([ENDOFTEXT, IM_END])
     config = Qwen3Config(
-        vocab_size=vocab,
+        vocab_size=base,
         hidden_size=shape.hidden,
         intermediate_size=shape.intermediate,
         num_hidden_layers=shape.layers,
@@ -178,8 +182,13 @@ def _write(out: Path, shape: TinyShape, seed: int) -> Path:
         # Shrink (tied) embedding rows of tokens that are only part of a UTF-8 character or a
         # control character, so the demo's word salad is mostly whole words rather than U+FFFD
         # and tofu boxes; tests still get such tokens from the tokenizer itself.
-        unprintable = [i for i in range(vocab) if _unprintable(tokenizer.decode([i]))]
+        unprintable = [i for i in range(base) if _unprintable(tokenizer.decode([i]))]
         model.get_input_embeddings().weight[unprintable] *= 0.2
+    model.resize_token_embeddings(vocab, mean_resizing=False)
+    with torch.no_grad():
+        extra = torch.Generator().manual_seed(seed + 1)
+        emb = model.get_input_embeddings().weight
+        emb[base:] = torch.randn(vocab - base, emb.shape[1], generator=extra) * 0.15
     model.generation_config.eos_token_id = [im_end, endoftext]
     model.generation_config.pad_token_id = endoftext
     model.generation_config.bos_token_id = endoftext
