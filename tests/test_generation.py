@@ -45,11 +45,13 @@ def test_to_json_fields(tiny_tokenizer):
 
 
 def test_sampling_params_validation():
-    for bad in (dict(max_new_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_p=1.5),
-                dict(top_k=-1)):
+    for bad in (dict(max_new_tokens=0), dict(temperature=-1), dict(top_p=-0.1), dict(top_p=1.5),
+                dict(top_k=-1), dict(min_p=1.5), dict(frequency_penalty=2.5), dict(logprobs=21),
+                dict(logprobs=True)):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     assert SamplingParams(temperature=0).greedy and SamplingParams(top_k=1).greedy
+    assert SamplingParams(top_p=0).greedy               # OpenAI's spec allows 0: greedy
     assert not SamplingParams().greedy
 
 

@@ -440,7 +440,7 @@ def test_settings_make_validated_sampling_params():
     assert isinstance(slider_args(SLIDERS[0])["value"], int)
     assert set(settings_dict(p)) == set(keys)
     with pytest.raises(ValueError):
-        params_from({"top_p": 0.0})                  # checked once, by SamplingParams
+        params_from({"top_p": 1.5})                  # checked once, by SamplingParams
 
 
 def test_stage_writer_turns_printed_lines_into_stages():

@@ -11,7 +11,8 @@ from qwen_trt.errors import QwenTrtError
 
 
 def encode_messages(tokenizer, messages: Sequence[dict],
-                    tools: Sequence[dict] | None = None) -> list[int]:
+                    tools: Sequence[dict] | None = None, *,
+                    add_generation_prompt: bool = True) -> list[int]:
     """``messages`` as checked by the protocol (role, content, an assistant's ``tool_calls``);
     ``tools`` rendered by the template when given."""
     from qwen_trt.chat.session import encode_messages as encode
@@ -19,7 +20,7 @@ def encode_messages(tokenizer, messages: Sequence[dict],
     keep = ("role", "content", "tool_calls")
     try:
         return encode(tokenizer, [{k: m[k] for k in keep if k in m} for m in messages],
-                      tools=tools)
+                      tools=tools, add_generation_prompt=add_generation_prompt)
     except QwenTrtError as e:   # a message the template has no place for
         raise ApiError(400, str(e), param="messages") from e
     except Exception as e:  # the template rejects an odd conversation (no user message, ...)

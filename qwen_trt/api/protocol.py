@@ -363,12 +363,3 @@ class ChunkWriter:
                 "model": self.model, "choices": [],
                 "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
-
-def completion(model: str, text: str, finish_reason: str, prompt_tokens: int,
-               completion_tokens: int, cached_tokens: int | None = None) -> dict:
-    return {"id": new_id(), "object": "chat.completion", "created": int(time.time()),
-            "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
-                                                 "refusal": None},
-                         "logprobs": None, "finish_reason": finish_reason}],
-            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}

@@ -29,12 +29,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from qwen_trt.api import constraints
 from qwen_trt.api.choices import ChatChoice, Piece, merge
 from qwen_trt.api.completions import ApiContext, add_routes, model_card
-from qwen_trt.api.schema import describe_openapi
 from qwen_trt.api.errors import ApiError, error_body
 from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
 from qwen_trt.api.prompt import encode_messages
-from qwen_trt.api.protocol import ChatRequest, ChunkWriter, parse_chat_request, usage
+from qwen_trt.api.protocol import ChatRequest, ChunkWriter, new_id, parse_chat_request, usage
+from qwen_trt.api.schema import describe_openapi
 from qwen_trt.api.stops import StopScanner
 from qwen_trt.errors import ConfigError, QwenTrtError
 from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
@@ -264,7 +264,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             raise ApiError(e.status, str(e)) from e
         if any(r is None for r in results):     # the client went away
             return Response(status_code=499)
-        return {"id": new_chat_id(), "object": "chat.completion", "created": int(time.time()),
+        return {"id": new_id(), "object": "chat.completion", "created": int(time.time()),
                 "model": name,
                 "choices": [c.choice(r.finish_reason) for c, r in zip(choices, results)],
                 "usage": _usage(results)}
@@ -289,14 +289,10 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         return handles
 
     async def encode_chat(messages, tools, add_generation_prompt: bool = True) -> list[int]:
-        from qwen_trt.chat.session import encode_messages as encode_raw
-
         def run():
             with tok_lock:
-                if add_generation_prompt:
-                    return encode_messages(tokenizer_of(), messages, tools=tools)
-                return encode_raw(tokenizer_of(), list(messages), tools=tools,
-                                  add_generation_prompt=False)
+                return encode_messages(tokenizer_of(), messages, tools=tools,
+                                       add_generation_prompt=add_generation_prompt)
         return await run_in_threadpool(run)
 
     def tokenizer_of():
@@ -313,13 +309,6 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             with tok_lock:
                 return tokenizer_of().decode(ids)
         return await run_in_threadpool(run)
-
-    add_routes(app, ApiContext(name=name, created=created, service=service,
-                               check_auth=check_auth, submit=submit,
-                               generate=lambda *a: _generate(*a), encode_chat=encode_chat,
-                               tokenize=tokenize, detokenize=detokenize,
-                               engine_error=_EngineError, data=_data))
-    describe_openapi(app)
 
     async def _generate(handle, req, n_prompt: int, t0: float,
                         request: Request | None = None) -> AsyncIterator[Piece | _Result]:
@@ -429,6 +418,11 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             yield _data(error_body(str(e), e.status))
         yield "data: [DONE]\n\n"
 
+    add_routes(app, ApiContext(name=name, created=created, service=service,
+                               check_auth=check_auth, submit=submit, generate=_generate,
+                               encode_chat=encode_chat, tokenize=tokenize, detokenize=detokenize,
+                               engine_error=_EngineError, data=_data))
+    describe_openapi(app)
     return app
 
 
@@ -437,12 +431,6 @@ def _usage(results) -> dict:
     cached = [r.cached_tokens for r in results if r.cached_tokens is not None]
     return usage(results[0].prompt_tokens, sum(r.completion_tokens for r in results),
                  cached[0] if cached else None)
-
-
-def new_chat_id() -> str:
-    from qwen_trt.api.protocol import new_id
-
-    return new_id()
 
 
 def _data(obj: dict) -> str:
