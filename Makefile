@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-ui onnx serve loadtest clean
+.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-ui onnx serve loadtest check-clients clean
 
 setup: $(VENV)/.installed
 
@@ -86,6 +86,16 @@ loadtest: setup tiny
 	AIPERF=$(AIPERF_VENV)/bin/aiperf SERVE=$(VENV)/bin/qwen-trt scripts/loadtest.sh $(if $(MODEL),$(MODEL),$(TINY))
 
 # QUANT=fp8 | int4_awq | int8_wo | int4_wo: a quantized engine in engines/<gpu>-<quant>/.
+# schemathesis against qwen-trt serve on the tiny model, from its /openapi.json and from OpenAI's
+# spec (tests/openai_schemas/endpoints.json): no 5xx, replies match the spec. Not in CI (it
+# installs schemathesis in its own venv). Record runs in docs/deploy.md.
+CLIENTS_VENV ?= .venv-clients
+SCHEMATHESIS_SPEC ?= schemathesis>=4,<5
+check-clients: setup tiny
+	test -x $(CLIENTS_VENV)/bin/schemathesis || { python3 -m venv $(CLIENTS_VENV) && \
+	  $(CLIENTS_VENV)/bin/pip install -q "$(SCHEMATHESIS_SPEC)"; }
+	ST=$(CLIENTS_VENV)/bin/schemathesis SERVE=$(VENV)/bin/qwen-trt scripts/check_clients.sh $(if $(MODEL),$(MODEL),$(TINY))
+
 engine: setup
 	$(VENV)/bin/qwen-trt build --gpu $(GPU) $(if $(MODEL),--model $(MODEL)) $(if $(QUANT),--quant $(QUANT))
 

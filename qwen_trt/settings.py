@@ -122,6 +122,9 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_SHUTDOWN_GRACE_S", "float", 10.0,
        "on SIGTERM/SIGINT, seconds in-flight requests get before they end with an error",
        flag="--shutdown-grace-s"),
+    _S("QWEN_TRT_ALLOWED_ORIGINS", "str", None,
+       "comma-separated browser origins allowed to call the API directly (CORS; none by default)",
+       flag="--allowed-origins"),
     # -- build and container ----------------------------------------------------------------------
     _S("QWEN_TRT_ENGINES_DIR", "path", "engines", "where engines are built and looked up",
        group="build", flag="--engines-dir"),

@@ -131,20 +131,37 @@ def test_stop_string_trims_and_finishes_with_stop(client):
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].content[0]"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": {}, "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": 3}]}]},
+     "messages[0].tool_calls[0]"),
     ({"messages": ask("x"), "temperature": "hot"}, "temperature"),
     ({"messages": ask("x"), "temperature": 3}, "temperature"),
-    ({"messages": ask("x"), "top_p": 0}, "top_p"),
+    ({"messages": ask("x"), "top_p": 1.5}, "top_p"),
+    ({"messages": ask("x"), "min_p": -0.1}, "min_p"),
+    ({"messages": ask("x"), "frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"messages": ask("x"), "stop_token_ids": ["a"]}, "stop_token_ids"),
     ({"messages": ask("x"), "max_tokens": 0}, "max_tokens"),
     ({"messages": ask("x"), "max_tokens": 1.5}, "max_tokens"),
     ({"messages": ask("x"), "seed": "x"}, "seed"),
+    ({"messages": ask("x"), "seed": -1, "n": 2}, "seed"),
     ({"messages": ask("x"), "stream": "yes"}, "stream"),
     ({"messages": ask("x"), "stop": 5}, "stop"),
     ({"messages": ask("x"), "top_k": -2}, "top_k"),
-    ({"messages": ask("x"), "n": 2}, "n"),
-    ({"messages": ask("x"), "logprobs": True}, "logprobs"),
-    ({"messages": ask("x"), "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"messages": ask("x"), "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": ask("x"), "n": 9}, "n"),
+    ({"messages": ask("x"), "n": 0}, "n"),
+    ({"messages": ask("x"), "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": ask("x"), "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": ask("x"), "tools": [{"type": "function", "function": {"name": "a b"}}]},
+     "tools[0].function.name"),
+    ({"messages": ask("x"), "tools": {"f": 1}}, "tools"),
+    ({"messages": ask("x"), "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"messages": ask("x"), "tool_choice": "required"}, "tool_choice"),
+    ({"messages": ask("x"), "response_format": {"type": "xml"}}, "response_format.type"),
+    ({"messages": ask("x"), "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": []}}}, "response_format.json_schema.schema"),
     ({"messages": ask("x"), "presence_penalty": 5}, "presence_penalty"),
 ])
 def test_bad_requests_get_400_in_openai_shape(server, body, param):
@@ -164,7 +181,7 @@ def test_invalid_json_and_non_object(server):
 
 def test_openai_client_raises_bad_request_with_message(client):
     with pytest.raises(openai.BadRequestError, match="not supported"):
-        client.chat.completions.create(model="tiny", messages=ask("x"), n=3)
+        client.chat.completions.create(model="tiny", messages=ask("x"), logit_bias={"1": 5})
 
 
 def test_prompt_too_long_says_the_token_counts(client):

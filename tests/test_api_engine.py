@@ -227,11 +227,13 @@ def test_whole_reply_client_leaving_while_running_cancels(gated):
 def test_penalties_reach_the_engine(env):
     _, service, client, _ = env
     client.chat.completions.create(model="fake", messages=ask(), presence_penalty=0.5,
-                                   extra_body={"repetition_penalty": 1.2})
+                                   frequency_penalty=-0.5, top_p=0,
+                                   extra_body={"repetition_penalty": 1.2, "min_p": 0.1,
+                                               "stop_token_ids": [7, 7, 9]})
     p = service.handles[-1].params
-    assert (p.presence_penalty, p.repetition_penalty) == (0.5, 1.2)
-    client.chat.completions.create(model="fake", messages=ask(), frequency_penalty=1.0)
-    assert service.handles[-1].params.frequency_penalty == 1.0   # the engine has it now
+    assert (p.presence_penalty, p.repetition_penalty, p.frequency_penalty) == (0.5, 1.2, -0.5)
+    assert (p.top_p, p.min_p, p.stop_token_ids, p.logprobs, p.grammar) == (0, 0.1, (7, 9),
+                                                                           None, None)
 
 
 def test_metrics_read_whatever_the_service_status_reports():

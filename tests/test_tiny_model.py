@@ -23,10 +23,39 @@ def test_loads_through_auto_classes(tiny_model_dir):
 
 
 def test_special_tokens_are_single_ids_after_the_bpe_vocab(tiny_tokenizer):
-    ids = [tiny_tokenizer.convert_tokens_to_ids(t)
-           for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")]
-    assert ids == [len(tiny_tokenizer) - 3, len(tiny_tokenizer) - 2, len(tiny_tokenizer) - 1]
+    from qwen_trt.model.template import QWEN3_EXTRA_TOKENS
+
+    names = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [t for t, _ in QWEN3_EXTRA_TOKENS]
+    ids = [tiny_tokenizer.convert_tokens_to_ids(t) for t in names]
+    first = len(tiny_tokenizer) - len(names)
+    assert ids == list(range(first, len(tiny_tokenizer)))     # Qwen3's order, after the BPE
     assert tiny_tokenizer.encode("<|im_start|>user", add_special_tokens=False)[0] == ids[1]
+    decoder = tiny_tokenizer.added_tokens_decoder
+    for tag in ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"):
+        tid = tiny_tokenizer.convert_tokens_to_ids(tag)
+        assert not decoder[tid].special            # as in Qwen3: it decodes as text
+        assert tiny_tokenizer.decode([tid], skip_special_tokens=True) == tag
+
+
+def test_chat_template_lays_out_tools_calls_and_results_like_qwen3(tiny_tokenizer):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "20 C"}]
+    text = tiny_tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False,
+                                              add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n\n")
+    assert ("<tools>\n" + json.dumps(tools[0]) + "\n</tools>") in text
+    assert text.endswith(
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "Paris"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n20 C\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n")
 
 
 def test_chat_template_renders_like_qwen3_instruct(tiny_tokenizer):

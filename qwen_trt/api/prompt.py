@@ -1,23 +1,29 @@
 """Messages -> prompt ids through the model's own chat template, contents as plain text (a
 ``<|im_start|>`` typed into a message is text, never a control token): the same encoder the
-app uses (:func:`qwen_trt.serving.session.encode_messages`), behind one function here."""
+app uses (:func:`qwen_trt.serving.session.encode_messages`), behind one function here. Tools
+and tool calls go to the template as data; control-token text inside them stays text."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from qwen_trt.api.errors import ApiError
-from qwen_trt.errors import first_line, QwenTrtError
+from qwen_trt.errors import QwenTrtError, first_line
 
 
-def encode_messages(tokenizer, messages: Sequence[dict], *, limit: int | None = None) -> list[int]:
-    """The prompt ids; with ``limit``, :class:`~qwen_trt.serving.session.PromptTokensError` when
-    there are more (counted without building them)."""
+def encode_messages(tokenizer, messages: Sequence[dict],
+                    tools: Sequence[dict] | None = None, *,
+                    add_generation_prompt: bool = True, limit: int | None = None) -> list[int]:
+    """``messages`` as checked by the protocol (role, content, an assistant's ``tool_calls``);
+    ``tools`` rendered by the template when given. With ``limit``,
+    :class:`~qwen_trt.serving.session.PromptTokensError` when there are more (counted without
+    building them)."""
     from qwen_trt.serving.session import PromptTokensError
     from qwen_trt.serving.session import encode_messages as encode
 
+    keep = ("role", "content", "tool_calls")
     try:
-        return encode(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages],
-                      limit=limit)
+        return encode(tokenizer, [{k: m[k] for k in keep if k in m} for m in messages],
+                      tools=tools, add_generation_prompt=add_generation_prompt, limit=limit)
     except PromptTokensError:
         raise
     except QwenTrtError as e:   # a message the template has no place for

@@ -9,18 +9,26 @@ Penalties map to :class:`~qwen_trt.params.SamplingParams` fields when the engine
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from qwen_trt.api.constraints import parse_response_format
 from qwen_trt.api.errors import ApiError, excerpt
-from qwen_trt.params import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingParams
+from qwen_trt.errors import first_line
+from qwen_trt.api.tools import ToolSpec, parse_tools
+from qwen_trt.params import (DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_TOP_LOGPROBS,
+                             Grammar, SamplingParams)
 
 INT64_MAX = 2**63 - 1     # what the engine's integer tensors hold
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "tool"}
 MAX_STOPS = 16
+MAX_N = 8                 # choices per request (n): n submits of the same prompt
+MAX_STOP_IDS = 64
 
 # Penalty field -> its neutral value and allowed range (inclusive unless noted).
 PENALTIES: dict[str, tuple[float, float, float]] = {
@@ -40,20 +48,12 @@ def _empty(v) -> bool:
 
 # Unsupported features: accepted only at their neutral value.
 NEUTRAL: dict[str, Callable[[object], bool]] = {
-    "n": _is(1),
     "best_of": _is(1),
-    "logprobs": _is(False),
-    "top_logprobs": _is(0),
     "echo": _is(False),
-    "tools": _empty,
     "functions": _empty,
-    "tool_choice": _is("none", "auto"),
     "function_call": _is("none", "auto"),
     "logit_bias": _empty,
-    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
-    "min_p": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0),
     "min_tokens": _is(0),
-    "stop_token_ids": _empty,
     "skip_special_tokens": _is(True),
     "modalities": lambda v: v is None or v == ["text"],
     "audio": _empty,
@@ -85,11 +85,31 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     penalties: dict = field(default_factory=dict)   # SamplingParams field -> value
+    tools: ToolSpec = ToolSpec()
+    grammar: Grammar | None = None        # response_format or tool_choice required / named
+    grammar_param: str = ""               # the field it came from (for a 400)
+    logprobs: int | None = None           # None = off, else top_logprobs (0..20)
+    n: int = 1
+    min_p: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    continuous_usage: bool = False        # stream_options.continuous_usage_stats
 
-    def sampling_params(self, max_new_tokens: int) -> SamplingParams:
+    def sampling_params(self, max_new_tokens: int, choice: int = 0) -> SamplingParams:
+        """The engine's settings for choice ``choice`` (with a seed, choice i samples with
+        seed + i, so n choices differ and repeat)."""
+        seed = self.seed if self.seed is None or not choice else (self.seed + choice) % 2**64
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature,
-                              top_p=self.top_p, top_k=self.top_k, seed=self.seed,
-                              ignore_eos=self.ignore_eos, **self.penalties)
+                              top_p=self.top_p, top_k=self.top_k, seed=seed,
+                              ignore_eos=self.ignore_eos, logprobs=self.logprobs,
+                              min_p=self.min_p, stop_token_ids=self.stop_token_ids,
+                              grammar=self.grammar, **self.penalties)
+
+    def choice_params(self, max_new_tokens: int) -> list[SamplingParams]:
+        """The settings of each of the n choices; a value the engine refuses is a 400."""
+        try:
+            return [self.sampling_params(max_new_tokens, i) for i in range(self.n)]
+        except ValueError as e:
+            raise ApiError(400, first_line(e)) from e
 
 
 def _bad(param: str, message: str, code: str | None = None) -> ApiError:
@@ -170,15 +190,21 @@ def parse_messages(raw) -> tuple[dict, ...]:
         if not isinstance(m, dict):
             raise _bad(f"messages[{i}]", f"messages[{i}] must be an object with role and content.")
         role = m.get("role")
-        if role in ("tool", "function"):
-            raise _bad(f"messages[{i}].role", f"messages[{i}]: role '{role}' needs tool calling, "
-                                              "which this server does not support.")
         if not isinstance(role, str) or role not in ROLES:
             raise _bad(f"messages[{i}].role", f"messages[{i}].role must be one of "
                                               f"{', '.join(ROLES)}, got {excerpt(role)}.")
-        if role == "assistant" and not _empty(m.get("tool_calls")):
-            raise _bad(f"messages[{i}].tool_calls", "tool calls are not supported by this server.")
-        out.append({"role": ROLES[role], "content": _content(i, role, m.get("content"))})
+        msg = {"role": ROLES[role]}
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if not _empty(calls):
+            msg["tool_calls"] = _tool_calls(i, calls)
+        msg["content"] = ("" if m.get("content") is None and "tool_calls" in msg
+                          else _content(i, role, m.get("content")))
+        if role == "tool":
+            tid = m.get("tool_call_id")
+            if tid is not None and not isinstance(tid, str):
+                raise _bad(f"messages[{i}].tool_call_id",
+                           f"messages[{i}].tool_call_id must be a string.")
+        out.append(msg)
     return tuple(out)
 
 
@@ -188,6 +214,26 @@ def _valid_text(s: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _tool_calls(i: int, calls) -> list[dict]:
+    """An assistant message's ``tool_calls``, checked: what the chat template lays out."""
+    param = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise _bad(param, f"{param} must be a list of tool calls.")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        args = fn.get("arguments", "{}") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name or not isinstance(args, (str, dict)):
+            raise _bad(f"{param}[{j}]", f"{param}[{j}] must be {{\"type\": \"function\", "
+                                        "\"function\": {\"name\": str, \"arguments\": str}}.")
+        if isinstance(args, dict):
+            args = json.dumps(args, ensure_ascii=False)
+        out.append({"id": call.get("id") if isinstance(call.get("id"), str) else f"call_{j}",
+                    "type": "function", "function": {"name": name, "arguments": args}})
+    return out
 
 
 def _stops(raw) -> tuple[str, ...]:
@@ -206,6 +252,21 @@ def supported_penalties() -> set[str]:
     return {f.name for f in dataclasses.fields(SamplingParams)} & set(PENALTIES)
 
 
+def sampling_penalties(obj: Mapping, penalties: set[str] | None = None) -> dict:
+    """The penalty fields of a request that differ from neutral (400 for one the engine's
+    SamplingParams lacks, or out of range)."""
+    have = supported_penalties() if penalties is None else penalties
+    pens = {}
+    for name, (neutral, lo, hi) in PENALTIES.items():
+        v = _number(obj, name, neutral, lo, hi, lo_open=name == "repetition_penalty")
+        if v != neutral:
+            if name not in have:
+                raise _bad(name, f"'{name}' = {v:g} is not supported by this engine (send "
+                                 f"{neutral:g} or leave it out).", code="unsupported_parameter")
+            pens[name] = v
+    return pens
+
+
 def parse_chat_request(obj, *, penalties: set[str] | None = None) -> ChatRequest:
     """Check a decoded JSON body; raises :class:`ApiError` (400) naming the bad field."""
     if not isinstance(obj, dict):
@@ -219,34 +280,65 @@ def parse_chat_request(obj, *, penalties: set[str] | None = None) -> ChatRequest
                             f"{excerpt(model)}.")
     for name, neutral in NEUTRAL.items():
         if name in obj and not neutral(obj[name]):
-            raise _bad(name, f"'{name}' = {excerpt(obj[name])} is not supported by this server "
-                             "(send its default or leave it out).", code="unsupported_parameter")
-    have = supported_penalties() if penalties is None else penalties
-    pens = {}
-    for name, (neutral, lo, hi) in PENALTIES.items():
-        v = _number(obj, name, neutral, lo, hi, lo_open=name == "repetition_penalty")
-        if v != neutral:
-            if name not in have:
-                raise _bad(name, f"'{name}' = {v:g} is not supported by this engine (send "
-                                 f"{neutral:g} or leave it out).", code="unsupported_parameter")
-            pens[name] = v
+            raise _bad(name, f"'{name}' = {excerpt(obj[name])} is not supported by this "
+                             "server (send its default or leave it out).",
+                       code="unsupported_parameter")
+    pens = sampling_penalties(obj, penalties)
     stream = _bool(obj, "stream", False)
     opts = obj.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise _bad("stream_options", "'stream_options' must be an object.")
     include_usage = stream and _bool(opts or {}, "include_usage", False)
+    continuous = stream and _bool(opts or {}, "continuous_usage_stats", False)
     max_tokens = _int(obj, "max_completion_tokens", None, 1)
     if max_tokens is None:
         max_tokens = _int(obj, "max_tokens", None, 1)
     top_k = _int(obj, "top_k", DEFAULT_TOP_K, -1)
     seed = _int(obj, "seed", None, 0, 2**64 - 1)
+    tools = parse_tools(obj)
+    grammar, grammar_param = tools.grammar(), "tool_choice"
+    fmt = parse_response_format(obj)
+    if fmt is not None:
+        if grammar is not None:
+            raise _bad("response_format", "'response_format' cannot be combined with "
+                                          "'tool_choice' required or a named function.")
+        grammar, grammar_param = fmt, "response_format"
+    logprobs = None
+    if _bool(obj, "logprobs", False):
+        logprobs = _int(obj, "top_logprobs", 0, 0)
+        if logprobs > MAX_TOP_LOGPROBS:
+            raise _bad("top_logprobs", f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}, got "
+                                       f"{logprobs}.")
+    elif _int(obj, "top_logprobs", 0, 0):
+        raise _bad("top_logprobs", "'top_logprobs' needs 'logprobs': true.")
     return ChatRequest(
         messages=messages, model=model or None, stream=stream, include_usage=include_usage,
         max_tokens=max_tokens,
         temperature=_number(obj, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
-        top_p=_number(obj, "top_p", DEFAULT_TOP_P, 0.0, 1.0, lo_open=True),
+        top_p=_number(obj, "top_p", DEFAULT_TOP_P, 0.0, 1.0),
         top_k=max(top_k, 0), seed=seed, stop=_stops(obj.get("stop")),
-        ignore_eos=_bool(obj, "ignore_eos", False), penalties=pens)
+        ignore_eos=_bool(obj, "ignore_eos", False), penalties=pens, tools=tools,
+        grammar=grammar, grammar_param=grammar_param, logprobs=logprobs, n=parse_n(obj),
+        min_p=_number(obj, "min_p", 0.0, 0.0, 1.0), stop_token_ids=parse_stop_ids(obj),
+        continuous_usage=continuous)
+
+
+def parse_n(obj: Mapping) -> int:
+    n = _int(obj, "n", 1, 1)
+    if n > MAX_N:
+        raise _bad("n", f"'n' must be at most {MAX_N}, got {n}.")
+    return n
+
+
+def parse_stop_ids(obj: Mapping) -> tuple[int, ...]:
+    raw = obj.get("stop_token_ids")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(type(t) is int and t >= 0 for t in raw):
+        raise _bad("stop_token_ids", "'stop_token_ids' must be a list of token ids.")
+    if len(raw) > MAX_STOP_IDS:
+        raise _bad("stop_token_ids", f"'stop_token_ids' takes at most {MAX_STOP_IDS} ids.")
+    return tuple(dict.fromkeys(raw))
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -271,12 +363,14 @@ class ChunkWriter:
     id: str = field(default_factory=new_id)
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
+    def chunk(self, delta: dict, finish_reason: str | None = None, *, index: int = 0,
+              logprobs: dict | None = None, usage: dict | None = None) -> dict:
         out = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-               "model": self.model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+               "model": self.model, "choices": [{"index": index, "delta": delta,
+                                                 "logprobs": logprobs,
                                                  "finish_reason": finish_reason}]}
-        if self.include_usage:
-            out["usage"] = None
+        if self.include_usage or usage is not None:
+            out["usage"] = usage         # continuous_usage_stats: the counts so far
         return out
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
@@ -285,11 +379,3 @@ class ChunkWriter:
                 "model": self.model, "choices": [],
                 "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
-
-def completion(model: str, text: str, finish_reason: str, prompt_tokens: int,
-               completion_tokens: int, cached_tokens: int | None = None) -> dict:
-    return {"id": new_id(), "object": "chat.completion", "created": int(time.time()),
-            "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason}],
-            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}

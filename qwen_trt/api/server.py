@@ -15,8 +15,10 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -27,24 +29,29 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from qwen_trt.api.errors import ApiError, error_body
-from qwen_trt.api.keepalive import DEFAULT_KEEPALIVE_S, with_keepalive
+from qwen_trt.api import constraints
 from qwen_trt.api.admission import Admission, Ticket
+from qwen_trt.api.choices import ChatChoice, Piece, merge
+from qwen_trt.api.completions import ApiContext, add_routes, model_card
 from qwen_trt.api.errors import ApiError, error_body, excerpt
+from qwen_trt.api.keepalive import DEFAULT_KEEPALIVE_S, with_keepalive
 from qwen_trt.api.limits import MIB, BodyLimit, chars_per_token, decode_json, min_prompt_tokens
+from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
 from qwen_trt.api.prompt import encode_messages
-from qwen_trt.api.protocol import ChatRequest, ChunkWriter, completion, parse_chat_request
+from qwen_trt.api.protocol import ChatRequest, ChunkWriter, new_id, parse_chat_request, usage
+from qwen_trt.api.schema import describe_openapi
 from qwen_trt.api.stops import StopScanner
-from qwen_trt.serving.session import PromptTokensError
 from qwen_trt.errors import ConfigError, QwenTrtError
 from qwen_trt.params import fit_problem
 from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
+from qwen_trt.serving.session import PromptTokensError
 
 log = logging.getLogger("qwen_trt.api")
 
 LOOPBACK_NAMES = ("localhost",)
 DISCONNECT_CHECK_S = 0.2
+ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
 TOKENIZE_AT_ONCE = 2      # prompts tokenised at the same time (each may hold a large encoding)
 
 
@@ -72,6 +79,7 @@ class ServerSettings:
     header_timeout_s: float = 10.0      # a request's headers must arrive within this
     body_timeout_s: float = 30.0        # ... and its body within this after them
     shutdown_grace_s: float = 10.0      # SIGTERM/SIGINT: in-flight requests get this long
+    allowed_origins: tuple[str, ...] = ()   # browser origins allowed to call the API (CORS)
 
     def __post_init__(self) -> None:
         from qwen_trt.api.listen import check_api_key, normalize_host
@@ -91,6 +99,10 @@ class ServerSettings:
         if not 0 <= self.shutdown_grace_s < float("inf"):
             raise ConfigError(f"--shutdown-grace-s must be >= 0, got {self.shutdown_grace_s}.")
         check_api_key(self.api_key)
+        for origin in self.allowed_origins:
+            if origin != "*" and not ORIGIN_RE.match(origin):
+                raise ConfigError(f"--allowed-origins: {origin[:80]!r} is not an origin (give "
+                                  "scheme://host[:port] without a path, or *).")
         if not is_loopback(self.host) and not self.api_key:
             raise ConfigError(f"Refusing to listen on {self.host} without a key: set --api-key or "
                               "QWEN_TRT_API_KEY (only 127.0.0.1 / localhost may go without one).")
@@ -171,9 +183,17 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     # a time; /health and other requests go on meanwhile.
     tokenizing = asyncio.Semaphore(TOKENIZE_AT_ONCE)
     per_token: list = []          # chars_per_token(tokenizer), worked out on first use
+    tok_lock = threading.Lock()   # /tokenize and /detokenize call the HF tokenizer itself
+    tickets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # handle -> its Ticket
     app = FastAPI(title="qwen-trt", version="1", docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url="/openapi.json")
     app.add_middleware(BodyLimit, max_bytes=int(settings.max_body_mb * MIB))
+    if settings.allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"])
     app.state.service = service
     app.state.metrics = metrics
     app.state.counts = counts
@@ -221,9 +241,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     @app.get("/v1/models")
     async def models(request: Request):
         check_auth(request)
-        return {"object": "list", "data": [{
-            "id": name, "object": "model", "created": created, "owned_by": "qwen-trt",
-            "root": info.model, "parent": None, "max_model_len": info.max_seq_len}]}
+        return {"object": "list", "data": [model_card(name, created, info)]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -234,10 +252,12 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             raise ApiError(404, f"The model '{excerpt(req.model)}' does not exist here; this "
                                 f"server serves '{name}' (see /v1/models).", param="model",
                            code="model_not_found")
+        constraints.check(req.grammar, req.grammar_param)
         _queue_check()
         # No liveness gate here: a service whose engine process died restarts it on the next
         # submit (the request waits meanwhile); a closed service refuses the submit (503).
         tokenizer = service.tokenizer
+        tools = req.tools.tools if req.tools.render else None
         if not per_token:
             per_token.append(await run_in_threadpool(chars_per_token, tokenizer))
         room = _room(req, info)
@@ -247,51 +267,95 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
 
         def encode():
             try:
-                return encode_messages(tokenizer, req.messages, limit=room)
+                return encode_messages(tokenizer, req.messages, tools=tools, limit=room)
             except PromptTokensError as e:
                 raise _too_long(e.tokens, req, info) from None
 
         async with tokenizing:
             ids = await run_in_threadpool(encode)
         max_new = _fit(ids, req, info)
-        try:
-            params = req.sampling_params(max_new)
-        except ValueError as e:
-            raise ApiError(400, str(e)) from e
-        ticket = _take()          # the queue check and this request's place, at once
-        try:
-            ticket.handle = service.submit(ids, params)
-        except QwenTrtError as e:
-            ticket.release()
-            raise ApiError(503, str(e), headers={"Retry-After": str(settings.retry_after_s)}) from e
-        except BaseException:
-            ticket.release()
-            raise
-        handle = ticket.handle
-        metrics.prompt_tokens.inc(len(ids))
+        handles = await submit(ids, req.choice_params(max_new))
+        texts = token_texts(tokenizer) if req.logprobs is not None else None
+        choices = [ChatChoice(i, req.tools, texts, req.logprobs) for i in range(req.n)]
         t0 = time.perf_counter()
         if req.stream:
-            # the background task frees the place when the body never ran (client gone first)
-            return StreamingResponse(with_keepalive(_sse(handle, req, len(ids), t0, ticket),
+            # the background task frees the places when the body never ran (client gone first)
+            return StreamingResponse(with_keepalive(_sse(handles, choices, req, len(ids), t0),
                                                     settings.sse_keepalive_s),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"},
-                                     background=BackgroundTask(ticket.release))
-        parts: list[str] = []
-        result = None
+                                     background=BackgroundTask(release, handles))
+        results: list = [None] * req.n
         try:
-            async for item in _generate(handle, req, len(ids), t0, request, ticket):
-                if isinstance(item, str):
-                    parts.append(item)
+            async for i, item in merge([_generate(h, req, len(ids), t0, request)
+                                        for h in handles]):
+                if isinstance(item, Piece):
+                    choices[i].feed(item)
                 else:
-                    result = item
+                    choices[i].finish()
+                    results[i] = item
         except _EngineError as e:
             raise ApiError(e.status, str(e)) from e
-        if result is None:     # the client went away
+        finally:
+            release(handles)
+        if any(r is None for r in results):     # the client went away
             return Response(status_code=499)
-        return completion(name, "".join(parts), result.finish_reason, result.prompt_tokens,
-                          result.completion_tokens, result.cached_tokens)
+        return {"id": new_id(), "object": "chat.completion", "created": int(time.time()),
+                "model": name,
+                "choices": [c.choice(r.finish_reason) for c, r in zip(choices, results)],
+                "usage": _usage(results)}
+
+    async def submit(ids: list[int], params_list) -> list:
+        """Hand ``ids`` to the engine once per choice, each with its place in the queue (503
+        when the queue is full or the server is closing)."""
+        handles: list = []
+        try:
+            for params in params_list:
+                ticket = _take()          # the queue check and this place, at once
+                try:
+                    ticket.handle = service.submit(ids, params)
+                except BaseException:
+                    ticket.release()
+                    raise
+                tickets[ticket.handle] = ticket
+                handles.append(ticket.handle)
+        except QwenTrtError as e:
+            release(handles)
+            raise ApiError(503, str(e), headers={"Retry-After": str(settings.retry_after_s)}) from e
+        except BaseException:
+            release(handles)
+            raise
+        metrics.prompt_tokens.inc(len(ids))
+        return handles
+
+    def release(handles) -> None:
+        """Give back the places of ``handles`` (each once; cancels those still running)."""
+        for h in handles:
+            ticket = tickets.get(h)
+            if ticket is not None:
+                ticket.release()
+
+    async def encode_chat(messages, tools, add_generation_prompt: bool = True) -> list[int]:
+        def run():
+            return encode_messages(service.tokenizer, messages, tools=tools,
+                                   add_generation_prompt=add_generation_prompt)
+        async with tokenizing:
+            return await run_in_threadpool(run)
+
+    async def tokenize(text: str, add_special_tokens: bool) -> list[int]:
+        def run():
+            with tok_lock:
+                return service.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        async with tokenizing:
+            return await run_in_threadpool(run)
+
+    async def detokenize(ids: list[int]) -> str:
+        def run():
+            with tok_lock:
+                return service.tokenizer.decode(ids)
+        async with tokenizing:
+            return await run_in_threadpool(run)
 
     def _queue_check() -> None:
         try:
@@ -307,12 +371,15 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             metrics.requests.labels(e.code or "refused").inc()
             raise
 
-    async def _generate(handle, req: ChatRequest, n_prompt: int, t0: float,
-                        request: Request | None = None,
-                        ticket: Ticket | None = None) -> AsyncIterator[str | _Result]:
-        """Text to send, then one :class:`_Result`; raises :class:`_EngineError`."""
+    async def _generate(handle, req, n_prompt: int, t0: float,
+                        request: Request | None = None) -> AsyncIterator[Piece | _Result]:
+        """Text to send (with its tokens' logprobs), then one :class:`_Result`; raises
+        :class:`_EngineError`. ``req``: anything with ``stop`` (chat or completions).
+        ``handle`` came from :func:`submit`, which holds its place in the queue."""
         scanner = StopScanner(req.stop)
-        ticket = ticket or _take()
+        ticket = tickets.get(handle)
+        lps: list = []          # logprobs of tokens whose text the stop scanner holds back
+        tokens = 0
         first = True
         outcome = "cancelled"
         checked = time.monotonic()
@@ -327,16 +394,22 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                 if isinstance(ev, Waiting):
                     pass
                 elif isinstance(ev, Started):
-                    ticket.started()
+                    if ticket is not None:
+                        ticket.started()
                 elif isinstance(ev, Delta):
+                    stopped = scanner.stopped
                     text = scanner.feed(ev.text)
+                    if not stopped:
+                        lps.extend(ev.logprobs)
+                        tokens += len(ev.token_ids) or 1
                     if scanner.stopped:
                         handle.cancel()      # stop string: the engine stops before its next token
                     if text:
                         if first:
                             metrics.ttft.observe(time.perf_counter() - t0)
                             first = False
-                        yield text
+                        yield Piece(text, tuple(lps), tokens)
+                        lps, tokens = [], 0
                 elif isinstance(ev, Finished):
                     m = ev.reply.metrics
                     reason = m.finish_reason
@@ -348,10 +421,10 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                                            "(shutting down or restarting); retry.", 503)
                     else:
                         tail = scanner.flush()
-                        if tail:
+                        if tail or lps:
                             if first:
                                 metrics.ttft.observe(time.perf_counter() - t0)
-                            yield tail
+                            yield Piece(tail, tuple(lps), tokens)
                     metrics.generation_tokens.inc(m.tokens)
                     if m.decode_tok_s > 0:
                         metrics.tok_s.observe(m.decode_tok_s)
@@ -361,27 +434,60 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                     outcome = "error"
                     raise _EngineError(str(ev.error))
         finally:
-            ticket.release()
+            if ticket is not None:
+                ticket.release()
             metrics.requests.labels(outcome).inc()
 
-    async def _sse(handle, req: ChatRequest, n_prompt: int, t0: float,
-                   ticket: Ticket | None = None) -> AsyncIterator[str]:
+    async def _sse(handles, choices: list[ChatChoice], req: ChatRequest, n_prompt: int,
+                   t0: float) -> AsyncIterator[str]:
         w = ChunkWriter(name, include_usage=req.include_usage)
-        yield _data(w.chunk({"role": "assistant", "content": ""}))
+        running = [0] * len(choices)        # completion tokens so far, per choice
+
+        def chunk(c: ChatChoice, delta: dict, reason: str | None = None) -> str:
+            live = (usage(n_prompt, sum(running)) if req.continuous_usage else None)
+            return _data(w.chunk(delta, reason, index=c.index, logprobs=c.take_logprobs(),
+                                 usage=live))
+
+        for c in choices:
+            yield _data(w.chunk({"role": "assistant", "content": ""}, index=c.index,
+                                logprobs=None, usage=usage(n_prompt, 0)
+                                if req.continuous_usage else None))
+        results: list = [None] * len(choices)
         try:
-            async for item in _generate(handle, req, n_prompt, t0, None, ticket):
-                if isinstance(item, str):
-                    yield _data(w.chunk({"content": item}))
+            async for i, item in merge([_generate(h, req, n_prompt, t0) for h in handles]):
+                c = choices[i]
+                if isinstance(item, Piece):
+                    running[i] += item.tokens
+                    for delta in c.feed(item):
+                        yield chunk(c, delta)
                 else:
-                    yield _data(w.chunk({}, item.finish_reason))
-                    if req.include_usage:
-                        yield _data(w.usage_chunk(item.prompt_tokens, item.completion_tokens,
-                                                  item.cached_tokens))
+                    results[i] = item
+                    running[i] = item.completion_tokens
+                    for delta in c.finish():
+                        yield chunk(c, delta)
+                    yield chunk(c, {}, c.finish_reason(item.finish_reason))
+            if req.include_usage:
+                u = _usage(results)
+                yield _data(w.usage_chunk(u["prompt_tokens"], u["completion_tokens"],
+                                          (u.get("prompt_tokens_details") or {}).get(
+                                              "cached_tokens")))
         except _EngineError as e:
             yield _data(error_body(str(e), e.status))
         yield "data: [DONE]\n\n"
 
+    add_routes(app, ApiContext(name=name, created=created, service=service,
+                               check_auth=check_auth, submit=submit, generate=_generate,
+                               encode_chat=encode_chat, tokenize=tokenize, detokenize=detokenize,
+                               engine_error=_EngineError, data=_data, release=release))
+    describe_openapi(app)
     return app
+
+
+def _usage(results) -> dict:
+    """Usage of one request: the prompt once, the completions of every choice."""
+    cached = [r.cached_tokens for r in results if r.cached_tokens is not None]
+    return usage(results[0].prompt_tokens, sum(r.completion_tokens for r in results),
+                 cached[0] if cached else None)
 
 
 def _data(obj: dict) -> str:

@@ -17,6 +17,7 @@ ENV_KEEPALIVE = "QWEN_TRT_SSE_KEEPALIVE_S"
 ENV_BODY, ENV_HEADER_T, ENV_BODY_T, ENV_GRACE = (
     "QWEN_TRT_MAX_BODY_MB", "QWEN_TRT_HEADER_TIMEOUT_S", "QWEN_TRT_BODY_TIMEOUT_S",
     "QWEN_TRT_SHUTDOWN_GRACE_S")
+ENV_ORIGINS = "QWEN_TRT_ALLOWED_ORIGINS"
 
 
 def register(sub) -> None:
@@ -49,6 +50,9 @@ def register(sub) -> None:
     p.add_argument("--shutdown-grace-s", default=None,
                    help=f"on SIGTERM/SIGINT, seconds in-flight requests get to finish before "
                         f"they end with an error (default 10) [env {ENV_GRACE}]")
+    p.add_argument("--allowed-origins", default=None,
+                   help="comma-separated browser origins (scheme://host[:port], or *) allowed to "
+                        f"call the API directly (CORS; default: none) [env {ENV_ORIGINS}]")
     p.add_argument("--served-model-name", default=None,
                    help="model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -91,7 +95,14 @@ def settings_from(args, environ=None):
         body_timeout_s=_float(args.body_timeout_s or env.get(ENV_BODY_T), "--body-timeout-s",
                               30.0),
         shutdown_grace_s=_float(args.shutdown_grace_s or env.get(ENV_GRACE),
-                                "--shutdown-grace-s", 10.0))
+                                "--shutdown-grace-s", 10.0),
+        allowed_origins=_origins(getattr(args, "allowed_origins", None) or env.get(ENV_ORIGINS)))
+
+
+def _origins(value: str | None) -> tuple[str, ...]:
+    """``--allowed-origins a,b`` as a tuple (checked by ServerSettings)."""
+    return tuple(dict.fromkeys(o.strip().rstrip("/") for o in (value or "").split(",")
+                               if o.strip()))
 
 
 def run(args) -> int:

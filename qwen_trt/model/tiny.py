@@ -3,8 +3,8 @@
 ``qwen-trt tiny-model DIR`` writes a folder that ``AutoTokenizer`` / ``AutoModelForCausalLM``
 load like the real Qwen3-4B-Instruct-2507: ``config.json`` (model_type qwen3, head_dim not equal
 to hidden/heads, tied embeddings), ``model.safetensors`` with random weights from a seed,
-``generation_config.json``, ``tokenizer.json`` and ``tokenizer_config.json`` with the ChatML
-template. No network, a few seconds on two CPU cores.
+``generation_config.json``, ``tokenizer.json`` and ``tokenizer_config.json`` with Qwen3's
+added tokens (the tool tags included) and chat template (tools included). No network, a few seconds on two CPU cores.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen_trt.model.template import ENDOFTEXT, IM_END, IM_START, QWEN3_INSTRUCT_CHAT_TEMPLATE
+from qwen_trt.model.template import (ENDOFTEXT, IM_END, IM_START, QWEN3_EXTRA_TOKENS,
+                                    QWEN3_INSTRUCT_CHAT_TEMPLATE)
 from qwen_trt.errors import FileProblemError
 
 # Qwen2/Qwen3 pre-tokenizer split pattern (same regex as the real tokenizer.json).
@@ -95,6 +96,11 @@ def build_tokenizer(vocab_size: int):
 
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t in (ENDOFTEXT, IM_START, IM_END)])
+    # Then Qwen3's other added tokens in its order: the tool tags <tool_call>, </tool_call>,
+    # <tool_response>, </tool_response> (and fim / think) are not special, as in Qwen3.
+    for text, special in QWEN3_EXTRA_TOKENS:
+        added = AddedToken(text, special=special, normalized=False)
+        (tok.add_special_tokens if special else tok.add_tokens)([added])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
@@ -148,9 +154,13 @@ def _write(out: Path, shape: TinyShape, seed: int) -> Path:
     _patch_tokenizer_config(out)
 
     vocab = len(tokenizer)
+    # The weights are drawn for the BPE vocabulary and the three ChatML tokens first, as they
+    # were before Qwen3's other added tokens joined (so the same seed keeps the same model);
+    # the rows of those tokens come after, from their own generator.
+    base = vocab - len(QWEN3_EXTRA_TOKENS)
     endoftext, im_end = tokenizer.convert_tokens_to_ids([ENDOFTEXT, IM_END])
     config = Qwen3Config(
-        vocab_size=vocab,
+        vocab_size=base,
         hidden_size=shape.hidden,
         intermediate_size=shape.intermediate,
         num_hidden_layers=shape.layers,
@@ -176,8 +186,13 @@ def _write(out: Path, shape: TinyShape, seed: int) -> Path:
         # Shrink (tied) embedding rows of tokens that are only part of a UTF-8 character or a
         # control character, so the demo's word salad is mostly whole words rather than U+FFFD
         # and tofu boxes; tests still get such tokens from the tokenizer itself.
-        unprintable = [i for i in range(vocab) if _unprintable(tokenizer.decode([i]))]
+        unprintable = [i for i in range(base) if _unprintable(tokenizer.decode([i]))]
         model.get_input_embeddings().weight[unprintable] *= 0.2
+    model.resize_token_embeddings(vocab, mean_resizing=False)
+    with torch.no_grad():
+        extra = torch.Generator().manual_seed(seed + 1)
+        emb = model.get_input_embeddings().weight
+        emb[base:] = torch.randn(vocab - base, emb.shape[1], generator=extra) * 0.15
     model.generation_config.eos_token_id = [im_end, endoftext]
     model.generation_config.pad_token_id = endoftext
     model.generation_config.bos_token_id = endoftext

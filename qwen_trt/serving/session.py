@@ -19,15 +19,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from qwen_trt.errors import EmptyMessageError, InvalidMessageError, PromptTooLongError
+from qwen_trt.errors import EmptyMessageError, InvalidMessageError, PromptTooLongError, first_line
 from qwen_trt.params import prompt_budget
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 
 # Stands in for message i while the template is rendered (private-use characters: no template
 # or tokenizer gives them a meaning).
 _SLOT = "\ue000{}\ue001"
 _SLOT_RE = re.compile("\ue000(\\d+)\ue001")
+# Stands in for control token k inside tools / tool calls while the template is rendered.
+_SHIELD = "\ue002{}\ue003"
+_SHIELD_RE = re.compile("\ue002(\\d+)\ue003")
 
 
 @dataclass
@@ -63,22 +66,31 @@ def render_prompt_text(tokenizer, messages: list[dict]) -> str:
 class _Codec:
     """Per tokenizer: its control tokens, and a copy of its backend that encodes them as text.
 
-    transformers' ``split_special_tokens=True`` flips a flag on the shared backend tokenizer for
-    the call, which another thread encoding at the same moment would see (a race that turns
-    text into control tokens). A private copy with the flag set for good has no such window.
+    Every added token counts: the special ones (``<|im_start|>``) and the others Qwen3 adds
+    (``<tool_call>``, ``<tool_response>``, ``<think>``, ...), which the real tokenizer would
+    otherwise match inside any text. transformers' ``split_special_tokens=True`` flips a flag
+    on the shared backend tokenizer for the call, which another thread encoding at the same
+    moment would see (a race that turns text into control tokens). A private copy with every
+    added token marked special and the flag set for good has no such window.
     """
 
     def __init__(self, tokenizer) -> None:
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-        self.controls = {str(t): int(i) for i, t in added.items() if getattr(t, "special", True)}
+        self.controls = {str(t): int(i) for i, t in added.items()}
         self.control_ids = frozenset(self.controls.values())
         names = sorted(self.controls, key=len, reverse=True)
+        self.names = names
         self.split = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None:
+            import json
+
             from tokenizers import Tokenizer
 
-            copy = Tokenizer.from_str(backend.to_str())
+            data = json.loads(backend.to_str())
+            for tok in data.get("added_tokens") or ():
+                tok["special"] = True
+            copy = Tokenizer.from_str(json.dumps(data))
             copy.encode_special_tokens = True
             # encode_batch(_fast) works with the GIL released (encode holds it for the whole
             # text), so a long text does not stall the other threads; the ids stay in Rust until
@@ -97,6 +109,29 @@ class _Codec:
                                      split_special_tokens=True)["input_ids"]
             self._encode = encode
             self._encoding = encode
+
+    def shield(self, obj):
+        """``obj`` (tools, tool calls: JSON-like data the template prints) with each control
+        token's text replaced by a private-use stand-in, so the rendered layout holds no
+        marker the template did not write itself; :meth:`unshield` restores the text."""
+        if isinstance(obj, str):
+            if self.split is None:
+                return obj
+            return self.split.sub(lambda m: _SHIELD.format(self.names.index(m.group(0))), obj)
+        if isinstance(obj, dict):
+            return {self.shield(k): self.shield(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self.shield(v) for v in obj]
+        return obj
+
+    def unshield(self, text: str) -> str:
+        if "\ue002" not in text:
+            return text
+
+        def back(m):
+            i = int(m.group(1))
+            return self.names[i] if i < len(self.names) else m.group(0)
+        return _SHIELD_RE.sub(back, text)
 
     def text_ids(self, text: str) -> list[int]:
         return list(self._encode(text)) if text else []
@@ -203,28 +238,42 @@ class MessageEncoder:
         if self._cache is not None:
             self._cache, self._used = self._used, {}
 
-    def encode(self, messages: Sequence[dict], add_generation_prompt: bool = True, *,
-               limit: int | None = None) -> list[int]:
+    def encode(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+               tools: Sequence[dict] | None = None, *, limit: int | None = None) -> list[int]:
         """The prompt ids; with ``limit``, :class:`PromptTokensError` when there are more
         (the ids past the limit are only counted, never built)."""
+        codec = self._codec
         texts = [_content_text(m, i) for i, m in enumerate(messages)]
-        slots = [{"role": m["role"], "content": _SLOT.format(i)} for i, m in enumerate(messages)]
+        slots, expected = [], []
+        for i, m in enumerate(messages):
+            slot = {"role": m["role"], "content": _SLOT.format(i)}
+            calls = m.get("tool_calls") if m["role"] == "assistant" else None
+            if calls:
+                slot["tool_calls"] = codec.shield(list(calls))
+                if not texts[i]:
+                    slot["content"] = ""   # the template tests the content for emptiness
+            if slot["content"]:
+                expected.append(i)
+            slots.append(slot)
+        extra = {"tools": codec.shield(list(tools))} if tools else {}
         try:
             layout = self._tok.apply_chat_template(slots, tokenize=False,
-                                                   add_generation_prompt=add_generation_prompt)
+                                                   add_generation_prompt=add_generation_prompt,
+                                                   **extra)
         except Exception as e:
             if not _template_error(e):
                 raise
-            detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            detail = first_line(e, 200) or type(e).__name__
             raise InvalidMessageError(f"The chat template rejected these messages: "
                                       f"{detail}") from e
         found = [int(i) for i in _SLOT_RE.findall(layout)]
-        if sorted(found) != list(range(len(messages))):
-            missing = next((i for i in range(len(messages)) if found.count(i) != 1), 0)
+        if sorted(found) != expected:
+            missing = next((i for i in range(len(messages)) if found.count(i) != (i in expected)),
+                           0)
             raise InvalidMessageError(
                 f"Message {missing + 1} ({messages[missing]['role']}) does not fit the model's "
                 f"chat template (an unknown role, or a message out of place).")
-        codec, ids = self._codec, []
+        ids = []
         over = 0     # with a limit: tokens counted once past it
 
         def add_text(text: str) -> None:
@@ -257,7 +306,7 @@ class MessageEncoder:
             pending, pos = [], 0
             for m in _SLOT_RE.finditer(part):
                 i = int(m.group(1))
-                pending.append(part[pos:m.start()])
+                pending.append(codec.unshield(part[pos:m.start()]))
                 pos = m.end()
                 reused = self._generated_ids(messages[i])
                 if reused is None:
@@ -266,7 +315,7 @@ class MessageEncoder:
                     add_text("".join(pending))
                     add_ids(reused)
                     pending = []
-            pending.append(part[pos:])
+            pending.append(codec.unshield(part[pos:]))
             add_text("".join(pending))
         if over:
             raise PromptTokensError(len(ids) + over, limit)
@@ -283,7 +332,8 @@ class MessageEncoder:
 
 
 def encode_messages(tokenizer, messages: Sequence[dict], *,
-                    add_generation_prompt: bool = True, limit: int | None = None) -> list[int]:
+                    add_generation_prompt: bool = True,
+                    tools: Sequence[dict] | None = None, limit: int | None = None) -> list[int]:
     """Prompt ids for ``messages`` (``{"role", "content"}`` dicts, OpenAI style; content a
     string or a list of text parts), through the tokenizer's own chat template.
 
@@ -296,8 +346,13 @@ def encode_messages(tokenizer, messages: Sequence[dict], *,
     ids equal encoding the rendered prompt whole, for text without control-token strings.
     Contents go in as given (a template that rewrote them, e.g. stripping, would not apply).
     With ``limit``: :class:`PromptTokensError` (with the count) for more tokens than that.
+
+    ``tools`` (OpenAI's ``[{"type": "function", "function": {...}}]``) and an assistant
+    message's ``tool_calls`` are handed to the template as they are, for it to lay out; a
+    control token's text inside them (``<|im_end|>`` in a description, ``</tool_call>`` in an
+    argument) is text too. ``tool`` messages' contents are contents like any other.
     """
-    return MessageEncoder(tokenizer).encode(messages, add_generation_prompt, limit=limit)
+    return MessageEncoder(tokenizer).encode(messages, add_generation_prompt, tools, limit=limit)
 
 
 def check_message(text: str | None) -> None:
