@@ -134,6 +134,12 @@ def _deeply_nested(d: Path) -> None:
     (d / "config.json").write_text("[" * 100_000 + "]" * 100_000)
 
 
+def _extra_token(d: Path) -> None:
+    t = json.loads((d / "tokenizer.json").read_text())
+    t["added_tokens"].append({**t["added_tokens"][-1], "id": 515, "content": "<|extra|>"})
+    (d / "tokenizer.json").write_text(json.dumps(t))
+
+
 # case -> (edit, file named in the message, text in the message)
 CASES = {
     "fifo-weights": (_fifo("model.safetensors"), "model.safetensors",
@@ -167,6 +173,8 @@ CASES = {
                        "implies [600, 64]"),
     "hidden-mismatch": (_edit(hidden_size=96), "model.safetensors",
                         "has shape [515, 64], but config.json implies [515, 96]"),
+    "tokenizer-beyond-vocab": (_extra_token, "tokenizer.json",
+                               "has 516 tokens, more than the model's vocab_size 515"),
     "shape-mismatch": (_rewrite_weights(_wrong_q_proj), "model.safetensors",
                        "'model.layers.0.self_attn.q_proj.weight' has shape [7, 64], but "
                        "config.json implies [128, 64]"),
