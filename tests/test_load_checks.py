@@ -283,7 +283,7 @@ def test_cli_chat_reports_a_fifo_and_a_missing_folder_before_the_engine_starts(c
         assert "[qwen-trt engine]" not in r.stderr       # no engine process was started
 
 
-def test_cli_template_and_foreign_load_errors_are_one_line_traceback_only_on_debug(
+def test_cli_template_error_is_one_line_traceback_only_on_debug(
         tiny_model_dir, tmp_path):
     d = _with_template(tiny_model_dir, tmp_path / "t", "{% if messages %}{{ oops")
     r = _cli("chat", "--model", str(d), "--backend", "torch", "--device", "cpu", "--prompt", "hi")
