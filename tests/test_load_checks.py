@@ -12,7 +12,7 @@ import shutil
 import struct
 import subprocess
 import sys
-import threading
+import signal
 from pathlib import Path
 
 import pytest
@@ -25,23 +25,32 @@ ROOT = Path(__file__).resolve().parents[1]
 BOUND_S = 60        # only a hang reaches it
 
 
-def _within(fn, seconds: float = BOUND_S):
-    """``fn()``'s result or exception; fails (instead of hanging the suite) if it blocks."""
-    out: dict = {}
+def _run_bounded(cmd: list[str], env: dict, timeout: float = BOUND_S):
+    """Run ``cmd`` in its own session; a hang (a reader blocked on a FIFO, in this process or
+    in an engine process it started, holding the interpreter) fails the test instead of
+    hanging the suite: the whole session is killed at ``timeout``."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{cmd[2:]} still blocked after {timeout} s")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
-    def run():
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out["error"] = e
 
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"still blocked after {seconds} s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+def _resolve_error(d: Path) -> str:
+    """resolve_model(d)'s error line, from a separate interpreter (FIFO cases: a blocked open
+    would hold this one)."""
+    code = ("import sys\nfrom qwen_trt.model.source import resolve_model\n"
+            "try:\n    resolve_model(sys.argv[1])\nexcept Exception as e:\n"
+            "    print(type(e).__name__, str(e), sep='|')\n")
+    r = _run_bounded([sys.executable, "-c", code, str(d)], dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    kind, _, msg = r.stdout.rstrip("\n").partition("|")
+    assert kind == "ModelSourceError", r.stdout
+    return msg
 
 
 def _config(d: Path) -> dict:
@@ -125,6 +134,12 @@ def _deeply_nested(d: Path) -> None:
     (d / "config.json").write_text("[" * 100_000 + "]" * 100_000)
 
 
+def _extra_token(d: Path) -> None:
+    t = json.loads((d / "tokenizer.json").read_text())
+    t["added_tokens"].append({**t["added_tokens"][-1], "id": 515, "content": "<|extra|>"})
+    (d / "tokenizer.json").write_text(json.dumps(t))
+
+
 # case -> (edit, file named in the message, text in the message)
 CASES = {
     "fifo-weights": (_fifo("model.safetensors"), "model.safetensors",
@@ -158,6 +173,8 @@ CASES = {
                        "implies [600, 64]"),
     "hidden-mismatch": (_edit(hidden_size=96), "model.safetensors",
                         "has shape [515, 64], but config.json implies [515, 96]"),
+    "tokenizer-beyond-vocab": (_extra_token, "tokenizer.json",
+                               "has 516 tokens, more than the model's vocab_size 515"),
     "shape-mismatch": (_rewrite_weights(_wrong_q_proj), "model.safetensors",
                        "'model.layers.0.self_attn.q_proj.weight' has shape [7, 64], but "
                        "config.json implies [128, 64]"),
@@ -185,9 +202,12 @@ def checkpoint(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_broken_checkpoint_is_one_line_naming_file_and_value(checkpoint, case):
     d, file, needle = checkpoint(case)
-    with pytest.raises(QwenTrtError) as e:
-        _within(lambda: resolve_model(str(d)))
-    msg = str(e.value)
+    if case.startswith("fifo"):
+        msg = _resolve_error(d)
+    else:
+        with pytest.raises(QwenTrtError) as e:
+            resolve_model(str(d))
+        msg = str(e.value)
     assert file in msg and needle in msg and "\n" not in msg, msg
 
 
@@ -244,8 +264,7 @@ def test_a_template_that_rejects_one_conversation_is_a_message_error(tiny_tokeni
 def _cli(*args: str, env_extra: dict | None = None, timeout: float = BOUND_S):
     env = {k: v for k, v in os.environ.items() if k != "QWEN_TRT_DEBUG"}
     env.update(PYTHONPATH=str(ROOT), QWEN_TRT_WORKER="process", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "qwen_trt", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    return _run_bounded([sys.executable, "-m", "qwen_trt", *args], env, timeout)
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -264,7 +283,7 @@ def test_cli_chat_reports_a_fifo_and_a_missing_folder_before_the_engine_starts(c
         assert "[qwen-trt engine]" not in r.stderr       # no engine process was started
 
 
-def test_cli_template_and_foreign_load_errors_are_one_line_traceback_only_on_debug(
+def test_cli_template_error_is_one_line_traceback_only_on_debug(
         tiny_model_dir, tmp_path):
     d = _with_template(tiny_model_dir, tmp_path / "t", "{% if messages %}{{ oops")
     r = _cli("chat", "--model", str(d), "--backend", "torch", "--device", "cpu", "--prompt", "hi")

@@ -282,6 +282,7 @@ def test_start_service_keeps_one_engine_per_process(monkeypatch):
     import qwen_trt.serving.client as client_mod
 
     monkeypatch.setattr(client_mod, "EngineClient", Stub)
+    monkeypatch.setattr("qwen_trt.serving.preflight.preflight", lambda cfg: None)  # no folders
     monkeypatch.setattr(service_mod, "_current", None)
     monkeypatch.delenv(service_mod.WORKER_ENV, raising=False)
     a = service_mod.start_service(BackendConfig(model="a"))

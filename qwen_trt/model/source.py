@@ -158,8 +158,9 @@ def check_weight_files(folder: Path, shape=None) -> None:
         check_weights(files, shape)
 
 
-def check_tokenizer_files(folder: Path) -> None:
-    """tokenizer.json parses as a tokenizer; tokenizer_config.json is a JSON object."""
+def check_tokenizer_files(folder: Path, vocab: int | None = None) -> None:
+    """tokenizer.json parses as a tokenizer (whose ids all fit the model's ``vocab``, when
+    given); tokenizer_config.json is a JSON object."""
     cfg = folder / "tokenizer_config.json"
     if cfg.is_file():
         _read_json_object(cfg, "tokenizer")
@@ -168,11 +169,15 @@ def check_tokenizer_files(folder: Path) -> None:
         from tokenizers import Tokenizer
 
         try:
-            Tokenizer.from_file(str(tok))
+            size = Tokenizer.from_file(str(tok)).get_vocab_size(with_added_tokens=True)
         except Exception as e:    # the tokenizers library raises a bare Exception
             detail = first_line(e) or type(e).__name__
             raise ModelSourceError(f"{tok} is not a valid tokenizer ({detail[:200]}): the "
                                    f"checkpoint is broken; download it again.") from e
+        if vocab is not None and size > vocab:
+            raise ModelSourceError(f"{tok} has {size} tokens, more than the model's vocab_size "
+                                   f"{vocab} (config.json): the tokenizer is from another "
+                                   f"model.")
 
 
 def resolve_model(spec: str | None = None) -> ModelSource:
@@ -206,7 +211,7 @@ def resolve_model(spec: str | None = None) -> ModelSource:
     if not (local / "tokenizer.json").is_file() and not (local / "vocab.json").is_file():
         raise ModelSourceError(f"'{spec}' has no tokenizer files (tokenizer.json).")
     check_weight_files(local, shape)
-    check_tokenizer_files(local)
+    check_tokenizer_files(local, shape.vocab)
     return ModelSource(path=local, name=spec, config=config)
 
 
