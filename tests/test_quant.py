@@ -266,3 +266,15 @@ def test_bench_measures_each_weight_format_as_its_own_path():
         "none", "fp8", "int4"]
     assert paths["fast:int4"]["weights_GB"] <= paths["fast:fp8"]["weights_GB"]
     assert {r["path"] for r in out["rows"]} == {"fast", "fast:fp8", "fast:int4"}
+
+
+def test_quantization_needs_the_fast_path(tiny_model_dir):
+    from qwen_trt.backends import BackendConfig, load_backend
+    from qwen_trt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs the fast path"):
+        load_backend(BackendConfig(model=str(tiny_model_dir), device="cpu", fast="off",
+                                   quantization="fp8"))
+    backend = load_backend(BackendConfig(model=str(tiny_model_dir), device="cpu", fast="on",
+                                         quantization="fp8", warmup=False))
+    assert isinstance(backend.decoder.model.layers[0].wqkv, Fp8Linear)

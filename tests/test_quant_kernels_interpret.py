@@ -33,9 +33,12 @@ def test_packed_gemv_gemm_and_dequantize_match_dequantized_weights():
                 x = torch.randn(k)
                 ref = gemv_ref(wd, x, **kw)
                 # steps below, at and above a block / group; pipelined and unrolled loops
-                for bn, bk, unroll in ((1, 64, False), (4, 128, False), (2, 512, True),
-                                       (4, 64, True)):
-                    got = K.qgemv(w, x, config=K.QConfig(block_n=bn, bk=bk, unroll=unroll), **kw)
+                # whole blocks per step (BK a multiple of the block / group), unrolled
+                for bn, bk, unroll, blk in ((1, 64, False, False), (4, 128, False, False),
+                                            (2, 512, True, False), (4, 64, True, False),
+                                            (2, 256, True, True), (4, 128, False, True)):
+                    got = K.qgemv(w, x, config=K.QConfig(block_n=bn, bk=bk, unroll=unroll,
+                                                         blocked=blk), **kw)
                     errs.append(((got - ref).norm() / ref.norm()).item())
                 for m in (2, 5):
                     xm = torch.randn(m, k)
@@ -52,7 +55,7 @@ def test_packed_gemv_gemm_and_dequantize_match_dequantized_weights():
                         errs.append(((got - y).norm() / y.norm()).item())
         print(json.dumps({"errs": errs, "deq": deq}))
     """)
-    assert len(res["errs"]) == 7 * (4 + 4), len(res["errs"])
+    assert len(res["errs"]) == 7 * (6 + 4), len(res["errs"])
     assert max(res["errs"]) < 1e-5, res["errs"]
     assert max(res["deq"]) == 0.0
 
@@ -91,3 +94,31 @@ def test_tiny_greedy_tokens_through_packed_kernels_equal_dequantized_reference(t
         assert r["packed"] == packed
         assert r["check"] is None and r["kernels"] == "triton", r
         assert len(r["ref"]) == 6 and r["got"] == r["ref"], r
+
+
+def test_tuner_keeps_the_fastest_configuration_that_builds():
+    res = interpret("""
+        import json
+        import triton.testing
+        from qwen_trt.fast import qkernels as K
+        calls = []
+        class Fake:                      # a kernel: config "b" fails to build, "c" is fastest
+            fn = K._qgemv_kernel.fn
+            def __getitem__(self, grid):
+                def launch(*args, name, num_warps, num_stages, **kw):
+                    if name == "b":
+                        raise RuntimeError("out of registers")
+                    calls.append(name)
+                return launch
+        cost = {"a": 3.0, "c": 1.0, "d": 2.0}
+        triton.testing.do_bench = lambda fn, **kw: (fn(), cost[calls[-1]])[1]
+        t = K._Tuner(Fake(), [({"name": n}, 4, 3) for n in "abcd"])
+        t("key", lambda meta: (1,), (), {})
+        first = list(calls)
+        calls.clear()
+        t("key", lambda meta: (1,), (), {})
+        print(json.dumps({"best": t.best["key"][0]["name"], "again": calls,
+                          "tried": sorted(set(first)), "timed": sorted(t.timed["key"])}))
+    """)
+    assert res["best"] == "c" and res["again"] == ["c"]        # tuned once, then launched
+    assert res["tried"] == ["a", "c", "d"] and len(res["timed"]) == 3

@@ -136,5 +136,8 @@ def load_backend(cfg: BackendConfig, *, for_runner: bool = False) -> Backend:
         return FastBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype,
                                 max_seq_len=cfg.max_seq_len, warmup=cfg.warmup,
                                 for_runner=for_runner, quantization=cfg.quantization)
+    if cfg.quantization in ("fp8", "int4"):
+        raise ConfigError(f"{_where('quantization')} {cfg.quantization} needs the fast path "
+                          "(--fast on, or auto on CUDA); the HF reference path loads bf16 only.")
     return TorchBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype,
                              max_seq_len=cfg.max_seq_len, warmup=cfg.warmup)

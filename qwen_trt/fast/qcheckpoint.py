@@ -1,8 +1,8 @@
 """Quantized checkpoints: reading their ``quantization_config`` and projections, and writing them
 (``qwen-trt quantize``).
 
-Formats read (each projection ``model.layers.L.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj}``;
-a projection the checkpoint kept in bf16 -- its ``.weight`` is not packed -- loads dense):
+Formats read (each projection ``model.layers.L.self_attn.{q,k,v,o}_proj`` and
+``model.layers.L.mlp.{gate,up,down}_proj``; a projection the checkpoint kept in bf16 -- its ``.weight`` is not packed -- loads dense):
 
 * ``quant_method: fp8`` -- Qwen's fine-grained FP8 (``Qwen/Qwen3-4B-Instruct-2507-FP8``):
   ``fmt: e4m3``, ``weight_block_size: [128, 128]``, ``activation_scheme: dynamic``; per projection

@@ -43,6 +43,7 @@ class QConfig:
     stages: int = 3
     bk: int = 0           # columns per step (0: one scale block / group)
     unroll: bool = False  # GEMV: the K loop unrolled instead of pipelined
+    blocked: bool = False  # GEMV: steps of whole scale blocks (bk a multiple of the block)
 
 
 def _fmt_args(w: PackedLinear):
@@ -117,14 +118,58 @@ if triton is not None:
         return xv.to(tl.float32)
 
     @triton.jit
+    def _blocked_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0, rstd, acc,
+                      K: tl.constexpr, KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr,
+                      BK: tl.constexpr, FMT: tl.constexpr, NORM: tl.constexpr,
+                      dt: tl.constexpr):
+        """A ``BK``-column GEMV step over ``BK / SK`` whole scale blocks / groups as a tile
+        ``[rows, blocks, SK]`` (INT4: ``[rows, groups, SK / 8, 8]``): one scale (and zero)
+        per row and block, loaded as a ``[rows, blocks]`` tile and broadcast."""
+        NB: tl.constexpr = BK // SK
+        b = tl.arange(0, NB)
+        kb = k0 // SK + b
+        sm = row_ok[:, None] & (kb < KS)[None, :]
+        if FMT == 0:
+            kk = k0 + b[:, None] * SK + tl.arange(0, SK)[None, :]            # [NB, SK]
+            m = row_ok[:, None, None] & (kk < K)[None, :, :]
+            raw = tl.load(q_ptr + rows[:, None, None] * K + kk[None, :, :], mask=m, other=0)
+            w = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            sc = tl.load(s_ptr + (rows // SN)[:, None] * KS + kb[None, :], mask=sm, other=0.0)
+            xf = _norm_x(x_ptr, ln_ptr, kk, kk < K, rstd, dt, NORM)[None, :, :]
+            acc += w * sc[:, :, None] * xf
+        else:
+            W: tl.constexpr = SK // 8
+            c = tl.arange(0, W)
+            i = tl.arange(0, 8)
+            jw = k0 // 8 + b[:, None] * W + c[None, :]                        # [NB, W]
+            m = row_ok[:, None, None] & (jw < K // 8)[None, :, :]
+            wq = tl.load(q_ptr + rows[:, None, None] * (K // 8) + jw[None, :, :], mask=m,
+                         other=0)
+            qv = ((wq[:, :, :, None] >> (i * 4)[None, None, None, :]) & 15).to(tl.float32)
+            goff = rows[:, None] * KS + kb[None, :]
+            sc = tl.load(s_ptr + goff, mask=sm, other=0.0).to(tl.float32)
+            zp = tl.load(z_ptr + goff, mask=sm, other=0).to(tl.float32)
+            xoff = k0 + b[:, None, None] * SK + c[None, :, None] * 8 + i[None, None, :]
+            xf = _norm_x(x_ptr, ln_ptr, xoff, xoff < K, rstd, dt, NORM)[None, :, :, :]
+            acc += (qv * sc[:, :, None, None] - (zp * sc)[:, :, None, None]) * xf
+        return acc
+
+    @triton.jit
     def _qgemv_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0, rstd, acc, acc2,
                     N: tl.constexpr, K: tl.constexpr, KS: tl.constexpr, SN: tl.constexpr,
                     SK: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr,
                     FMT: tl.constexpr, NORM: tl.constexpr, GATE_UP: tl.constexpr,
-                    dt: tl.constexpr):
+                    dt: tl.constexpr, BLOCKED: tl.constexpr):
         """One ``BK``-column step of the GEMV: products accumulate elementwise (FP8
-        ``[BLOCK_N, BK]``, INT4 ``[BLOCK_N, BK / 8, 8]``)."""
-        if FMT == 0:
+        ``[BLOCK_N, BK]``, INT4 ``[BLOCK_N, BK / 8, 8]``; ``BLOCKED``: by scale block, see
+        :func:`_blocked_step`)."""
+        if BLOCKED:
+            acc = _blocked_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0, rstd, acc,
+                                K, KS, SN, SK, BK, FMT, NORM, dt)
+            if GATE_UP:
+                acc2 = _blocked_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows + N, row_ok, k0,
+                                     rstd, acc2, K, KS, SN, SK, BK, FMT, NORM, dt)
+        elif FMT == 0:
             kk = k0 + tl.arange(0, BK)
             xf = _norm_x(x_ptr, ln_ptr, kk, kk < K, rstd, dt, NORM)[None, :]
             acc += _dequant_tile(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, KS, SN, SK,
@@ -147,9 +192,12 @@ if triton is not None:
                       N: tl.constexpr, K: tl.constexpr, KS: tl.constexpr, SN: tl.constexpr,
                       SK: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr,
                       FMT: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-                      GATE_UP: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr = False):
+                      GATE_UP: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr = False,
+                      BLOCKED: tl.constexpr = False):
         """``UNROLL``: the K loop unrolled (every step's loads issued together; for wide
-        steps), else a pipelined loop (``num_stages``; for one-block steps)."""
+        steps), else a pipelined loop (``num_stages``; for one-block steps). ``BLOCKED``:
+        steps of whole scale blocks with their scales as a small tile (``BK`` a multiple of
+        the block / group), else per-row scales (``BK <= SK``) or gathered ones."""
         pid = tl.program_id(0)
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
@@ -165,7 +213,13 @@ if triton is not None:
                 xv = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
                 ss += xv * xv
             rstd = tl.rsqrt(tl.sum(ss, 0) / K + eps)
-        if FMT == 0:
+        if BLOCKED and FMT == 0:
+            acc = tl.zeros([BLOCK_N, BK // SK, SK], tl.float32)
+            acc2 = tl.zeros([BLOCK_N, BK // SK, SK], tl.float32)
+        elif BLOCKED:
+            acc = tl.zeros([BLOCK_N, BK // SK, SK // 8, 8], tl.float32)
+            acc2 = tl.zeros([BLOCK_N, BK // SK, SK // 8, 8], tl.float32)
+        elif FMT == 0:
             acc = tl.zeros([BLOCK_N, BK], tl.float32)
             acc2 = tl.zeros([BLOCK_N, BK], tl.float32)
         else:
@@ -175,18 +229,14 @@ if triton is not None:
             for k0 in tl.static_range(0, K, BK):
                 acc, acc2 = _qgemv_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0,
                                         rstd, acc, acc2, N, K, KS, SN, SK, BLOCK_N, BK, FMT,
-                                        NORM, GATE_UP, dt)
+                                        NORM, GATE_UP, dt, BLOCKED)
         else:
             for k0 in range(0, K, BK):
                 acc, acc2 = _qgemv_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0,
                                         rstd, acc, acc2, N, K, KS, SN, SK, BLOCK_N, BK, FMT,
-                                        NORM, GATE_UP, dt)
-        if FMT == 0:
-            y_acc = tl.sum(acc, 1)
-            u_acc = tl.sum(acc2, 1)
-        else:
-            y_acc = tl.sum(tl.sum(acc, 2), 1)
-            u_acc = tl.sum(tl.sum(acc2, 2), 1)
+                                        NORM, GATE_UP, dt, BLOCKED)
+        y_acc = tl.sum(tl.reshape(acc, (BLOCK_N, BK)), 1)
+        u_acc = tl.sum(tl.reshape(acc2, (BLOCK_N, BK)), 1)
         y = y_acc.to(dt)
         if GATE_UP:
             y = silu_mul(y, u_acc.to(dt), dt)
@@ -251,31 +301,61 @@ if triton is not None:
         tl.store(out_ptr + rows[:, None] * K + kk[None, :], w.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & (kk < K)[None, :])
 
-    def _quick_bench(fn, quantiles=None, **_):
-        return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+    # GEMV forms: one scale block / group per step in a pipelined loop (per-row scales; the
+    # fastest measured for qkv and gate_up on an H200), wide unrolled steps with gathered
+    # scales (fastest measured for o and down), and wide steps by whole blocks with a small
+    # scale tile (not yet measured). (meta, warps, stages)
+    GEMV_CONFIGS = (
+        [({"BLOCK_N": bn, "BK": 128}, w, st)
+         for bn, w, st in ((2, 4, 3), (4, 4, 3), (4, 8, 3), (8, 8, 2))]
+        + [({"BLOCK_N": bn, "BK": bk, "UNROLL": True}, w, 1)
+           for bn, bk, w in ((2, 1024, 4), (4, 1024, 8))]
+        + [({"BLOCK_N": bn, "BK": bk, "UNROLL": True, "BLOCKED": True}, w, 1)
+           for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 512, 8))])
+    # GEMM: one block per step (faster than wider gathered steps on an H200)
+    BGEMM_CONFIGS = [({"BLOCK_N": bn, "BK": 128}, w, st)
+                     for bn, w, st in ((16, 4, 4), (32, 4, 4), (64, 4, 3), (32, 8, 3),
+                                       (128, 4, 3))]
 
-    # Tuned at the first call per (shape, format, fusion): the decoder's self-check and
-    # warm-up, before any graph capture.
-    # Two families, both measured on an H200 (docs/measurements/quant-bench-h200-run*.json):
-    # one scale block / group per step in a pipelined loop (faster for qkv, gate_up), and wide
-    # unrolled steps with gathered scales (faster for o, down); the tuner keeps the faster.
-    _GEMV_CONFIGS = (
-        [triton.Config({"BLOCK_N": bn, "BK": 128, "UNROLL": False}, num_warps=w, num_stages=st)
-         for bn, w, st in ((2, 4, 3), (4, 4, 3), (4, 8, 3), (8, 8, 2), (1, 4, 4))]
-        + [triton.Config({"BLOCK_N": bn, "BK": bk, "UNROLL": True}, num_warps=w, num_stages=1)
-           for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 512, 8),
-                             (1, 2048, 4))])
-    _qgemv_tuned = triton.autotune(configs=_GEMV_CONFIGS,
-                                   key=["N", "K", "FMT", "NORM", "GATE_UP", "RESIDUAL"],
-                                   do_bench=_quick_bench)(_qgemv_kernel)
-    # one scale block / group per step (the faster form measured on an H200: run 1 against
-    # run 2's wider gathered steps)
-    _BGEMM_CONFIGS = [triton.Config({"BLOCK_N": bn, "BK": 128}, num_warps=w, num_stages=st)
-                      for bn, w, st in ((16, 4, 4), (32, 4, 4), (64, 4, 3), (32, 8, 3),
-                                        (128, 4, 3))]
-    _qbgemm_tuned = triton.autotune(configs=_BGEMM_CONFIGS,
-                                    key=["N", "K", "FMT", "BLOCK_M", "GATE_UP", "RESIDUAL"],
-                                    do_bench=_quick_bench)(_qbgemm_kernel)
+
+class _Tuner:
+    """Picks a kernel's fastest configuration per key at its first call (the decoder's
+    self-check and warm-up, before any graph capture) and launches it from then on. A
+    configuration that fails to build or launch here is skipped, so a form that a GPU or
+    Triton version cannot compile costs only its own candidacy."""
+
+    def __init__(self, kernel, configs) -> None:
+        self.kernel, self.configs = kernel, configs
+        self.best: dict = {}
+        self.timed: dict = {}
+
+    def _launch(self, cfg, grid, args, kw) -> None:
+        meta, warps, stages = cfg
+        self.kernel[grid(meta)](*args, **meta, num_warps=warps, num_stages=stages, **kw)
+
+    def __call__(self, key, grid, args, kw) -> None:
+        cfg = self.best.get(key)
+        if cfg is None:
+            timed = {}
+            for i, c in enumerate(self.configs):
+                try:
+                    self._launch(c, grid, args, kw)
+                    timed[i] = triton.testing.do_bench(
+                        lambda c=c: self._launch(c, grid, args, kw), warmup=5, rep=25)
+                except Exception:  # noqa: BLE001 - not buildable here: not a candidate
+                    continue
+            if not timed:
+                raise RuntimeError(f"no configuration of {self.kernel.fn.__name__} builds "
+                                   f"for {key}")
+            cfg = self.best[key] = self.configs[min(timed, key=timed.get)]
+            self.timed[key] = {str(self.configs[i][0]): round(t * 1e3, 2)
+                               for i, t in timed.items()}
+        self._launch(cfg, grid, args, kw)
+
+
+if triton is not None:
+    _qgemv_tuned = _Tuner(_qgemv_kernel, GEMV_CONFIGS)
+    _qbgemm_tuned = _Tuner(_qbgemm_kernel, BGEMM_CONFIGS)
 
 
 def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
@@ -294,12 +374,13 @@ def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
     kw = dict(N=n, K=k, KS=ks, SN=sn, SK=sk, FMT=fmt, NORM=ln is not None,
               RESIDUAL=residual is not None, GATE_UP=gate_up, PDL=pdl, **launch_kwargs(pdl))
     if config is None and x.device.type == "cuda":
-        _qgemv_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **kw)
+        key = (n, k, fmt, sn, sk, ln is not None, residual is not None, gate_up, x.dtype, pdl)
+        _qgemv_tuned(key, lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),), args, kw)
         return out
     cfg = config or QConfig()
     _qgemv_kernel[(triton.cdiv(n, cfg.block_n),)](*args, BLOCK_N=cfg.block_n,
                                                   BK=cfg.bk or _bk(w), UNROLL=cfg.unroll,
-                                                  num_warps=cfg.warps,
+                                                  BLOCKED=cfg.blocked, num_warps=cfg.warps,
                                                   num_stages=cfg.stages, **kw)
     return out
 
@@ -321,7 +402,8 @@ def qbgemm(w: PackedLinear, x: torch.Tensor, *, residual: torch.Tensor | None = 
               FMT=fmt, RESIDUAL=residual is not None, GATE_UP=gate_up,
               IEEE=x.dtype == torch.float32, PDL=pdl, **launch_kwargs(pdl))
     if config is None and x.device.type == "cuda":
-        _qbgemm_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **kw)
+        key = (n, k, fmt, sn, sk, kw["BLOCK_M"], residual is not None, gate_up, x.dtype, pdl)
+        _qbgemm_tuned(key, lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),), args, kw)
         return out
     cfg = config or QConfig(block_n=16)
     _qbgemm_kernel[(triton.cdiv(n, cfg.block_n),)](*args, BLOCK_N=cfg.block_n,
