@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-ui onnx serve loadtest check-clients clean
+.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-ui bench-health onnx serve loadtest check-clients clean
 
 setup: $(VENV)/.installed
 
@@ -105,6 +105,10 @@ bench: setup
 # On-screen latency of the chat app in headless Chromium (tiny model): docs/app.md.
 bench-ui: setup
 	$(PY) -m qwen_trt.bench.ui_latency --turns 1,100 --repeats 3 --uncapped --out bench-results/ui-latency.json $(BENCH_UI_ARGS)
+
+# /health latency while the API handles one 10 MB request (tiny model, CPU): docs/deploy.md.
+bench-health: setup
+	$(PY) -m qwen_trt.bench.health_latency --mb 10 --out bench-results/health-latency.json $(BENCH_HEALTH_ARGS)
 
 onnx: setup tiny
 	$(VENV)/bin/qwen-trt export-onnx $(if $(MODEL),--model $(MODEL),--model $(TINY)) --out build/out/onnx $(if $(FORCE),--force)

@@ -249,7 +249,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         raw = await request.body()
         req = parse_chat_request(decode_json(raw))
         if req.model is not None and req.model != name:
-            raise ApiError(404, f"The model '{excerpt(req.model)}' does not exist here; this "
+            raise ApiError(404, f"The model {excerpt(req.model)} does not exist here; this "
                                 f"server serves '{name}' (see /v1/models).", param="model",
                            code="model_not_found")
         constraints.check(req.grammar, req.grammar_param)

@@ -107,8 +107,9 @@ def _stats(ms: list[float]) -> dict:
         {"polls": 0}
 
 
-def measure(url: str, mb: float, poll_s: float = 0.05) -> dict:
-    """One request of ``mb`` MB of text; /health latencies while it is in flight."""
+def measure(url: str, mb: float, poll_s: float = 0.05, health_timeout_s: float = 60) -> dict:
+    """One request of ``mb`` MB of text; /health latencies while it is in flight (a /health
+    slower than ``health_timeout_s`` raises)."""
     import httpx
 
     content = (TEXT * (int(mb * 1e6) // len(TEXT) + 1))[:int(mb * 1e6)]
@@ -124,12 +125,13 @@ def measure(url: str, mb: float, poll_s: float = 0.05) -> dict:
                       if r.status_code != 200 else "")
 
     lat: list[float] = []
-    with httpx.Client(timeout=60) as client:
+    with httpx.Client(timeout=health_timeout_s) as client:
         t = threading.Thread(target=big)
         t.start()
         while t.is_alive():
             t0 = time.perf_counter()
-            client.get(f"{url}/health")
+            if client.get(f"{url}/health").status_code != 200:
+                raise RuntimeError("/health did not say 200 during the request")
             lat.append((time.perf_counter() - t0) * 1000)
             t.join(poll_s)
     return {**result, "health_during": _stats(lat)}
@@ -181,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(out, indent=2)
     print(text)
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
     return 0
 
