@@ -261,6 +261,7 @@ class GrammarBook:
                     if getattr(t, "special", False) and i < vocab_size} - stops
         banned = torch.zeros(self.width * 32, dtype=torch.bool)
         banned[sorted(specials)] = True
+        banned[vocab_size:] = True             # the bits past the vocabulary in the last word
         self.allowed = ~pack_mask(banned)
 
     def _tier(self, keep, stops: set[int]) -> torch.Tensor:
