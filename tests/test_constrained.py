@@ -422,3 +422,13 @@ def test_a_constraint_ends_in_time_whatever_is_picked(tiny_tokenizer):
         for block in CALL.findall(tiny_tokenizer.decode(out)):
             call = json.loads(block)
             jsonschema.validate(call["arguments"], tools[call["name"] == "noop"]["parameters"])
+
+
+def test_the_constrained_bench_runs_on_cpu(tiny_model_dir):
+    from qwen_trt.bench.constrained import run as bench
+
+    out = bench(str(tiny_model_dir), streams=2, new_tokens=12, prompt_len=16, device="cpu",
+                log=lambda line: None)
+    assert all(v is not None for v in out["summary"].values()), out["summary"]
+    assert len(out["streams_one_constrained"]["per_stream_tok_s"]) == 2
+    assert out["streams_plain"]["tokens"] == 24 and out["streams_logprobs"]["tokens"] == 24
