@@ -267,19 +267,30 @@ class GrammarBook:
     def _tier(self, keep, stops: set[int]) -> torch.Tensor:
         """A mask of the tokens whose text passes ``keep``, plus the stop ids."""
         allowed = torch.zeros(self.width * 32, dtype=torch.bool)
-        special = set(self._info.special_token_ids)
-        for i, raw in enumerate(self._info.decoded_vocab[:self.vocab_size]):
-            if i in special:
-                continue
-            try:
-                text = bytes(raw).decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            if text and keep(text):
+        for i, text in self._closing_texts():
+            if keep(text):
                 allowed[i] = True
         for i in stops:
             allowed[i] = True
         return pack_mask(allowed)
+
+    def _closing_texts(self) -> list[tuple[int, str]]:
+        """(id, text) of the tokens made only of the closing tiers' characters (one pass over
+        the vocabulary, kept)."""
+        if getattr(self, "_texts", None) is None:
+            chars = set('"}],:0123456789')
+            special = set(self._info.special_token_ids)
+            self._texts = []
+            for i, raw in enumerate(self._info.decoded_vocab[:self.vocab_size]):
+                if i in special or not raw or len(raw) > 16:
+                    continue
+                try:
+                    text = bytes(raw).decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                if text and set(text) <= chars:
+                    self._texts.append((i, text))
+        return self._texts
 
     def compile(self, grammar: Grammar):
         """The compiled grammar (cached by ``(kind, spec)``); ``GrammarError`` for a bad spec."""
