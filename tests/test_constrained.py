@@ -432,3 +432,20 @@ def test_the_constrained_bench_runs_on_cpu(tiny_model_dir):
     assert all(v is not None for v in out["summary"].values()), out["summary"]
     assert len(out["streams_one_constrained"]["per_stream_tok_s"]) == 2
     assert out["streams_plain"]["tokens"] == 24 and out["streams_logprobs"]["tokens"] == 24
+
+
+def test_frequency_penalty_reaches_every_path(tiny_backend, fast_backend, runner_backend,
+                                              tiny_tokenizer):
+    """Greedy random weights repeat themselves; a frequency penalty makes them repeat less,
+    the same way on the HF backend, the batch-1 decoder and the batched runner."""
+    from collections import Counter
+
+    ids = prompt(tiny_tokenizer, "The quick brown fox")
+    plain = SamplingParams(max_new_tokens=48, temperature=0, ignore_eos=True)
+    pen = SamplingParams(max_new_tokens=48, temperature=0, ignore_eos=True,
+                         frequency_penalty=2.0)
+    a = list(tiny_backend.stream(ids, plain))
+    b = list(tiny_backend.stream(ids, pen))
+    assert max(Counter(b).values()) < max(Counter(a).values())
+    assert list(fast_backend.stream(ids, pen)) == b
+    assert list(runner_backend.stream(ids, pen)) == b
