@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-ui bench-health onnx serve loadtest check-clients clean
+.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-constrained bench-ui bench-health onnx serve loadtest check-clients clean
 
 setup: $(VENV)/.installed
 
@@ -101,6 +101,12 @@ engine: setup
 
 bench: setup
 	$(VENV)/bin/qwen-trt bench $(BENCH_ARGS)
+
+# What constrained decoding and logprobs cost on the fast path (GPU; MODEL = a checkpoint with
+# its tokenizer, e.g. python -m qwen_trt.bench.shaped_model DIR): qwen_trt/bench/constrained.py.
+bench-constrained: setup
+	mkdir -p bench-results
+	$(PY) -m qwen_trt.bench.constrained --model $(MODEL) --out bench-results/constrained.json $(BENCH_CONSTRAINED_ARGS)
 
 # On-screen latency of the chat app in headless Chromium (tiny model): docs/app.md.
 bench-ui: setup

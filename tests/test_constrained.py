@@ -378,3 +378,76 @@ def test_a_backend_that_cannot_constrain_says_so_in_one_line(tiny_tokenizer):
             list(ReplyStream(backend, [1, 2], params))
         assert "\n" not in str(e.value) and "scripted" in str(e.value)
     assert "".join(ReplyStream(backend, [1, 2], SamplingParams())) == "not JSON"
+
+
+@pytest.mark.parametrize("kind, budget", [("tool_calls_parallel", 100), ("json_schema", 64),
+                                          ("json_object", 12)])
+def test_sampled_replies_end_complete_within_tight_budgets(tiny_backend, tiny_tokenizer, kind,
+                                                           budget):
+    """Another parallel call, another key or a long string would not fit: the constraint
+    ends the reply in time, for every seed."""
+    for seed in range(6):
+        params = SamplingParams(max_new_tokens=budget, temperature=1.5, top_k=0, top_p=1.0,
+                                seed=seed, grammar=GRAMMARS[kind])
+        reply, _ = run(tiny_backend, prompt(tiny_tokenizer, f"seed {seed}"), params)
+        assert reply.metrics.finish_reason == "stop", (seed, reply.text)
+        check_reply(kind, reply.text)
+
+
+def test_a_constraint_ends_in_time_whatever_is_picked(tiny_tokenizer):
+    """Uniform picks among the allowed tokens (the worst model): a parallel tool call reply
+    still ends complete within its budget, for every seed (another call is not begun when it
+    could not finish)."""
+    import random
+
+    from qwen_trt.fast.grammar import GrammarBook
+
+    stop = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    book = GrammarBook(tiny_tokenizer, len(tiny_tokenizer), (stop,))
+    bits = torch.arange(32, dtype=torch.int32)
+    tools = [{"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"]}}, {"name": "noop", "parameters": {"type": "object"}}]
+    grammar = Grammar("tool_calls", json.dumps({"tools": tools, "parallel": True}))
+    for seed in range(60):
+        rng = random.Random(seed)
+        c = book.constraint(grammar, 96)
+        out = []
+        for _ in range(96):
+            allowed = ((c.fill().unsqueeze(-1) >> bits) & 1).flatten().nonzero().flatten()
+            tok = int(allowed[rng.randrange(len(allowed))])
+            assert c.accept(tok)
+            if tok == stop:
+                break
+            out.append(tok)
+        assert tok == stop, (seed, tiny_tokenizer.decode(out))
+        for block in CALL.findall(tiny_tokenizer.decode(out)):
+            call = json.loads(block)
+            jsonschema.validate(call["arguments"], tools[call["name"] == "noop"]["parameters"])
+
+
+def test_the_constrained_bench_runs_on_cpu(tiny_model_dir):
+    from qwen_trt.bench.constrained import run as bench
+
+    out = bench(str(tiny_model_dir), streams=2, new_tokens=12, prompt_len=16, device="cpu",
+                log=lambda line: None)
+    assert all(v is not None for v in out["summary"].values()), out["summary"]
+    assert len(out["streams_one_constrained"]["per_stream_tok_s"]) == 2
+    assert out["streams_plain"]["tokens"] == 24 and out["streams_logprobs"]["tokens"] == 24
+
+
+def test_frequency_penalty_reaches_every_path(tiny_backend, fast_backend, runner_backend,
+                                              tiny_tokenizer):
+    """Greedy random weights repeat themselves; a frequency penalty makes them repeat less,
+    the same way on the HF backend, the batch-1 decoder and the batched runner."""
+    from collections import Counter
+
+    ids = prompt(tiny_tokenizer, "The quick brown fox")
+    plain = SamplingParams(max_new_tokens=48, temperature=0, ignore_eos=True)
+    pen = SamplingParams(max_new_tokens=48, temperature=0, ignore_eos=True,
+                         frequency_penalty=2.0)
+    a = list(tiny_backend.stream(ids, plain))
+    b = list(tiny_backend.stream(ids, pen))
+    assert max(Counter(b).values()) < max(Counter(a).values())
+    assert list(fast_backend.stream(ids, pen)) == b
+    assert list(runner_backend.stream(ids, pen)) == b

@@ -83,9 +83,10 @@ def test_runner_mixes_constrained_logprob_and_chained_greedy_rows(tiny_model_dir
     reqs = {}
     for i in range(8):
         kind = ("json_schema", "tool_calls", None, None)[i % 4]
+        lp = i in (2, 5)                      # row 2: plain with logprobs, so not chained
         reqs[i] = (prompt(tiny_tokenizer, f"Request {i}: reply in JSON."), SamplingParams(
-            max_new_tokens=MAX_NEW if kind else 120, temperature=0,
-            logprobs=2 if i in (2, 5) else None, ignore_eos=kind is None,
+            max_new_tokens=MAX_NEW if kind else 60 if lp else 200, temperature=0,
+            logprobs=2 if lp else None, ignore_eos=kind is None,
             grammar=GRAMMARS[kind] if kind else None), kind)
     out = {i: [] for i in reqs}
     lps = {i: [] for i in reqs}
@@ -95,7 +96,8 @@ def test_runner_mixes_constrained_logprob_and_chained_greedy_rows(tiny_model_dir
         for ev in runner.step():
             out[ev.request_id] += ev.token_ids
             lps[ev.request_id] += ev.logprobs
-    assert runner.chained_steps > 0          # the plain greedy rows chain once alone
+    assert runner.chained_steps > 0          # the plain greedy rows chain once alone (the
+    # constrained rows end within MAX_NEW tokens, the logprob row at 60)
     for i, (ids, params, kind) in reqs.items():
         alone = list(gpu_fast.stream(ids, params))
         assert out[i] == [int(t) for t in alone], (i, kind)

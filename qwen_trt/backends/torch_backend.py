@@ -142,7 +142,7 @@ class TorchBackend(Backend):
                 if constraint is not None:
                     constraint.fill(sampler.mask[0])
                 tok = pick(logits, kind, sampler)           # [1] on device
-                sampler.advance(tok)
+                sampler.advance(tok, kind)
                 tok_id = int(tok.item())                    # the one host sync per token
                 if constraint is not None and not constraint.accept(tok_id):
                     from qwen_trt.fast.grammar import GrammarError

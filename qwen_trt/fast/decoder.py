@@ -229,7 +229,7 @@ class FastDecoder:
         logits = self._decode_fn(self.tok, self.pos, kv_pos)
         self.tok.copy_(pick(logits, kind, self.sampler))
         self.pos.add_(1)
-        self.sampler.advance(self.tok)
+        self.sampler.advance(self.tok, kind)
 
     # ---- compile + capture ---------------------------------------------------------------
     def _decode_graph(self, kv_len: int, kind: Kind) -> torch.cuda.CUDAGraph:
@@ -380,7 +380,7 @@ class FastDecoder:
         self._run_prefill(prompt_ids)
         self.tok.copy_(pick(self.logits, kind, self.sampler))
         self.pos.fill_(len(prompt_ids))
-        self.sampler.advance(self.tok)
+        self.sampler.advance(self.tok, kind)
         return self._getter(k)
 
     @torch.inference_mode()

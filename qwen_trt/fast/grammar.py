@@ -28,8 +28,9 @@ from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import Grammar
 
 CACHE_SIZE = 64                 # compiled grammars kept per tokenizer
-CHECK_WINDOW = 512              # in the last this many tokens of the budget...
-CHECK_EVERY = 8                 # ...every this many tokens, the closing distance is measured
+CLOSE_SLACK = 16                # closing starts this many tokens before the closing distance
+GROWTH = 2                      # what one token usually adds to the closing distance...
+CHECK_EVERY = 8                 # ...but a forced literal can add many: measure this often at least
 # Closing tiers, most preferred first (the first with an allowed token wins): text that
 # ends a string (and maybe more); that ends objects/arrays; separators (a number ends, the next
 # required key or value starts); digits (a number value). The stop ids are in every tier.
@@ -154,6 +155,7 @@ class Constraint:
         self.generated = 0
         self.closing = False
         self._distance = 0
+        self._longest = 0
         self._next_check = 0
 
     @property
@@ -169,13 +171,13 @@ class Constraint:
         tensor) when given.
 
         Closing mode: once the budget left is about what closing every open value takes
-        (measured every ``CHECK_EVERY`` tokens in the last ``CHECK_WINDOW``, with room for
-        what the model may open meanwhile), it keeps only the allowed tokens of the first
+        (plus ``CLOSE_SLACK``; measured again only as often as the distance could have caught
+        up with the budget), it keeps only the allowed tokens of the first
         closing tier that has any (a closing quote, then ``}``/``]``, then ``,``/``:``, then
         digits; the end of turn is in every tier), else all allowed ones: the reply ends
         complete instead of being cut."""
         row = self._allowed(self._matcher, self._host)
-        if self._should_close():
+        if self._should_close() or self._end_now(row):
             row = self._narrow(row)
         if out is None:
             return row.clone()
@@ -193,14 +195,29 @@ class Constraint:
                 return narrowed
         return row
 
-    def _should_close(self) -> bool:
+    def _end_now(self, row: torch.Tensor) -> bool:
+        """The reply may end here (a stop id is allowed), and another round of what it wrote
+        (the next parallel tool call, say: as long as the longest closing distance seen)
+        would not fit in the budget left: end it now."""
         left = self.max_new_tokens - self.generated
-        if self.closing or left > CHECK_WINDOW:
-            return self.closing
+        if left > self._longest + CLOSE_SLACK or not bool((row & self._book.stop_mask).any()):
+            return False
+        self.closing = True
+        return True
+
+    def _should_close(self) -> bool:
+        if self.closing:
+            return True
+        left = self.max_new_tokens - self.generated
         if self.generated >= self._next_check:
             self._distance = self._closing_distance(left)
-            self._next_check = self.generated + CHECK_EVERY
-        self.closing = left <= self._distance + 2 * CHECK_EVERY + 4
+            self._longest = max(self._longest, self._distance)
+            # the distance grows by about GROWTH per token: measure again before it could
+            # reach the budget left, and every CHECK_EVERY tokens anyway (a token that opens a
+            # forced literal, e.g. the next parallel tool call, adds its whole length)
+            room = left - self._distance - CLOSE_SLACK
+            self._next_check = self.generated + max(1, min(CHECK_EVERY, room // (GROWTH + 1)))
+        self.closing = left <= self._distance + CLOSE_SLACK
         return self.closing
 
     def _closing_distance(self, cap: int) -> int:
@@ -237,30 +254,43 @@ class GrammarBook:
         stops = set(self._info.stop_token_ids)
         self.stop_ids = frozenset(stops)
         self.tiers = tuple(self._tier(keep, stops) for keep in _TIERS)
+        self.stop_mask = self._tier(lambda t: False, stops)
         # Special tokens (<|im_start|>, ...) are never text of a constrained reply; the stop
         # ids end it.
         specials = {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
                     if getattr(t, "special", False) and i < vocab_size} - stops
         banned = torch.zeros(self.width * 32, dtype=torch.bool)
         banned[sorted(specials)] = True
+        banned[vocab_size:] = True             # the bits past the vocabulary in the last word
         self.allowed = ~pack_mask(banned)
 
     def _tier(self, keep, stops: set[int]) -> torch.Tensor:
         """A mask of the tokens whose text passes ``keep``, plus the stop ids."""
         allowed = torch.zeros(self.width * 32, dtype=torch.bool)
-        special = set(self._info.special_token_ids)
-        for i, raw in enumerate(self._info.decoded_vocab[:self.vocab_size]):
-            if i in special:
-                continue
-            try:
-                text = bytes(raw).decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            if text and keep(text):
+        for i, text in self._closing_texts():
+            if keep(text):
                 allowed[i] = True
         for i in stops:
             allowed[i] = True
         return pack_mask(allowed)
+
+    def _closing_texts(self) -> list[tuple[int, str]]:
+        """(id, text) of the tokens made only of the closing tiers' characters (one pass over
+        the vocabulary, kept)."""
+        if getattr(self, "_texts", None) is None:
+            chars = set('"}],:0123456789')
+            special = set(self._info.special_token_ids)
+            self._texts = []
+            for i, raw in enumerate(self._info.decoded_vocab[:self.vocab_size]):
+                if i in special or not raw or len(raw) > 16:
+                    continue
+                try:
+                    text = bytes(raw).decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                if text and set(text) <= chars:
+                    self._texts.append((i, text))
+        return self._texts
 
     def compile(self, grammar: Grammar):
         """The compiled grammar (cached by ``(kind, spec)``); ``GrammarError`` for a bad spec."""

@@ -123,11 +123,13 @@ class SamplerState(torch.nn.Module):
             n = min(params.max_new_tokens, self.uniforms.shape[1])
             self.uniforms[row, :n] = torch.rand(n, generator=gen, device=self.uniforms.device)
 
-    def advance(self, tokens: torch.Tensor) -> None:
-        """Record the picked ``tokens [rows]`` (for the penalties) and move every row a step."""
+    def advance(self, tokens: torch.Tensor, kind: Kind = PENALTIES) -> None:
+        """Record the picked ``tokens [rows]`` (for the penalties) and move every row a step;
+        the per-token counts (frequency penalty) only for a ``kind`` with penalties."""
         col = tokens.view(-1, 1)
         self.seen.scatter_(1, col, True)
-        self.counts.scatter_add_(1, col, torch.ones_like(col, dtype=self.counts.dtype))
+        if PENALTIES in split_kind(kind)[1]:
+            self.counts.scatter_add_(1, col, torch.ones_like(col, dtype=self.counts.dtype))
         self.step.add_(1)
 
     def penalize(self, logits: torch.Tensor) -> torch.Tensor:
@@ -261,14 +263,15 @@ def pick_rows(st: SamplerState, logits: torch.Tensor, rows: Sequence[int],
     kind = join_kinds(kinds).replace(LOGPROBS, "")
     if masks is None:
         kind = kind.replace(MASK, "")
-    base, _ = split_kind(kind)
+    base, flags = split_kind(kind)
     view = RowsView(st, idx)
     if masks is not None:
         view.mask = masks.to(dev, non_blocking=True)
     lf = prepare(logits, kind, view)
     tokens = sample(lf, base, view)
     st.seen[idx, tokens] = True                 # SamplerState.advance for these rows
-    st.counts[idx, tokens] += 1
+    if PENALTIES in flags:
+        st.counts[idx, tokens] += 1
     st.step[idx] += 1
     out: list[TokenLogprob | None] = [None] * len(kinds)
     host = tokens.tolist()
