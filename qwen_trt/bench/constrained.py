@@ -50,7 +50,7 @@ def _batch1(backend, prompt: list[int], params: SamplingParams) -> dict:
 def run(model: str, *, streams: int = 8, new_tokens: int = 256, prompt_len: int = 512,
         device: str = "auto", log=print) -> dict:
     from qwen_trt.backends.fast_backend import FastBackend
-    from qwen_trt.serving.scheduler import SchedulerConfig
+    from qwen_trt.serving.scheduler import SchedulerConfig, batch_runner_for
 
     backend = FastBackend.load(model, device=device)
     tok = backend.tokenizer
@@ -63,7 +63,7 @@ def run(model: str, *, streams: int = 8, new_tokens: int = 256, prompt_len: int 
         _batch1(backend, prompt, params)                      # warm: lazy graph captures
         out[name] = _batch1(backend, prompt, params)
         log(f"{name}: {out[name]}")
-    runner = backend.runner(SchedulerConfig(max_batch=max(streams, 1)))
+    runner = batch_runner_for(backend, SchedulerConfig(max_batch=max(streams, 1)))
 
     def workload(name: str, plist: list[SamplingParams]) -> list:
         reqs = [(0.0, list(prompt[:-1]) + [prompt[-1] + i % 3], p) for i, p in enumerate(plist)]
