@@ -21,8 +21,10 @@ class ScriptedBackend(Backend):
         self.gate = threading.Event()
         self.gate.set()
         self.prompts: list[list[int]] = []
+        # it "honours" grammars and logprobs by replying its script: the API's mapping of those
+        # fields is what the tests using it check
         self._info = BackendInfo(name, "fake-model", "cpu", "float32", max_seq_len - 1, max_seq_len,
-                                 default_stop_ids(tokenizer))
+                                 default_stop_ids(tokenizer), grammar=True, logprobs=True)
 
     def script(self) -> list[int]:
         """The ids a full reply yields: the text's, then <|im_end|>."""

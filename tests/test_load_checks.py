@@ -25,6 +25,17 @@ ROOT = Path(__file__).resolve().parents[1]
 BOUND_S = 60        # only a hang reaches it
 
 
+def _tiny_vocab() -> int:
+    """The tiny model's vocabulary: its BPE tokens, the ChatML tokens and Qwen3's added ones."""
+    from qwen_trt.model.template import QWEN3_EXTRA_TOKENS
+    from qwen_trt.model.tiny import TinyShape
+
+    return TinyShape().vocab_size + 3 + len(QWEN3_EXTRA_TOKENS)
+
+
+V = _tiny_vocab()
+
+
 def _run_bounded(cmd: list[str], env: dict, timeout: float = BOUND_S):
     """Run ``cmd`` in its own session; a hang (a reader blocked on a FIFO, in this process or
     in an engine process it started, holding the interpreter) fails the test instead of
@@ -126,7 +137,7 @@ def _wrong_q_proj(name, t):
 
 def _gen_config_eos(d: Path) -> None:
     g = json.loads((d / "generation_config.json").read_text())
-    g["eos_token_id"] = [514, 70000]
+    g["eos_token_id"] = [V - 1, 70000]
     (d / "generation_config.json").write_text(json.dumps(g))
 
 
@@ -136,7 +147,7 @@ def _deeply_nested(d: Path) -> None:
 
 def _extra_token(d: Path) -> None:
     t = json.loads((d / "tokenizer.json").read_text())
-    t["added_tokens"].append({**t["added_tokens"][-1], "id": 515, "content": "<|extra|>"})
+    t["added_tokens"].append({**t["added_tokens"][-1], "id": V, "content": "<|extra|>"})
     (d / "tokenizer.json").write_text(json.dumps(t))
 
 
@@ -162,19 +173,19 @@ CASES = {
                  "'rope_theta' is nan"),
     "eos-out-of-vocab": (_edit(eos_token_id=99999), "config.json",
                          "'eos_token_id' is 99999, not a token id of the model's vocabulary "
-                         "(0 to 514"),
+                         f"(0 to {V - 1}"),
     "eos-negative": (_edit(eos_token_id=-1), "config.json", "'eos_token_id' is -1"),
     "eos-in-list": (_gen_config_eos, "generation_config.json",
-                    "'eos_token_id' is [514, 70000], not a token id"),
+                    f"'eos_token_id' is [{V - 1}, 70000], not a token id"),
     "dtype-unknown": (_edit(dtype="float13"), "config.json", "'dtype' is 'float13', not a dtype"),
     "nested-config": (_deeply_nested, "config.json", "is not valid JSON: nested too deeply"),
     "vocab-mismatch": (_edit(vocab_size=600), "model.safetensors",
-                       "tensor 'model.embed_tokens.weight' has shape [515, 64], but config.json "
+                       f"tensor 'model.embed_tokens.weight' has shape [{V}, 64], but config.json "
                        "implies [600, 64]"),
     "hidden-mismatch": (_edit(hidden_size=96), "model.safetensors",
-                        "has shape [515, 64], but config.json implies [515, 96]"),
+                        f"has shape [{V}, 64], but config.json implies [{V}, 96]"),
     "tokenizer-beyond-vocab": (_extra_token, "tokenizer.json",
-                               "has 516 tokens, more than the model's vocab_size 515"),
+                               f"has {V + 1} tokens, more than the model's vocab_size {V}"),
     "shape-mismatch": (_rewrite_weights(_wrong_q_proj), "model.safetensors",
                        "'model.layers.0.self_attn.q_proj.weight' has shape [7, 64], but "
                        "config.json implies [128, 64]"),
@@ -212,7 +223,7 @@ def test_broken_checkpoint_is_one_line_naming_file_and_value(checkpoint, case):
 
 
 def test_sound_checkpoints_still_load(tiny_model_dir, tmp_path):
-    assert resolve_model(str(tiny_model_dir)).config["vocab_size"] == 515
+    assert resolve_model(str(tiny_model_dir)).config["vocab_size"] == V
     d = tmp_path / "bf16"                              # the real model's dtype, sampled as such
     shutil.copytree(tiny_model_dir, d)
     _rewrite_weights(lambda name, t: t.to(__import__("torch").bfloat16))(d)

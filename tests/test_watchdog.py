@@ -171,10 +171,12 @@ def test_sse_keepalive_setting():
     from qwen_trt.commands.serve import settings_from
 
     args = argparse.Namespace(host=None, port=None, api_key=None, max_queue=None,
-                              served_model_name=None, sse_keepalive_s=None)
+                              served_model_name=None, sse_keepalive_s=None, max_body_mb=None,
+                              header_timeout_s=None, body_timeout_s=None, shutdown_grace_s=None,
+                              allowed_origins=None)
     assert settings_from(args, {}).sse_keepalive_s == 10.0
     assert settings_from(args, {"QWEN_TRT_SSE_KEEPALIVE_S": "2.5"}).sse_keepalive_s == 2.5
-    with pytest.raises(ConfigError, match="--sse-keepalive-s must be a number of seconds"):
+    with pytest.raises(ConfigError, match="--sse-keepalive-s must be a number"):
         settings_from(argparse.Namespace(**{**vars(args), "sse_keepalive_s": "x"}), {})
     with pytest.raises(ConfigError, match="--sse-keepalive-s must be >= 0"):
         ServerSettings(sse_keepalive_s=-1)

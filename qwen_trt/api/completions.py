@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from qwen_trt.api import constraints
 from qwen_trt.api.choices import Piece, merge
 from qwen_trt.api.errors import ApiError, error_body, excerpt
 from qwen_trt.api.logprobs import CompletionLogprobs, token_texts
@@ -159,6 +160,7 @@ def add_routes(app: FastAPI, ctx: ApiContext) -> None:
         tokenizer = ctx.service.tokenizer
         req = parse_completion_request(obj, len(tokenizer))
         check_model(req.sampling.model)
+        constraints.check_backend(ctx.service.info, None, "", req.logprobs)
         s = req.sampling
         ids_list = []
         for p in req.prompts:

@@ -20,6 +20,7 @@ import json
 from collections.abc import Mapping
 
 from qwen_trt.api.errors import ApiError
+from qwen_trt.errors import first_line
 from qwen_trt.params import Grammar
 
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -85,5 +86,19 @@ def check(grammar: Grammar | None, param: str) -> None:
     try:
         mod.check_grammar(grammar)
     except ValueError as e:
-        line = (str(e).splitlines() or ["invalid"])[0][:300]
+        line = first_line(e) or "invalid"
         raise ApiError(400, f"'{param}': {line}", param=param) from e
+
+
+def check_backend(info, grammar: Grammar | None, grammar_param: str,
+                  logprobs: int | None) -> None:
+    """400 when the backend cannot honour what the request asks (``BackendInfo.grammar`` /
+    ``.logprobs``: e.g. TensorRT-LLM takes neither), before anything is submitted."""
+    if grammar is not None and not getattr(info, "grammar", False):
+        raise ApiError(400, f"'{grammar_param}' needs constrained decoding, which the "
+                            f"{info.name} backend does not do (the torch backend does).",
+                       param=grammar_param, code="unsupported_parameter")
+    if logprobs is not None and not getattr(info, "logprobs", False):
+        raise ApiError(400, f"'logprobs' is not reported by the {info.name} backend (the torch "
+                            "backend reports it).", param="logprobs",
+                       code="unsupported_parameter")

@@ -253,6 +253,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                                 f"server serves '{name}' (see /v1/models).", param="model",
                            code="model_not_found")
         constraints.check(req.grammar, req.grammar_param)
+        constraints.check_backend(info, req.grammar, req.grammar_param, req.logprobs)
         _queue_check()
         # No liveness gate here: a service whose engine process died restarts it on the next
         # submit (the request waits meanwhile); a closed service refuses the submit (503).
