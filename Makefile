@@ -86,15 +86,22 @@ loadtest: setup tiny
 	AIPERF=$(AIPERF_VENV)/bin/aiperf SERVE=$(VENV)/bin/qwen-trt scripts/loadtest.sh $(if $(MODEL),$(MODEL),$(TINY))
 
 # QUANT=fp8 | int4_awq | int8_wo | int4_wo: a quantized engine in engines/<gpu>-<quant>/.
-# schemathesis against qwen-trt serve on the tiny model, from its /openapi.json and from OpenAI's
-# spec (tests/openai_schemas/endpoints.json): no 5xx, replies match the spec. Not in CI (it
-# installs schemathesis in its own venv). Record runs in docs/deploy.md.
+# Real clients against qwen-trt serve on the tiny model: schemathesis from its /openapi.json and
+# from OpenAI's spec (tests/openai_schemas/endpoints.json): no 5xx, replies match the spec; then
+# Open WebUI with its default settings in headless Chromium (the model listed, a chat streams a
+# reply). Not in CI: schemathesis and Open WebUI (~7 GB) install in their own venvs. Runs are
+# recorded in docs/deploy.md.
 CLIENTS_VENV ?= .venv-clients
 SCHEMATHESIS_SPEC ?= schemathesis>=4,<5
+WEBUI_VENV ?= .venv-webui
+WEBUI_SPEC ?= open-webui==0.12.4
 check-clients: setup tiny
 	test -x $(CLIENTS_VENV)/bin/schemathesis || { python3 -m venv $(CLIENTS_VENV) && \
 	  $(CLIENTS_VENV)/bin/pip install -q "$(SCHEMATHESIS_SPEC)"; }
 	ST=$(CLIENTS_VENV)/bin/schemathesis SERVE=$(VENV)/bin/qwen-trt scripts/check_clients.sh $(if $(MODEL),$(MODEL),$(TINY))
+	test -x $(WEBUI_VENV)/bin/open-webui || { python3 -m venv $(WEBUI_VENV) && \
+	  $(WEBUI_VENV)/bin/pip install -q "$(WEBUI_SPEC)"; }
+	$(PY) scripts/check_webui.py --webui $(WEBUI_VENV)/bin/open-webui --serve $(VENV)/bin/qwen-trt
 
 engine: setup
 	$(VENV)/bin/qwen-trt build --gpu $(GPU) $(if $(MODEL),--model $(MODEL)) $(if $(QUANT),--quant $(QUANT))

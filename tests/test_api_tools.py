@@ -80,7 +80,7 @@ def test_content_before_a_call_streams_before_the_call_closes():
     assert call.name == "f" and call.arguments == "{}" and call.id.startswith("call_")
     assert p.feed("\n") == [] and p.finish() == []
     ids = {split_tool_calls(CALL)[1][0].id for _ in range(3)}
-    assert len(ids) == 1 or len(ids) == 3          # fresh ids: not reused across calls
+    assert len(ids) == 3 and all(i.startswith("call_") for i in ids)     # a fresh id per call
 
 
 def test_parse_tools_checks_and_maps_tool_choice():
