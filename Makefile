@@ -12,7 +12,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-ui onnx serve loadtest clean
+.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-ui bench-sanitize onnx serve loadtest clean
 
 setup: $(VENV)/.installed
 
@@ -27,13 +27,16 @@ tiny: setup
 	test -f $(TINY)/config.json || $(VENV)/bin/qwen-trt tiny-model $(TINY)
 
 # Chat app in the browser; on the offline tiny model when there is no GPU and no MODEL given.
+# No file watcher: it only matters while editing app.py, and on a busy machine it floods the
+# terminal with "Inotify queue overflowed".
+STREAMLIT_ARGS ?= --browser.gatherUsageStats false --server.fileWatcherType none
 demo: setup
 	@if [ -z "$(MODEL)" ] && [ -z "$(HAS_GPU)" ]; then \
 	  $(MAKE) --no-print-directory tiny; \
 	  echo "No GPU here: running the app on the offline tiny demo model ($(TINY)); its replies are gibberish by design."; \
-	  $(VENV)/bin/streamlit run app.py --browser.gatherUsageStats false -- --model $(TINY); \
+	  $(VENV)/bin/streamlit run app.py $(STREAMLIT_ARGS) -- --model $(TINY); \
 	else \
-	  $(VENV)/bin/streamlit run app.py --browser.gatherUsageStats false -- $(if $(MODEL),--model $(MODEL)); \
+	  $(VENV)/bin/streamlit run app.py $(STREAMLIT_ARGS) -- $(if $(MODEL),--model $(MODEL)); \
 	fi
 
 chat: setup
@@ -93,6 +96,10 @@ bench: setup
 # On-screen latency of the chat app in headless Chromium (tiny model): docs/app.md.
 bench-ui: setup
 	$(PY) -m qwen_trt.bench.ui_latency --turns 1,100 --repeats 3 --uncapped --out bench-results/ui-latency.json $(BENCH_UI_ARGS)
+
+# CPU time of the app's Markdown sanitiser per streamed chunk and per reply (seconds to run).
+bench-sanitize: setup
+	$(PY) -m qwen_trt.bench.sanitize_speed --out bench-results/sanitize-speed.json
 
 onnx: setup tiny
 	$(VENV)/bin/qwen-trt export-onnx $(if $(MODEL),--model $(MODEL),--model $(TINY)) --out build/out/onnx $(if $(FORCE),--force)
