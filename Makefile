@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-constrained bench-ui bench-health onnx serve loadtest check-clients clean
+.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-constrained bench-ui bench-health bench-sanitize onnx serve loadtest check-clients clean
 
 setup: $(VENV)/.installed
 
@@ -28,13 +28,16 @@ tiny: setup
 	test -f $(TINY)/config.json || $(VENV)/bin/qwen-trt tiny-model $(TINY)
 
 # Chat app in the browser; on the offline tiny model when there is no GPU and no MODEL given.
+# No file watcher: it only matters while editing app.py, and on a busy machine it floods the
+# terminal with "Inotify queue overflowed".
+STREAMLIT_ARGS ?= --browser.gatherUsageStats false --server.fileWatcherType none
 demo: setup
 	@if [ -z "$(MODEL)" ] && [ -z "$(HAS_GPU)" ]; then \
 	  $(MAKE) --no-print-directory tiny; \
 	  echo "No GPU here: running the app on the offline tiny demo model ($(TINY)); its replies are gibberish by design."; \
-	  $(VENV)/bin/streamlit run app.py --browser.gatherUsageStats false -- --model $(TINY); \
+	  $(VENV)/bin/streamlit run app.py $(STREAMLIT_ARGS) -- --model $(TINY); \
 	else \
-	  $(VENV)/bin/streamlit run app.py --browser.gatherUsageStats false -- $(if $(MODEL),--model $(MODEL)); \
+	  $(VENV)/bin/streamlit run app.py $(STREAMLIT_ARGS) -- $(if $(MODEL),--model $(MODEL)); \
 	fi
 
 chat: setup
@@ -122,6 +125,10 @@ bench-ui: setup
 # /health latency while the API handles one 10 MB request (tiny model, CPU): docs/deploy.md.
 bench-health: setup
 	$(PY) -m qwen_trt.bench.health_latency --mb 10 --out bench-results/health-latency.json $(BENCH_HEALTH_ARGS)
+
+# CPU time of the app's Markdown sanitiser per streamed chunk and per reply (seconds to run).
+bench-sanitize: setup
+	$(PY) -m qwen_trt.bench.sanitize_speed --out bench-results/sanitize-speed.json
 
 onnx: setup tiny
 	$(VENV)/bin/qwen-trt export-onnx $(if $(MODEL),--model $(MODEL),--model $(TINY)) --out build/out/onnx $(if $(FORCE),--force)

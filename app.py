@@ -356,6 +356,8 @@ def main() -> None:
             log.exception("answering failed")
         st.error(user_error(e), icon=":material/warning:")
         return
+    if below is None:       # a newer run took this reply over
+        return
     with below.container():
         turn_actions(state)
 

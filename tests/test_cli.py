@@ -159,8 +159,19 @@ def test_valid_text_replaces_lone_surrogates():
     assert valid_text("a\ud800b")[0].replace("\ufffd", "") == "ab"  # JSON's "\ud800"
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt here, however this process was started (``cmd &`` from
+    a shell that is not interactive starts it with SIGINT ignored); restored afterwards."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def test_ctrl_c_during_load_is_not_lost_when_a_library_swallows_it(tiny_model_dir, capsys,
-                                                                   monkeypatch):
+                                                                   monkeypatch, ctrl_c_raises):
     import signal
     import time
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from markdown_payloads import ORDINARY, payloads
-from test_browser_e2e import CHROMIUM_ARGS, ROOT, _chromium, _free_port, _wait_healthy
+from test_browser_e2e import CHROMIUM_ARGS, ROOT, STEP_TIMEOUT_MS, _chromium, _free_port, _wait_healthy
 
 pytestmark = pytest.mark.browser
 
@@ -97,7 +97,7 @@ def rendered(tmp_path_factory):
             browser = pw.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page(viewport={"width": 1280, "height": 2000})
-                page.set_default_timeout(20_000)
+                page.set_default_timeout(STEP_TIMEOUT_MS)
                 page.goto(url)
                 page.get_by_text("corpus-done").wait_for()
                 page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]')

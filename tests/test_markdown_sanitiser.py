@@ -3,6 +3,7 @@ mixes of Markdown and HTML, and ordinary Markdown that must render as before. Th
 rendered in Chromium by tests/test_markdown_browser.py."""
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -69,7 +70,7 @@ _ISSUE = st.tuples(_OPENERS, st.sampled_from(["```", "~~~", "````", "```x"]),
                    _LINES).map(lambda p: f"{p[0]}\n{p[1]}\n\n{p[1]}\n{p[2]}\n{p[1]}\n"
                                          + "\n".join(p[3]))
 DOCS = st.one_of(_LINES.map("\n".join), _ISSUE)
-PROPERTY = settings(max_examples=400, deadline=None, database=None,
+PROPERTY = settings(max_examples=int(os.environ.get("QWEN_TRT_PROPERTY_EXAMPLES", "400")), deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))
 
 

@@ -64,7 +64,9 @@ OBSERVER_JS = """([marker, cursor]) => {
     // until this run replaces them
     const live = [...last.querySelectorAll('[data-testid="stMarkdownContainer"]')]
       .filter(md => !md.closest('[data-stale="true"]'));
-    const body = live.filter(md => !md.closest('[data-testid="stCaptionContainer"]'));
+    // the reply's text: not its footer, nor the label of its Stop button
+    const body = live.filter(md => !md.closest('[data-testid="stCaptionContainer"]')
+                                   && !md.closest('button'));
     const footer = [...last.querySelectorAll('[data-testid="stCaptionContainer"]')]
       .some(c => !c.closest('[data-stale="true"]') && /tokens\\/s/.test(c.textContent));
     if (lat.bubble === null) {

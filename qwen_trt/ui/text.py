@@ -262,7 +262,7 @@ def _html_lines(html: str) -> list[list[str]]:
     """An HTML block as escaped text: paragraphs (split at blank lines) of escaped lines."""
     paras: list[list[str]] = [[]]
     for line in html.split("\n"):
-        line = line.strip(" \t")
+        line = line.strip()        # all whitespace: a paragraph's ends are trimmed so too
         if line:
             paras[-1].append(_escape(line))
         elif paras[-1]:
