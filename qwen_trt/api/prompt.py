@@ -9,10 +9,14 @@ from qwen_trt.api.errors import ApiError
 from qwen_trt.errors import QwenTrtError
 
 
-def encode_messages(tokenizer, messages: Sequence[dict]) -> list[int]:
+def encode_messages(tokenizer, messages: Sequence[dict], encoder=None) -> list[int]:
+    """``encoder``: a :class:`~qwen_trt.chat.session.MessageEncoder` to use (its caches)
+    instead of a fresh one; messages may then carry an assistant reply's ``token_ids``."""
     from qwen_trt.chat.session import encode_messages as encode
 
     try:
+        if encoder is not None:
+            return encoder.encode(list(messages))
         return encode(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
     except QwenTrtError as e:   # a message the template has no place for
         raise ApiError(400, str(e), param="messages") from e

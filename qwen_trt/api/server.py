@@ -4,9 +4,11 @@ It needs only the service surface (``submit(prompt_ids, params)`` -> a handle wh
 yields Waiting / Started / Delta / Finished / Failed, ``cancel()``, ``info``, ``tokenizer``,
 ``status()``), so the in-process service and the worker-process client serve it alike.
 
-A handle's events are read by one small thread per request and handed to the event loop. When a
-client goes away mid-reply, Starlette cancels the response task; that ends the event reader,
-which cancels the handle, so the engine drops the request before its next token.
+A handle's events reach the event loop without a thread per request
+(:mod:`qwen_trt.serving.async_events`: the engine thread posts each step's events for all
+requests with one loop wake-up), and each request sends one SSE chunk per wake-up with all its
+new text. When a client goes away mid-reply, Starlette cancels the response task; that ends the
+event reader, which cancels the handle, so the engine drops the request before its next token.
 """
 from __future__ import annotations
 
@@ -27,10 +29,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qwen_trt.api.errors import ApiError, error_body
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
-from qwen_trt.api.prompt import encode_messages
+from qwen_trt.api.encoder import PromptEncoder
+from qwen_trt.api.hops import HopClock, RequestTrace
 from qwen_trt.api.protocol import ChatRequest, ChunkWriter, completion, parse_chat_request
 from qwen_trt.api.stops import StopScanner
 from qwen_trt.errors import ConfigError, QwenTrtError
+from qwen_trt.serving.async_events import Inbox, handle_batches, merge_deltas
 from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
 
 log = logging.getLogger("qwen_trt.api")
@@ -112,9 +116,29 @@ class _Counts:
         self.running = 0
 
 
-async def _events(handle, poll_s: float = 0.25) -> AsyncIterator[object]:
-    """The handle's events on the event loop (Waiting too, every ``poll_s``, as a heartbeat).
-    Leaving early cancels the handle."""
+async def _events(handle, poll_s: float = 0.25,
+                  trace: RequestTrace | None = None) -> AsyncIterator[object]:
+    """The handle's events on the event loop, one Delta per wake-up (all text that arrived
+    since the last one); ``None`` every ``poll_s`` while nothing arrives, as a heartbeat.
+    Leaving early cancels the handle. ``trace`` gets each event's arrival on the loop."""
+    if hasattr(handle, "listen"):
+        inbox = Inbox()
+        if trace is not None:
+            inbox.stamps = trace.bridge
+        async for items in handle_batches(handle, poll_s, inbox=inbox):
+            if not items:
+                yield None
+            elif trace is not None:
+                trace.arrived = time.perf_counter()
+            for ev in merge_deltas(items):
+                yield ev
+        return
+    async for ev in _thread_events(handle, poll_s):
+        yield ev
+
+
+async def _thread_events(handle, poll_s: float) -> AsyncIterator[object]:
+    """A handle without :meth:`listen` (a service of another kind): one reader thread."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
 
@@ -145,19 +169,22 @@ async def _events(handle, poll_s: float = 0.25) -> AsyncIterator[object]:
 
 
 def create_app(service, settings: ServerSettings = ServerSettings(), *,
-               model_name: str | None = None) -> FastAPI:
-    """The app for ``service``; ``model_name`` is the id served (default: the backend's model)."""
+               model_name: str | None = None, hops: HopClock | None = None) -> FastAPI:
+    """The app for ``service``; ``model_name`` is the id served (default: the backend's model);
+    ``hops`` collects per-request hop timings (default: on when ``QWEN_TRT_TRACE_HOPS=1``)."""
     info = service.info
     name = settings.model_name or model_name or info.model
     created = int(time.time())
     counts = _Counts()
     metrics = ServerMetrics(service.status, lambda: counts.waiting, lambda: counts.running)
-    tok_lock = threading.Lock()   # one tokenization at a time (HF fast tokenizers are not reentrant)
+    encoder = PromptEncoder(service.tokenizer)
+    hops = hops if hops is not None else HopClock.from_env()
     app = FastAPI(title="qwen-trt", version="1", docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.service = service
     app.state.metrics = metrics
     app.state.counts = counts
+    app.state.hops = hops
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, e: ApiError):
@@ -190,6 +217,11 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                                 status_code=503)
         return Response(status_code=200)
 
+    if hops is not None:
+        @app.get("/debug/hops")
+        async def hop_summary():
+            return hops.summary()
+
     @app.get("/metrics")
     async def prom():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -204,6 +236,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         check_auth(request)
+        t_in = time.perf_counter()
         raw = await request.body()
         try:
             obj = json.loads(raw)
@@ -217,12 +250,12 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         # No liveness gate here: a service whose engine process died restarts it on the next
         # submit (the request waits meanwhile); a closed service refuses the submit (503).
         tokenizer = service.tokenizer
-
-        def encode():
-            with tok_lock:
-                return encode_messages(tokenizer, req.messages)
-
-        ids = await run_in_threadpool(encode)
+        if tokenizer is not encoder.tokenizer:      # the engine restarted with another one
+            encoder.reset(tokenizer)
+        t_parsed = time.perf_counter()
+        ids = (encoder.encode(req.messages) if encoder.quick(req.messages)
+               else await run_in_threadpool(encoder.encode, req.messages))
+        t_encoded = time.perf_counter()
         max_new = _fit(ids, req, info)
         if counts.waiting >= settings.max_queue:
             metrics.requests.labels("queue_full").inc()
@@ -240,14 +273,16 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             raise ApiError(503, str(e), headers={"Retry-After": str(settings.retry_after_s)}) from e
         metrics.prompt_tokens.inc(len(ids))
         t0 = time.perf_counter()
+        trace = (RequestTrace(t_in, t_parsed, t_encoded, t0, len(ids)) if hops is not None
+                 else None)
         if req.stream:
-            return StreamingResponse(_sse(handle, req, len(ids), t0), media_type="text/event-stream",
+            return StreamingResponse(_sse(handle, req, len(ids), t0, trace), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
         parts: list[str] = []
         result = None
         try:
-            async for item in _generate(handle, req, len(ids), t0, request):
+            async for item in _generate(handle, req, len(ids), t0, request, trace):
                 if isinstance(item, str):
                     parts.append(item)
                 else:
@@ -260,7 +295,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                           result.completion_tokens, result.cached_tokens)
 
     async def _generate(handle, req: ChatRequest, n_prompt: int, t0: float,
-                        request: Request | None = None) -> AsyncIterator[str | _Result]:
+                        request: Request | None = None,
+                        trace: RequestTrace | None = None) -> AsyncIterator[str | _Result]:
         """Text to send, then one :class:`_Result`; raises :class:`_EngineError`."""
         scanner = StopScanner(req.stop)
         counts.waiting += 1
@@ -269,14 +305,14 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         outcome = "cancelled"
         checked = time.monotonic()
         try:
-            async for ev in _events(handle):
+            async for ev in _events(handle, trace=trace):
                 # A whole-reply client that leaves is noticed within DISCONNECT_CHECK_S (a
                 # streaming one at once: Starlette cancels its response task).
                 if request is not None and time.monotonic() - checked >= DISCONNECT_CHECK_S:
                     checked = time.monotonic()
                     if await request.is_disconnected():
                         return
-                if isinstance(ev, Waiting):
+                if ev is None or isinstance(ev, Waiting):
                     pass
                 elif isinstance(ev, Started):
                     if state == "waiting":
@@ -307,6 +343,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                             if first:
                                 metrics.ttft.observe(time.perf_counter() - t0)
                             yield tail
+                    if not scanner.stopped and reason in ("stop", "length"):
+                        encoder.remember(ev.reply.text, ev.reply.token_ids)
                     metrics.generation_tokens.inc(m.tokens)
                     if m.decode_tok_s > 0:
                         metrics.tok_s.observe(m.decode_tok_s)
@@ -321,14 +359,20 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             elif state == "running":
                 counts.running -= 1
             metrics.requests.labels(outcome).inc()
+            if trace is not None:
+                hops.add(trace)
 
-    async def _sse(handle, req: ChatRequest, n_prompt: int, t0: float) -> AsyncIterator[str]:
+    async def _sse(handle, req: ChatRequest, n_prompt: int, t0: float,
+                   trace: RequestTrace | None = None) -> AsyncIterator[str]:
         w = ChunkWriter(name, include_usage=req.include_usage)
         yield _data(w.chunk({"role": "assistant", "content": ""}))
         try:
-            async for item in _generate(handle, req, n_prompt, t0):
+            async for item in _generate(handle, req, n_prompt, t0, trace=trace):
                 if isinstance(item, str):
-                    yield _data(w.chunk({"content": item}))
+                    frame = _data(w.chunk({"content": item}))
+                    if trace is not None:
+                        trace.framed(time.perf_counter())
+                    yield frame
                 else:
                     yield _data(w.chunk({}, item.finish_reason))
                     if req.include_usage:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from qwen_trt.chat.generation import ReplyBuilder
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import SamplingParams
+from qwen_trt.serving.async_events import batch
 from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, EngineState,
                                      EngineStoppedError, Failed, Finished, RequestHandle,
                                      ServiceClosedError, ServiceStatus, Started, cancelled_reply,
@@ -393,7 +394,7 @@ class EngineClient:
         return None
 
     def _on_events(self, gen: int, events, stats) -> None:
-        with self._lock:
+        with self._lock, batch():      # one wake-up of each listening event loop per step
             if gen != self._gen:
                 return
             if stats:
@@ -404,6 +405,9 @@ class EngineClient:
                 if a is None:
                     continue
                 self._cached += cached
+                m = a.builder.metrics
+                if cached or m.cached_tokens is None:     # the first event carries the count
+                    m.cached_tokens = (m.cached_tokens or 0) + cached
                 try:
                     self._apply(a, rid, token_ids, finish, error)
                 except Exception as e:  # noqa: BLE001 - this request fails, the others go on
