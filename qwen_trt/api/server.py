@@ -276,7 +276,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         trace = (RequestTrace(t_in, t_parsed, t_encoded, t0, len(ids)) if hops is not None
                  else None)
         if req.stream:
-            return StreamingResponse(_sse(handle, req, len(ids), t0, trace), media_type="text/event-stream",
+            return StreamingResponse(_sse(handle, req, len(ids), t0, trace),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
         parts: list[str] = []
