@@ -50,6 +50,10 @@ OPTIONS: tuple[BackendOption, ...] = (
     BackendOption("--fast", "QWEN_TRT_FAST",
                   f"torch backend: compiled CUDA-graph fast path: {' | '.join(FAST_MODES)} "
                   "(default auto = on CUDA)"),
+    BackendOption("--cache-dir", "QWEN_TRT_CACHE_DIR",
+                  "fast path on CUDA: where compiled kernels and autotune choices are kept "
+                  "between starts, keyed by GPU, versions and shapes ('off': none; default "
+                  "~/.cache/qwen-trt)"),
     BackendOption("--base-url", "QWEN_TRT_BASE_URL",
                   "openai backend: an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"),
     BackendOption("--api-key", "QWEN_TRT_API_KEY",
@@ -86,7 +90,8 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = No
     return BackendConfig(backend=v["backend"] or "auto", model=v["model"], engine=v["engine"],
                          device=v["device"] or "auto", dtype=v["dtype"] or "auto",
                          max_seq_len=max_seq_len, max_batch=max_batch, fast=v["fast"] or "auto",
-                         base_url=v["base_url"], api_key=v["api_key"])
+                         base_url=v["base_url"], api_key=v["api_key"],
+                         cache_dir=v["cache_dir"])
 
 
 class _AppParser(argparse.ArgumentParser):

@@ -23,7 +23,7 @@ def test_served_bench_runs_both_paths_on_the_same_workload(tiny_model_dir, tmp_p
     for lv in res["levels"]:
         for side in ("in_process", "http"):
             r = lv[side]
-            assert r["requests"] == 3 and r["errors"] == 0, (side, r)
+            assert r["requests"] == max(3, 2 * lv["concurrency"]) and r["errors"] == 0, (side, r)
             assert r["output_tok_s"] > 0 and r["ttft_ms_p50"] > 0 and r["itl_ms_p50"] > 0
             assert r["ttft_ms_p90"] >= r["ttft_ms_p50"]
         assert lv["http_over_engine_tok_s"] == pytest.approx(

@@ -38,6 +38,7 @@ class BackendConfig:
     max_batch: int | None = None    # fast path: continuous-batching width; 1 = batch-1 decoder
     base_url: str | None = None     # openai only: an OpenAI-compatible server (.../v1)
     api_key: str | None = None      # openai: the key sent; qwen-trt serve: the key required
+    cache_dir: str | None = None    # fast path on CUDA: compile/autotune cache root ("off": none)
 
     def __post_init__(self) -> None:
         for what, flag, value, allowed in (("backend", "backend", self.backend, BACKENDS),
@@ -121,6 +122,7 @@ def load_backend(cfg: BackendConfig, *, for_runner: bool = False) -> Backend:
     if use_fast(cfg.fast, pick_device(cfg.device)):
         return FastBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype,
                                 max_seq_len=cfg.max_seq_len, warmup=cfg.warmup,
-                                for_runner=for_runner)
+                                for_runner=for_runner, cache_dir=cfg.cache_dir,
+                                max_batch=cfg.max_batch)
     return TorchBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype,
                              max_seq_len=cfg.max_seq_len, warmup=cfg.warmup)

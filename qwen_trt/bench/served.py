@@ -53,6 +53,10 @@ class ServedBenchConfig:
     serve_args: tuple[str, ...] = ()
     health_timeout_s: float = 600.0
 
+    def level_requests(self, c: int) -> int:
+        """Requests sent at level ``c``: ``requests``, and at least two rounds of ``c``."""
+        return max(self.requests, 2 * c)
+
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("--concurrency values must be >= 1")
@@ -150,7 +154,7 @@ def run_in_process(cfg: ServedBenchConfig, log) -> tuple[dict, dict]:
             if warm:
                 closed_loop(runner, warm, params, 1)
             prompts = [encode_messages(tok, _messages(c * 100_000 + i, cfg.input_words))
-                       for i in range(cfg.requests)]
+                       for i in range(cfg.level_requests(c))]
             _sync(backend)
             out[c] = closed_loop(runner, prompts, params, c)
             log(f"in process c={c}: {out[c]['output_tok_s']} tok/s, TTFT p50 "
@@ -204,7 +208,7 @@ def run_http(cfg: ServedBenchConfig, log, workdir: Path) -> tuple[dict, dict]:
         log(f"qwen-trt serve healthy in {healthy_s:.1f} s")
         url = f"http://127.0.0.1:{port}/v1"
         for c in cfg.concurrency:
-            args = parse_args(["--requests", str(cfg.requests), "--input-words",
+            args = parse_args(["--requests", str(cfg.level_requests(c)), "--input-words",
                                str(cfg.input_words), "--output-tokens", str(cfg.output_tokens),
                                "--warmup", str(cfg.warmup)])
             lv = asyncio.run(run_level(url, "bench", c, args))
@@ -225,6 +229,9 @@ def run_http(cfg: ServedBenchConfig, log, workdir: Path) -> tuple[dict, dict]:
             info["metrics_excerpt"] = [ln for ln in httpx.get(
                 f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines()
                 if ln.startswith("qwen_trt_") and "bucket" not in ln][:40]
+            hops = httpx.get(f"http://127.0.0.1:{port}/debug/hops", timeout=10)
+            if hops.status_code == 200:          # QWEN_TRT_TRACE_HOPS=1: the server's hops
+                info["hops_us"] = hops.json()
         except Exception:  # noqa: BLE001 - informational
             pass
     finally:
@@ -295,7 +302,8 @@ def parse_config(argv=None) -> tuple[ServedBenchConfig, str | None]:
     p.add_argument("--fast", default="auto", help="the fast path (on: CPU smoke runs)")
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--concurrency", default="1,8,32,64")
-    p.add_argument("--requests", type=int, default=64, help="requests per level")
+    p.add_argument("--requests", type=int, default=64,
+                   help="requests per level (at least 2 x the level)")
     p.add_argument("--input-words", type=int, default=400)
     p.add_argument("--output-tokens", type=int, default=256)
     p.add_argument("--warmup", type=int, default=2)
