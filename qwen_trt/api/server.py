@@ -220,7 +220,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     if hops is not None:
         @app.get("/debug/hops")
         async def hop_summary():
-            return hops.summary()
+            st = service.status()
+            return {**hops.summary(), "runner": getattr(st, "runner", None) or {}}
 
     @app.get("/metrics")
     async def prom():

@@ -101,12 +101,16 @@ def closed_loop(runner, prompts: list[list[int]], params: SamplingParams, client
         return True
 
     t0 = time.perf_counter()
+    steps, step_s = 0, 0.0
     for _ in range(clients):
         if not send():
             break
     while live:
+        t = time.perf_counter()
         events = runner.step()
         now = time.perf_counter()
+        steps += 1
+        step_s += now - t
         for ev in events:
             row = live.get(ev.request_id)
             if row is None:
@@ -123,7 +127,9 @@ def closed_loop(runner, prompts: list[list[int]], params: SamplingParams, client
                 else:
                     done.append(tuple(row))
                 send()
-    return _level_stats(done, time.perf_counter() - t0, errors)
+    out = _level_stats(done, time.perf_counter() - t0, errors)
+    out["steps"], out["step_ms_mean"] = steps, round(step_s / max(steps, 1) * 1e3, 3)
+    return out
 
 
 def _sync(backend) -> None:
@@ -208,6 +214,7 @@ def run_http(cfg: ServedBenchConfig, log, workdir: Path) -> tuple[dict, dict]:
         log(f"qwen-trt serve healthy in {healthy_s:.1f} s")
         url = f"http://127.0.0.1:{port}/v1"
         for c in cfg.concurrency:
+            before = _worker_counters(port)
             args = parse_args(["--requests", str(cfg.level_requests(c)), "--input-words",
                                str(cfg.input_words), "--output-tokens", str(cfg.output_tokens),
                                "--warmup", str(cfg.warmup)])
@@ -219,6 +226,11 @@ def run_http(cfg: ServedBenchConfig, log, workdir: Path) -> tuple[dict, dict]:
                       "ttft_ms_p90": round(lv.ttft_ms_p90, 3),
                       "itl_ms_p50": round(lv.itl_ms_p50, 3), "itl_ms_p90": round(lv.itl_ms_p90, 3),
                       "first_error": lv.first_error}
+            after = _worker_counters(port)
+            if before and after and after["steps"] > before["steps"]:   # the worker's timer
+                n = after["steps"] - before["steps"]
+                out[c]["steps"] = n
+                out[c]["step_ms_mean"] = round((after["step_s"] - before["step_s"]) / n * 1e3, 3)
             log(f"over HTTP c={c}: {out[c]['output_tok_s']} tok/s, TTFT p50 "
                 f"{out[c]['ttft_ms_p50']} ms, ITL p50 {out[c]['itl_ms_p50']} ms, "
                 f"errors {lv.errors}")
@@ -242,6 +254,21 @@ def run_http(cfg: ServedBenchConfig, log, workdir: Path) -> tuple[dict, dict]:
             proc.kill()
             proc.wait(5)
     return out, info
+
+
+def _worker_counters(port: int) -> dict | None:
+    """The engine process's step counters (``/debug/hops`` with QWEN_TRT_TRACE_HOPS=1; they
+    include the warm-up requests of the level, a few steps)."""
+    import httpx
+
+    try:
+        r = httpx.get(f"http://127.0.0.1:{port}/debug/hops", timeout=10)
+        if r.status_code != 200:
+            return None
+        w = (r.json().get("runner") or {}).get("worker") or {}
+        return {"steps": int(w["steps"]), "step_s": float(w["step_s"])} if w else None
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
 
 
 def _wait_healthy(url: str, proc, timeout: float, log_path: Path) -> None:
@@ -284,13 +311,14 @@ def run_served_bench(cfg: ServedBenchConfig, log=print, workdir: Path | None = N
 
 def summary(res: dict) -> str:
     lines = ["| C | in-process tok/s | HTTP tok/s | ratio | ITL p50 ms in/HTTP | "
-             "TTFT p50 ms in/HTTP | TTFT p90 HTTP | errors |", "|" + "---|" * 8]
+             "TTFT p50 ms in/HTTP | TTFT p90 HTTP | step ms in/HTTP | errors |", "|" + "---|" * 9]
     for lv in res["levels"]:
         e, h = lv["in_process"], lv["http"]
         lines.append(f"| {lv['concurrency']} | {e.get('output_tok_s')} | {h.get('output_tok_s')} "
                      f"| {lv['http_over_engine_tok_s']} | {e.get('itl_ms_p50')} / "
                      f"{h.get('itl_ms_p50')} | {e.get('ttft_ms_p50')} / {h.get('ttft_ms_p50')} | "
-                     f"{h.get('ttft_ms_p90')} | {e.get('errors', 0)} / {h.get('errors')} |")
+                     f"{h.get('ttft_ms_p90')} | {e.get('step_ms_mean')} / "
+                     f"{h.get('step_ms_mean')} | {e.get('errors', 0)} / {h.get('errors')} |")
     return "\n".join(lines)
 
 
