@@ -52,6 +52,8 @@ class ServedBenchConfig:
     warmup: int = 2
     serve_args: tuple[str, ...] = ()
     health_timeout_s: float = 600.0
+    in_process: bool = True          # False: the HTTP side only
+    second_start: bool = False       # then start `qwen-trt serve` again: the warm-cache start
 
     def level_requests(self, c: int) -> int:
         """Requests sent at level ``c``: ``requests``, and at least two rounds of ``c``."""
@@ -150,6 +152,7 @@ def run_in_process(cfg: ServedBenchConfig, log) -> tuple[dict, dict]:
     backend = load_for_spec(resolve(spec.loader), spec)
     runner = make_runner(backend, max_batch=cfg.max_batch)
     load_s = time.monotonic() - t
+    log(f"in process: loaded and warmed up in {load_s:.1f} s")
     tok = backend.tokenizer
     params = SamplingParams(max_new_tokens=cfg.output_tokens, temperature=0, ignore_eos=True)
     out: dict = {}
@@ -193,7 +196,11 @@ def _jsonable(stats) -> dict:
         return {}
 
 
-def run_http(cfg: ServedBenchConfig, log, workdir: Path) -> tuple[dict, dict]:
+def run_http(cfg: ServedBenchConfig, log, workdir: Path,
+             levels: tuple[int, ...] | None = None) -> tuple[dict, dict]:
+    """``qwen-trt serve`` started, timed to healthy, loaded at ``levels`` (default the
+    config's), stopped."""
+    levels = cfg.concurrency if levels is None else levels
     from qwen_trt.bench.http_bench import parse_args, run_level, tok_free_port
 
     port = tok_free_port()
@@ -213,7 +220,7 @@ def run_http(cfg: ServedBenchConfig, log, workdir: Path) -> tuple[dict, dict]:
         healthy_s = time.monotonic() - t
         log(f"qwen-trt serve healthy in {healthy_s:.1f} s")
         url = f"http://127.0.0.1:{port}/v1"
-        for c in cfg.concurrency:
+        for c in levels:
             before = _worker_counters(port)
             args = parse_args(["--requests", str(cfg.level_requests(c)), "--input-words",
                                str(cfg.input_words), "--output-tokens", str(cfg.output_tokens),
@@ -234,7 +241,9 @@ def run_http(cfg: ServedBenchConfig, log, workdir: Path) -> tuple[dict, dict]:
             log(f"over HTTP c={c}: {out[c]['output_tok_s']} tok/s, TTFT p50 "
                 f"{out[c]['ttft_ms_p50']} ms, ITL p50 {out[c]['itl_ms_p50']} ms, "
                 f"errors {lv.errors}")
-        info = {"healthy_s": round(healthy_s, 3), "command": cmd[2:]}
+        info = {"healthy_s": round(healthy_s, 3), "command": cmd[2:],
+                "engine_lines": [ln for ln in log_path.read_text(errors="replace").splitlines()
+                                 if "[qwen-trt engine]" in ln and "%|" not in ln][-12:]}
         try:
             import httpx
 
@@ -292,10 +301,31 @@ def _ratio(a, b, digits=3):
     return round(a / b, digits) if a and b else None
 
 
-def run_served_bench(cfg: ServedBenchConfig, log=print, workdir: Path | None = None) -> dict:
+def run_served_bench(cfg: ServedBenchConfig, log=print, workdir: Path | None = None,
+                     progress=None) -> dict:
+    """Both sides (module docstring); ``progress(result)`` gets the result so far before the
+    second start."""
     workdir = workdir or Path("bench-results")
-    engine, engine_info = run_in_process(cfg, log)
-    http, http_info = run_http(cfg, log, workdir)
+    engine, engine_info = run_in_process(cfg, log) if cfg.in_process else ({}, {})
+    try:
+        http, http_info = run_http(cfg, log, workdir)
+    except RuntimeError as e:        # the server did not come up: keep the in-process side
+        log(f"over HTTP failed: {str(e).splitlines()[0]}")
+        http, http_info = {}, {"error": str(e)[-2000:]}
+    if cfg.second_start and "error" not in http_info:
+        if progress is not None:
+            progress(_result(cfg, engine, engine_info, http, http_info))
+        try:
+            _, again = run_http(cfg, log, workdir, levels=())
+            http_info["second_start_healthy_s"] = again["healthy_s"]
+            http_info["second_start_engine_lines"] = again["engine_lines"]
+        except RuntimeError as e:
+            http_info["second_start_error"] = str(e)[-2000:]
+    return _result(cfg, engine, engine_info, http, http_info)
+
+
+def _result(cfg: ServedBenchConfig, engine: dict, engine_info: dict, http: dict,
+            http_info: dict) -> dict:
     levels = []
     for c in cfg.concurrency:
         e, h = engine.get(c, {}), http.get(c, {})
@@ -337,6 +367,11 @@ def parse_config(argv=None) -> tuple[ServedBenchConfig, str | None]:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--serve-arg", action="append", default=[],
                    help="extra `qwen-trt serve` argument (repeatable)")
+    p.add_argument("--no-in-process", action="store_true", help="the HTTP side only")
+    p.add_argument("--health-timeout", type=float, default=600.0,
+                   help="seconds for `qwen-trt serve` to become healthy")
+    p.add_argument("--second-start", action="store_true",
+                   help="then time a second `qwen-trt serve` start (the compile cache warm)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     try:
@@ -344,7 +379,9 @@ def parse_config(argv=None) -> tuple[ServedBenchConfig, str | None]:
         cfg = ServedBenchConfig(model=a.model, device=a.device, fast=a.fast,
                                 max_batch=a.max_batch, concurrency=levels, requests=a.requests,
                                 input_words=a.input_words, output_tokens=a.output_tokens,
-                                warmup=a.warmup, serve_args=tuple(a.serve_arg))
+                                warmup=a.warmup, serve_args=tuple(a.serve_arg),
+                                in_process=not a.no_in_process, second_start=a.second_start,
+                                health_timeout_s=a.health_timeout)
     except ValueError as e:
         p.error(str(e).splitlines()[0])
     return cfg, a.out
@@ -352,16 +389,21 @@ def parse_config(argv=None) -> tuple[ServedBenchConfig, str | None]:
 
 def main(argv=None) -> int:
     cfg, out = parse_config(argv)
-    res = run_served_bench(cfg, log=lambda m: print(f"[served] {m}", file=sys.stderr, flush=True))
+
+    def save(res: dict) -> None:
+        if out:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(json.dumps(res, indent=2) + "\n")
+
+    res = run_served_bench(cfg, log=lambda m: print(f"[served] {m}", file=sys.stderr, flush=True),
+                           progress=save)
+    save(res)
     text = json.dumps(res, indent=2)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text + "\n")
     print(text)
     print(summary(res), file=sys.stderr)
     errors = sum((lv["http"].get("errors") or 0) + (lv["in_process"].get("errors") or 0)
                  for lv in res["levels"])
-    return 0 if errors == 0 else 1
+    return 0 if errors == 0 and "error" not in res["http"] else 1
 
 
 if __name__ == "__main__":
