@@ -142,3 +142,15 @@ def test_prompt_encoder_matches_encode_messages_and_reuses_reply_ids(tiny_tokeni
     assert reused[:len(ids1)] == ids1
     assert reused[len(ids1):len(ids1) + len(generated)] == generated     # the engine's own ids
     assert tiny_tokenizer.decode(reused) == tiny_tokenizer.decode(plain)
+
+
+def test_sse_events_survive_a_splitlines_reader():
+    import json
+
+    from qwen_trt.api.server import _data
+
+    text = "a\u2028b\u2029c\x85d\r\ne\x1cf"
+    frame = _data({"content": text})
+    body = frame.removeprefix("data: ").removesuffix("\n\n")
+    assert len(body.splitlines()) == 1            # one event, one line, for any line reader
+    assert json.loads(body)["content"] == text

@@ -17,6 +17,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -387,8 +388,18 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     return app
 
 
+# Characters Python's str.splitlines() breaks on that JSON leaves unescaped with
+# ensure_ascii=False: a client reading the stream with splitlines (httpx's aiter_lines) would cut
+# the event in two. Escaped, the decoded text is the same.
+_LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_LINE_BREAK_RE = re.compile("[\x85\u2028\u2029]")
+
+
 def _data(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    text = json.dumps(obj, ensure_ascii=False, separators=(',', ':'))
+    if _LINE_BREAK_RE.search(text):
+        text = _LINE_BREAK_RE.sub(lambda m: _LINE_BREAKS[m.group()], text)
+    return f"data: {text}\n\n"
 
 
 def _fit(ids: list[int], req: ChatRequest, info) -> int:
