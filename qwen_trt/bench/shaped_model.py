@@ -77,15 +77,6 @@ def write_shaped_model(out_dir: str | Path, shape="qwen3-4b", *, seed: int = 0,
         from qwen_trt.bench.qwen_vocab import BPE_TOKENS, write_tokenizer
 
         write_tokenizer(vocab_gguf, out)
-        for name in ("config.json", "generation_config.json"):
-            path = out / name
-            if path.exists():      # the tiny ids of <|endoftext|> / <|im_end|> -> Qwen's
-                d = json.loads(path.read_text())
-                d.update({"bos_token_id": BPE_TOKENS, "pad_token_id": BPE_TOKENS,
-                          "eos_token_id": ([BPE_TOKENS + 2, BPE_TOKENS]
-                                           if isinstance(d.get("eos_token_id"), list)
-                                           else BPE_TOKENS + 2)})
-                path.write_text(json.dumps(d, indent=2) + "\n")
     known = len(AutoTokenizer.from_pretrained(out))
     text_ids = BPE_TOKENS if vocab_gguf is not None else known   # greedy never picks a control
     if known > cfg.vocab_size:
@@ -96,6 +87,18 @@ def write_shaped_model(out_dir: str | Path, shape="qwen3-4b", *, seed: int = 0,
         hf["layer_types"] = ["full_attention"] * cfg.layers
     hf["max_window_layers"] = cfg.layers
     hf["dtype"] = hf["torch_dtype"] = "bfloat16"   # transformers 5.x / 4.57 names
+    if vocab_gguf is not None:        # the tiny ids of <|endoftext|> / <|im_end|> -> Qwen's
+        gen_path = out / "generation_config.json"
+        for d, path in ((hf, None), (json.loads(gen_path.read_text()) if gen_path.exists()
+                                     else None, gen_path)):
+            if d is None:
+                continue
+            d.update({"bos_token_id": BPE_TOKENS, "pad_token_id": BPE_TOKENS,
+                      "eos_token_id": ([BPE_TOKENS + 2, BPE_TOKENS]
+                                       if isinstance(d.get("eos_token_id"), list)
+                                       else BPE_TOKENS + 2)})
+            if path is not None:
+                path.write_text(json.dumps(d, indent=2) + "\n")
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
 
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
