@@ -4,7 +4,9 @@
 # same HTTP load (its own code, this tree's load generator), so one call gives before / after.
 #
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-#       whl/*.whl && export PYTHONPATH=/tmp/site      # fastapi, starlette, uvicorn, pydantic(-core)
+#       whl/*.whl && export PYTHONPATH=/tmp/site
+#   whl/: fastapi, starlette, uvicorn, pydantic, pydantic-core (cp312), annotated-types,
+#   typing-inspection and opentelemetry-api (fastapi 0.165 imports it), for Python 3.12
 #   BEFORE=before PY=python3 bash scripts/device_served.sh    # then read $OUT/served.json
 # Environment: MODEL (default WORK/qwen3-4b-shaped, written if missing), CONCURRENCY (1,8,32,64),
 #   MAX_BATCH (32), REQUESTS (16; at least 2 x each level), INPUT_WORDS (400), OUTPUT_TOKENS
