@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-constrained bench-ui bench-health bench-sanitize onnx serve loadtest check-clients clean
+.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-constrained bench-http bench-ui bench-health bench-sanitize onnx serve loadtest check-clients clean
 
 setup: $(VENV)/.installed
 
@@ -119,6 +119,11 @@ bench-constrained: setup
 	$(PY) -m qwen_trt.bench.constrained --model $(MODEL) --out bench-results/constrained.json $(BENCH_CONSTRAINED_ARGS)
 
 # On-screen latency of the chat app in headless Chromium (tiny model): docs/app.md.
+# The served path vs the in-process runner on one closed-loop workload (qwen_trt.bench.served):
+# make bench-http MODEL=DIR [BENCH_HTTP_ARGS="--concurrency 1,8,32,64 --max-batch 32"]
+bench-http: setup
+	$(VENV)/bin/qwen-trt bench --http --model $(MODEL) --out bench-results/served.json $(BENCH_HTTP_ARGS)
+
 bench-ui: setup
 	$(PY) -m qwen_trt.bench.ui_latency --turns 1,100 --repeats 3 --uncapped --out bench-results/ui-latency.json $(BENCH_UI_ARGS)
 

@@ -59,6 +59,10 @@ OPTIONS: tuple[BackendOption, ...] = (
     BackendOption("--quantization", "QWEN_TRT_QUANTIZATION",
                   f"fast path weights: {' | '.join(QUANTIZATIONS)} (default auto = as the "
                   "checkpoint has them; fp8 / int4 quantize a bf16 checkpoint at load)"),
+    BackendOption("--cache-dir", "QWEN_TRT_CACHE_DIR",
+                  "fast path on CUDA: where compiled kernels and autotune choices are kept "
+                  "between starts, keyed by GPU, versions and shapes ('off': none; default "
+                  "~/.cache/qwen-trt)"),
     BackendOption("--base-url", "QWEN_TRT_BASE_URL",
                   "openai backend: an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"),
     BackendOption("--api-key", "QWEN_TRT_API_KEY",
@@ -104,6 +108,7 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = No
                          device=v["device"] or "auto", dtype=v["dtype"] or "auto",
                          max_seq_len=max_seq_len, max_batch=max_batch, fast=v["fast"] or "auto",
                          base_url=v["base_url"], api_key=v["api_key"],
+                         cache_dir=v["cache_dir"],
                          quantization=v["quantization"] or "auto",
                          **({} if watchdog is None else {"watchdog_s": watchdog}))
 

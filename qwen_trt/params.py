@@ -179,6 +179,7 @@ class ReplyMetrics:
     total_ms: float = 0.0
     prompt_tokens: int = 0
     finish_reason: FinishReason = "stop"
+    cached_tokens: int | None = None   # prompt tokens served from the prefix cache, if known
 
 
 @dataclass

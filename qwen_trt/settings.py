@@ -98,6 +98,9 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_QUANTIZATION", "str", "auto",
        "fast path weights: auto (as the checkpoint has them) | none | fp8 | int4 (at load)",
        flag="--quantization", choices=("auto", "none", "fp8", "int4")),
+    _S("QWEN_TRT_CACHE_DIR", "path", None,
+       "fast path on CUDA: compiled kernels and autotune choices kept between starts "
+       "(default ~/.cache/qwen-trt; off: none)", flag="--cache-dir"),
     _S("QWEN_TRT_WATCHDOG_S", "float", 30.0,
        "restart the worker when it makes no progress for this long with work queued (0 = off)",
        flag="--watchdog-s"),
@@ -125,6 +128,8 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_ALLOWED_ORIGINS", "str", None,
        "comma-separated browser origins allowed to call the API directly (CORS; none by default)",
        flag="--allowed-origins"),
+    _S("QWEN_TRT_TRACE_HOPS", "bool", False,
+       "qwen-trt serve: time each hop of a request, summed at GET /debug/hops", group="test"),
     # -- build and container ----------------------------------------------------------------------
     _S("QWEN_TRT_ENGINES_DIR", "path", "engines", "where engines are built and looked up",
        group="build", flag="--engines-dir"),
@@ -164,6 +169,10 @@ SETTINGS: tuple[Setting, ...] = (
     # -- tests and tools --------------------------------------------------------------------------
     _S("QWEN_TRT_TRITON_PATH", "path", None,
        "a Triton copy for the kernel interpreter tests (make test-kernels)", group="test"),
+    _S("QWEN_TRT_QWEN_VOCAB_GGUF", "path", None,
+       "llama.cpp's ggml-vocab-qwen2.gguf, for the real-vocabulary tokenizer test", group="test"),
+    _S("QWEN_TRT_PROPERTY_EXAMPLES", "int", 400,
+       "examples per property test of the Markdown sanitiser", group="test"),
     _S("QWEN_TRT_CORPUS", "path", None,
        "extra Markdown payload files for the browser sanitiser test", group="test"),
 )

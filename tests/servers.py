@@ -153,12 +153,14 @@ class Nginx:
                 self.proc.wait(5)
 
 
-def start_nginx(prefix: Path, upstream_ports: list[int], port: int | None = None) -> Nginx:
-    """deploy/nginx.conf itself, with these ports, in the foreground under ``prefix``."""
+def start_nginx(prefix: Path, upstream_ports: list[int], port: int | None = None, *,
+                conf_text: str | None = None) -> Nginx:
+    """deploy/nginx.conf itself (or ``conf_text``, a variant of it), with these ports, in the
+    foreground under ``prefix``."""
     import re
 
     port = port or free_port()
-    conf = NGINX_CONF.read_text()
+    conf = NGINX_CONF.read_text() if conf_text is None else conf_text
     conf = conf.replace("listen 127.0.0.1:8000;", f"listen 127.0.0.1:{port};")
     servers = iter(upstream_ports)
     conf = re.sub(r"server 127\.0\.0\.1:800[12] ", lambda _m: f"server 127.0.0.1:{next(servers)} ",

@@ -36,3 +36,35 @@ def test_shaped_checkpoint_loads_and_greedy_stays_in_the_tokenizer(tmp_path):
                                                    ignore_eos=True)))
     assert len(toks) == 24 and max(toks) < known
     backend.close()
+
+
+def test_shaped_checkpoint_with_qwens_real_vocabulary(tmp_path):
+    """Needs llama.cpp's models/ggml-vocab-qwen2.gguf (from the llama-cpp-python sdist) named by
+    $QWEN_TRT_QWEN_VOCAB_GGUF; its .inp/.out test vectors beside it."""
+    import os
+
+    import pytest
+
+    gguf = os.environ.get("QWEN_TRT_QWEN_VOCAB_GGUF")
+    if not gguf or not os.path.isfile(gguf):
+        pytest.skip("set QWEN_TRT_QWEN_VOCAB_GGUF to llama.cpp's ggml-vocab-qwen2.gguf")
+    pytest.importorskip("gguf")
+    from qwen_trt.backends.fast_backend import FastBackend
+    from qwen_trt.bench.qwen_vocab import BPE_TOKENS, check_vectors
+
+    shape = replace(SHAPES["tiny"], vocab_size=151936, layers=2, max_position_embeddings=2048)
+    out = write_shaped_model(tmp_path / "m", shape, device="cpu", vocab_gguf=gguf)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["eos_token_id"] == 151645 and cfg["vocab_size"] == 151936
+    backend = FastBackend.load(str(out), device="cpu", max_seq_len=256, warmup=False)
+    tok = backend.tokenizer
+    assert len(tok) == 151669 and tok.convert_ids_to_tokens(151645) == "<|im_end|>"
+    assert tok.convert_ids_to_tokens(151667) == "<think>"
+    ok, total = check_vectors(tok, gguf)
+    assert total > 40 and ok == total
+    assert 151645 in backend.info.stop_token_ids
+    ids = tok.encode("hello there")
+    toks = list(backend.stream(ids, SamplingParams(max_new_tokens=12, temperature=0,
+                                                   ignore_eos=True)))
+    assert len(toks) == 12 and max(toks) < BPE_TOKENS          # text only, never a control
+    backend.close()

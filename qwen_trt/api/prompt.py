@@ -12,18 +12,23 @@ from qwen_trt.errors import QwenTrtError, first_line
 
 def encode_messages(tokenizer, messages: Sequence[dict],
                     tools: Sequence[dict] | None = None, *,
-                    add_generation_prompt: bool = True, limit: int | None = None) -> list[int]:
-    """``messages`` as checked by the protocol (role, content, an assistant's ``tool_calls``);
-    ``tools`` rendered by the template when given. With ``limit``,
-    :class:`~qwen_trt.serving.session.PromptTokensError` when there are more (counted without
-    building them)."""
+                    add_generation_prompt: bool = True, limit: int | None = None,
+                    encoder=None) -> list[int]:
+    """``messages`` as checked by the protocol (role, content, an assistant's ``tool_calls``,
+    and, from the server's own encoder, a reply's ``token_ids``); ``tools`` rendered by the
+    template when given. With ``limit``, :class:`~qwen_trt.serving.session.PromptTokensError`
+    when there are more (counted without building them). ``encoder``: a
+    :class:`~qwen_trt.serving.session.MessageEncoder` to use (its caches) instead of a fresh one."""
     from qwen_trt.serving.session import PromptTokensError
     from qwen_trt.serving.session import encode_messages as encode
 
-    keep = ("role", "content", "tool_calls")
+    keep = ("role", "content", "tool_calls", "token_ids")
+    msgs = [{k: m[k] for k in keep if k in m} for m in messages]
     try:
-        return encode(tokenizer, [{k: m[k] for k in keep if k in m} for m in messages],
-                      tools=tools, add_generation_prompt=add_generation_prompt, limit=limit)
+        if encoder is not None:
+            return encoder.encode(msgs, add_generation_prompt, tools, limit=limit)
+        return encode(tokenizer, msgs, tools=tools, add_generation_prompt=add_generation_prompt,
+                      limit=limit)
     except PromptTokensError:
         raise
     except QwenTrtError as e:   # a message the template has no place for

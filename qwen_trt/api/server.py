@@ -4,9 +4,11 @@ It needs only the service surface (``submit(prompt_ids, params)`` -> a handle wh
 yields Waiting / Started / Delta / Finished / Failed, ``cancel()``, ``info``, ``tokenizer``,
 ``status()``), so the in-process service and the worker-process client serve it alike.
 
-A handle's events are read by one small thread per request and handed to the event loop. When a
-client goes away mid-reply, Starlette cancels the response task; that ends the event reader,
-which cancels the handle, so the engine drops the request before its next token.
+A handle's events reach the event loop without a thread per request
+(:mod:`qwen_trt.serving.async_events`: the engine thread posts each step's events for all
+requests with one loop wake-up), and each request sends one SSE chunk per wake-up with all its
+new text. When a client goes away mid-reply, Starlette cancels the response task; that ends the
+event reader, which cancels the handle, so the engine drops the request before its next token.
 """
 from __future__ import annotations
 
@@ -38,12 +40,15 @@ from qwen_trt.api.keepalive import DEFAULT_KEEPALIVE_S, with_keepalive
 from qwen_trt.api.limits import MIB, BodyLimit, chars_per_token, decode_json, min_prompt_tokens
 from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
+from qwen_trt.api.encoder import PromptEncoder
+from qwen_trt.api.hops import HopClock, RequestTrace
 from qwen_trt.api.prompt import encode_messages
 from qwen_trt.api.protocol import ChatRequest, ChunkWriter, new_id, parse_chat_request, usage
 from qwen_trt.api.schema import describe_openapi
 from qwen_trt.api.stops import StopScanner
 from qwen_trt.errors import ConfigError, QwenTrtError
 from qwen_trt.params import fit_problem
+from qwen_trt.serving.async_events import Inbox, handle_batches, merge_deltas
 from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
 from qwen_trt.serving.session import PromptTokensError
 
@@ -138,9 +143,29 @@ class _Counts:
         self.running = 0
 
 
-async def _events(handle, poll_s: float = 0.25) -> AsyncIterator[object]:
-    """The handle's events on the event loop (Waiting too, every ``poll_s``, as a heartbeat).
-    Leaving early cancels the handle."""
+async def _events(handle, poll_s: float = 0.25,
+                  trace: RequestTrace | None = None) -> AsyncIterator[object]:
+    """The handle's events on the event loop, one Delta per wake-up (all text that arrived
+    since the last one); ``None`` every ``poll_s`` while nothing arrives, as a heartbeat.
+    Leaving early cancels the handle. ``trace`` gets each event's arrival on the loop."""
+    if hasattr(handle, "listen"):
+        inbox = Inbox()
+        if trace is not None:
+            inbox.stamps = trace.bridge
+        async for items in handle_batches(handle, poll_s, inbox=inbox):
+            if not items:
+                yield None
+            elif trace is not None:
+                trace.arrived = time.perf_counter()
+            for ev in merge_deltas(items):
+                yield ev
+        return
+    async for ev in _thread_events(handle, poll_s):
+        yield ev
+
+
+async def _thread_events(handle, poll_s: float) -> AsyncIterator[object]:
+    """A handle without :meth:`listen` (a service of another kind): one reader thread."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
 
@@ -171,8 +196,9 @@ async def _events(handle, poll_s: float = 0.25) -> AsyncIterator[object]:
 
 
 def create_app(service, settings: ServerSettings = ServerSettings(), *,
-               model_name: str | None = None) -> FastAPI:
-    """The app for ``service``; ``model_name`` is the id served (default: the backend's model)."""
+               model_name: str | None = None, hops: HopClock | None = None) -> FastAPI:
+    """The app for ``service``; ``model_name`` is the id served (default: the backend's model);
+    ``hops`` collects per-request hop timings (default: on when ``QWEN_TRT_TRACE_HOPS=1``)."""
     info = service.info
     name = settings.model_name or model_name or info.model
     created = int(time.time())
@@ -185,6 +211,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     per_token: list = []          # chars_per_token(tokenizer), worked out on first use
     tok_lock = threading.Lock()   # /tokenize and /detokenize call the HF tokenizer itself
     tickets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # handle -> its Ticket
+    encoder = PromptEncoder(service.tokenizer)
+    hops = hops if hops is not None else HopClock.from_env()
     app = FastAPI(title="qwen-trt", version="1", docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")
     app.add_middleware(BodyLimit, max_bytes=int(settings.max_body_mb * MIB))
@@ -198,6 +226,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     app.state.metrics = metrics
     app.state.counts = counts
     app.state.admission = admission
+    app.state.hops = hops
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, e: ApiError):
@@ -234,6 +263,12 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                                 status_code=503)
         return Response(status_code=200)
 
+    if hops is not None:
+        @app.get("/debug/hops")
+        async def hop_summary():
+            st = service.status()
+            return {**hops.summary(), "runner": getattr(st, "runner", None) or {}}
+
     @app.get("/metrics")
     async def prom():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -246,6 +281,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         check_auth(request)
+        t_in = time.perf_counter()
         raw = await request.body()
         req = parse_chat_request(decode_json(raw))
         if req.model is not None and req.model != name:
@@ -266,22 +302,33 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         if at_least > room:        # cannot fit, whatever the tokenizer makes of it
             raise _too_long(at_least, req, info, bound=True)
 
+        if tokenizer is not encoder.tokenizer:      # the engine restarted with another one
+            encoder.reset(tokenizer)
+        t_parsed = time.perf_counter()
+
         def encode():
             try:
-                return encode_messages(tokenizer, req.messages, tools=tools, limit=room)
+                return encoder.encode(req.messages, tools, limit=room)
             except PromptTokensError as e:
                 raise _too_long(e.tokens, req, info) from None
 
-        async with tokenizing:
-            ids = await run_in_threadpool(encode)
+        if encoder.quick(req.messages):      # short: on the loop, no thread hop
+            ids = encode()
+        else:
+            async with tokenizing:
+                ids = await run_in_threadpool(encode)
+        t_encoded = time.perf_counter()
         max_new = _fit(ids, req, info)
         handles = await submit(ids, req.choice_params(max_new))
         texts = token_texts(tokenizer) if req.logprobs is not None else None
         choices = [ChatChoice(i, req.tools, texts, req.logprobs) for i in range(req.n)]
         t0 = time.perf_counter()
+        trace = (RequestTrace(t_in, t_parsed, t_encoded, t0, len(ids))
+                 if hops is not None and req.n == 1 else None)
         if req.stream:
             # the background task frees the places when the body never ran (client gone first)
-            return StreamingResponse(with_keepalive(_sse(handles, choices, req, len(ids), t0),
+            return StreamingResponse(with_keepalive(_sse(handles, choices, req, len(ids), t0,
+                                                         trace),
                                                     settings.sse_keepalive_s),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
@@ -289,7 +336,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                                      background=BackgroundTask(release, handles))
         results: list = [None] * req.n
         try:
-            async for i, item in merge([_generate(h, req, len(ids), t0, request)
+            async for i, item in merge([_generate(h, req, len(ids), t0, request, trace)
                                         for h in handles]):
                 if isinstance(item, Piece):
                     choices[i].feed(item)
@@ -372,8 +419,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             metrics.requests.labels(e.code or "refused").inc()
             raise
 
-    async def _generate(handle, req, n_prompt: int, t0: float,
-                        request: Request | None = None) -> AsyncIterator[Piece | _Result]:
+    async def _generate(handle, req, n_prompt: int, t0: float, request: Request | None = None,
+                        trace: RequestTrace | None = None) -> AsyncIterator[Piece | _Result]:
         """Text to send (with its tokens' logprobs), then one :class:`_Result`; raises
         :class:`_EngineError`. ``req``: anything with ``stop`` (chat or completions).
         ``handle`` came from :func:`submit`, which holds its place in the queue."""
@@ -385,14 +432,14 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         outcome = "cancelled"
         checked = time.monotonic()
         try:
-            async for ev in _events(handle):
+            async for ev in _events(handle, trace=trace):
                 # A whole-reply client that leaves is noticed within DISCONNECT_CHECK_S (a
                 # streaming one at once: Starlette cancels its response task).
                 if request is not None and time.monotonic() - checked >= DISCONNECT_CHECK_S:
                     checked = time.monotonic()
                     if await request.is_disconnected():
                         return
-                if isinstance(ev, Waiting):
+                if ev is None or isinstance(ev, Waiting):
                     pass
                 elif isinstance(ev, Started):
                     if ticket is not None:
@@ -426,6 +473,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                             if first:
                                 metrics.ttft.observe(time.perf_counter() - t0)
                             yield Piece(tail, tuple(lps), tokens)
+                    if not scanner.stopped and reason in ("stop", "length"):
+                        encoder.remember(ev.reply.text, ev.reply.token_ids)
                     metrics.generation_tokens.inc(m.tokens)
                     if m.decode_tok_s > 0:
                         metrics.tok_s.observe(m.decode_tok_s)
@@ -438,9 +487,11 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             if ticket is not None:
                 ticket.release()
             metrics.requests.labels(outcome).inc()
+            if trace is not None:
+                hops.add(trace)
 
     async def _sse(handles, choices: list[ChatChoice], req: ChatRequest, n_prompt: int,
-                   t0: float) -> AsyncIterator[str]:
+                   t0: float, trace: RequestTrace | None = None) -> AsyncIterator[str]:
         w = ChunkWriter(name, include_usage=req.include_usage)
         running = [0] * len(choices)        # completion tokens so far, per choice
 
@@ -455,12 +506,15 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                                 if req.continuous_usage else None))
         results: list = [None] * len(choices)
         try:
-            async for i, item in merge([_generate(h, req, n_prompt, t0) for h in handles]):
+            async for i, item in merge([_generate(h, req, n_prompt, t0, None, trace)
+                                        for h in handles]):
                 c = choices[i]
                 if isinstance(item, Piece):
                     running[i] += item.tokens
                     for delta in c.feed(item):
                         yield chunk(c, delta)
+                    if trace is not None:
+                        trace.framed(time.perf_counter())
                 else:
                     results[i] = item
                     running[i] = item.completion_tokens
@@ -489,10 +543,18 @@ def _usage(results) -> dict:
     cached = [r.cached_tokens for r in results if r.cached_tokens is not None]
     return usage(results[0].prompt_tokens, sum(r.completion_tokens for r in results),
                  cached[0] if cached else None)
+# Characters Python's str.splitlines() breaks on that JSON leaves unescaped with
+# ensure_ascii=False: a client reading the stream with splitlines (httpx's aiter_lines) would cut
+# the event in two. Escaped, the decoded text is the same.
+_LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_LINE_BREAK_RE = re.compile("[\x85\u2028\u2029]")
 
 
 def _data(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    text = json.dumps(obj, ensure_ascii=False, separators=(',', ':'))
+    if _LINE_BREAK_RE.search(text):
+        text = _LINE_BREAK_RE.sub(lambda m: _LINE_BREAKS[m.group()], text)
+    return f"data: {text}\n\n"
 
 
 def _room(req: ChatRequest, info) -> int:

@@ -44,6 +44,7 @@ class BackendConfig:
     watchdog_s: float = DEFAULT_WATCHDOG_S  # engine process: no progress this long -> restart
     quantization: str = "auto"      # fast path: weights as the checkpoint has them, or
                                     # fp8 / int4 quantized at load, or none (dequantized)
+    cache_dir: str | None = None    # fast path on CUDA: compile/autotune cache root ("off": none)
 
     def __post_init__(self) -> None:
         for what, flag, value, allowed in (("backend", "backend", self.backend, BACKENDS),
@@ -135,7 +136,8 @@ def load_backend(cfg: BackendConfig, *, for_runner: bool = False) -> Backend:
     if use_fast(cfg.fast, pick_device(cfg.device)):
         return FastBackend.load(cfg.model, device=cfg.device, dtype=cfg.dtype,
                                 max_seq_len=cfg.max_seq_len, warmup=cfg.warmup,
-                                for_runner=for_runner, quantization=cfg.quantization)
+                                for_runner=for_runner, quantization=cfg.quantization,
+                                cache_dir=cfg.cache_dir, max_batch=cfg.max_batch)
     if cfg.quantization in ("fp8", "int4"):
         raise ConfigError(f"{_where('quantization')} {cfg.quantization} needs the fast path "
                           "(--fast on, or auto on CUDA); the HF reference path loads bf16 only.")

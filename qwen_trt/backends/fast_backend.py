@@ -12,6 +12,12 @@ from qwen_trt.model.template import default_stop_ids
 from qwen_trt.model.source import ModelSource
 from qwen_trt.params import SamplingParams
 
+def _say(line: str) -> None:
+    import sys
+
+    print(f"[qwen-trt engine] {line}", file=sys.stderr, flush=True)
+
+
 def use_fast(mode: str, device: str) -> bool:
     """Whether ``mode`` (a checked ``BackendConfig.fast``) selects the fast path on ``device``
     (already resolved, e.g. 'cuda')."""
@@ -46,21 +52,32 @@ class FastBackend(Backend):
     @classmethod
     def load(cls, model: str | None = None, *, device: str = "auto", dtype: str = "auto",
              max_seq_len: int | None = None, warmup: bool = True,
-             for_runner: bool = False, quantization: str = "auto") -> "FastBackend":
+             for_runner: bool = False, quantization: str = "auto",
+             cache_dir: str | None = None, max_batch: int | None = None) -> "FastBackend":
         """``for_runner``: the caller serves through :meth:`runner` (the worker with
         ``--max-batch`` other than 1), which drops the batch-1 decoder's static cache and CUDA
         graphs; their compile and capture (about 15 s on an H200) is then skipped. The Triton
         self-checks still run (the decoder's constructor: the runner relies on them), and the
         runner's own warm-up captures its batch buckets when it is built. ``quantization``:
-        the projections' format (:func:`qwen_trt.fast.loader.resolve_quant`)."""
+        the projections' format (:func:`qwen_trt.fast.loader.resolve_quant`). ``cache_dir``: the
+        compile cache's root (:mod:`qwen_trt.fast.compile_cache`; on CUDA only), keyed with
+        ``max_batch`` among the rest."""
         from qwen_trt.fast import FastConfig, load_fast_decoder
+        from qwen_trt.fast.compile_cache import close_after_warmup, open_for_fast_path
 
         p = prepare_torch_load(model, device, dtype, max_seq_len)
         cfg = FastConfig.from_hf(p.source.config, f"'{p.source.name}'/config.json")
+        cache = open_for_fast_path(cfg, p.dtype, p.device, cache_dir=cache_dir,
+                                   buckets=f"runner={for_runner} max_batch={max_batch} "
+                                           f"max_seq_len={p.max_seq_len}", say=_say)
         decoder = load_fast_decoder(cfg, weights=p.source.path, dtype=p.dtype, device=p.device,
                                     max_seq_len=p.max_seq_len, warmup=warmup and not for_runner,
                                     quantization=quantization)
-        return cls(p.source, decoder, p.tokenizer)
+        backend = cls(p.source, decoder, p.tokenizer)
+        backend._compile_cache = cache
+        if warmup and not for_runner:
+            close_after_warmup(cache, say=_say)
+        return backend
 
     def take_model(self):
         """Hand the weights to a continuous-batching runner (``qwen_trt.serving.scheduler``):
@@ -71,8 +88,12 @@ class FastBackend(Backend):
         return dec.model
 
     def attach_runner(self, runner: Runner) -> None:
-        """From now on :meth:`stream` goes through ``runner`` (built over :meth:`take_model`)."""
+        """From now on :meth:`stream` goes through ``runner`` (built over :meth:`take_model`,
+        its warm-up done: the compile cache is written now)."""
+        from qwen_trt.fast.compile_cache import close_after_warmup
+
         self._runner = runner
+        close_after_warmup(getattr(self, "_compile_cache", None), say=_say)
 
     @property
     def attached_runner(self) -> Runner | None:

@@ -80,7 +80,11 @@ async def one_request(client, model: str, i: int, args) -> RequestResult:
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                obj = json.loads(data)
+                try:
+                    obj = json.loads(data)
+                except ValueError:
+                    res.error = f"an SSE event that is not JSON: {data[:80]!r}"
+                    return res
                 if "error" in obj:
                     res.error = str(obj["error"])[:200]
                     return res

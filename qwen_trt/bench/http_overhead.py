@@ -7,7 +7,8 @@ time, alternating so both see the same machine state.
 In process, TTFT is submit -> first text (token ids in, chat template done beforehand); over
 HTTP it is request sent -> first content chunk, so the difference is the API's own cost: JSON
 parsing and checks, the chat template and tokenization, the event bridge, SSE framing and the
-loopback socket. Timings are medians; JSON out.
+loopback socket. Timings are medians; ``hops_us`` splits the server's share per hop
+(:mod:`qwen_trt.api.hops`). JSON out.
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def main(argv=None) -> int:
     import httpx
     import uvicorn
 
+    from qwen_trt.api.hops import HopClock
     from qwen_trt.api.prompt import encode_messages
     from qwen_trt.api.server import ServerSettings, create_app
     from qwen_trt.backends import BackendConfig
@@ -65,8 +67,9 @@ def main(argv=None) -> int:
 
     service = start_service(BackendConfig(model=args.model, device=args.device))
     port = tok_free_port()
+    hops = HopClock()
     server = uvicorn.Server(uvicorn.Config(create_app(service, ServerSettings(port=port),
-                                                      model_name="m"),
+                                                      model_name="m", hops=hops),
                                            host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     for _ in range(200):
@@ -97,6 +100,10 @@ def main(argv=None) -> int:
            "in_process_total_ms_p50": med("in_process", 1), "http_total_ms_p50": med("http", 1)}
     res["http_ttft_overhead_ms"] = round(res["http_ttft_ms_p50"] - res["in_process_ttft_ms_p50"], 3)
     res["http_total_overhead_ms"] = round(res["http_total_ms_p50"] - res["in_process_total_ms_p50"], 3)
+    res["http_per_token_overhead_ms"] = round(
+        (res["http_total_overhead_ms"] - res["http_ttft_overhead_ms"])
+        / max(1, args.output_tokens - 1), 3)
+    res["hops_us"] = hops.summary()       # inside the server: see qwen_trt.api.hops
     text = json.dumps(res, indent=2)
     if args.out:
         with open(args.out, "w") as fh:

@@ -5,6 +5,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from qwen_trt.stats import percentile  # noqa: F401  (the benchmarks import it from here)
+
 
 @dataclass
 class RunTiming:
@@ -34,17 +36,6 @@ def timing_from_stamps(t0: float, stamps: list[float], ids: list[int]) -> RunTim
     span = stamps[-1] - stamps[0]
     rate = (len(stamps) - 1) / span if len(stamps) > 1 and span > 0 else float("nan")
     return RunTiming((stamps[0] - t0) * 1e3, rate, len(stamps), ids)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
-    xs = sorted(values)
-    if len(xs) == 1:
-        return xs[0]
-    k = (len(xs) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def copy_bandwidth_tbps(device, gib: float = 4.0, iters: int = 10) -> float | None:

@@ -10,7 +10,10 @@ shapes, the same 151,936-row tied embedding (the LM head reads as many bytes per
 same context limit (262,144 positions, so the served default of 32,768 applies). Weights are
 normal(0, 0.02) like ``qwen_trt.fast.weights.init_random``; norms are 1.
 
-The tokenizer knows only a few hundred ids. The embedding rows past them are zero, so with the
+With ``--vocab-gguf`` it carries Qwen's real 151,643-token BPE (:mod:`qwen_trt.bench.qwen_vocab`),
+so encoding and detokenizing cost what they cost with the hub tokenizer; the embedding rows of
+its added (control) tokens are zero, so greedy decoding only picks text. Without it the
+tokenizer knows only a few hundred ids. The embedding rows past them are zero, so with the
 tied LM head their logits are 0 while the known tokens' logits are spread around 0: greedy
 decoding (what the benchmarks use, lengths forced with ``ignore_eos``) only ever picks ids the
 tokenizer can turn into text. Sampling at a temperature would pick the padding and stream
@@ -53,10 +56,12 @@ def _tensors(cfg):
 
 
 def write_shaped_model(out_dir: str | Path, shape="qwen3-4b", *, seed: int = 0,
-                       device: str = "auto", force: bool = False) -> Path:
+                       device: str = "auto", force: bool = False,
+                       vocab_gguf: str | Path | None = None) -> Path:
     """Write the checkpoint into ``out_dir`` (new or empty unless ``force``); ``shape`` is a
-    name of ``qwen_trt.fast.SHAPES`` or a :class:`~qwen_trt.fast.FastConfig`. Returns the
-    folder."""
+    name of ``qwen_trt.fast.SHAPES`` or a :class:`~qwen_trt.fast.FastConfig`. ``vocab_gguf``:
+    llama.cpp's ``ggml-vocab-qwen2.gguf``, for Qwen's real tokenizer
+    (:mod:`qwen_trt.bench.qwen_vocab`) instead of the tiny model's. Returns the folder."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
@@ -68,7 +73,12 @@ def write_shaped_model(out_dir: str | Path, shape="qwen3-4b", *, seed: int = 0,
     out = write_tiny_model(out_dir, seed=seed, force=force)    # tokenizer, template, config
     for f in out.glob("*.safetensors"):
         f.unlink()
+    if vocab_gguf is not None:
+        from qwen_trt.bench.qwen_vocab import BPE_TOKENS, write_tokenizer
+
+        write_tokenizer(vocab_gguf, out)
     known = len(AutoTokenizer.from_pretrained(out))
+    text_ids = BPE_TOKENS if vocab_gguf is not None else known   # greedy never picks a control
     if known > cfg.vocab_size:
         cfg = replace(cfg, vocab_size=known)
     hf = json.loads((out / "config.json").read_text())
@@ -77,6 +87,18 @@ def write_shaped_model(out_dir: str | Path, shape="qwen3-4b", *, seed: int = 0,
         hf["layer_types"] = ["full_attention"] * cfg.layers
     hf["max_window_layers"] = cfg.layers
     hf["dtype"] = hf["torch_dtype"] = "bfloat16"   # transformers 5.x / 4.57 names
+    if vocab_gguf is not None:        # the tiny ids of <|endoftext|> / <|im_end|> -> Qwen's
+        gen_path = out / "generation_config.json"
+        for d, path in ((hf, None), (json.loads(gen_path.read_text()) if gen_path.exists()
+                                     else None, gen_path)):
+            if d is None:
+                continue
+            d.update({"bos_token_id": BPE_TOKENS, "pad_token_id": BPE_TOKENS,
+                      "eos_token_id": ([BPE_TOKENS + 2, BPE_TOKENS]
+                                       if isinstance(d.get("eos_token_id"), list)
+                                       else BPE_TOKENS + 2)})
+            if path is not None:
+                path.write_text(json.dumps(d, indent=2) + "\n")
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
 
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
@@ -90,7 +112,7 @@ def write_shaped_model(out_dir: str | Path, shape="qwen3-4b", *, seed: int = 0,
         else:
             t = torch.empty(shp, dtype=torch.bfloat16, device=dev).normal_(0.0, STD, generator=g)
             if name == "model.embed_tokens.weight" or name == "lm_head.weight":
-                t[known:] = 0          # ids the tokenizer cannot decode: never the greedy pick
+                t[text_ids:] = 0       # ids that are not text: never the greedy pick
             t = t.cpu()
         state[name] = t
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -111,10 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="where the numbers are drawn (auto: GPU)")
     p.add_argument("--force", action="store_true", help="write into a folder that is not empty")
+    p.add_argument("--vocab-gguf", default=None,
+                   help="llama.cpp's models/ggml-vocab-qwen2.gguf: Qwen's real 151,643-token "
+                        "tokenizer instead of the tiny one (qwen_trt.bench.qwen_vocab)")
     args = p.parse_args(argv)
     t = time.perf_counter()
     out = write_shaped_model(args.dir, args.shape, seed=args.seed, device=args.device,
-                             force=args.force)
+                             force=args.force, vocab_gguf=args.vocab_gguf)
     size = sum(f.stat().st_size for f in out.glob("*.safetensors")) / 1e9
     print(f"wrote {out} ({args.shape} shapes, {size:.2f} GB) in {time.perf_counter() - t:.1f} s",
           file=sys.stderr)

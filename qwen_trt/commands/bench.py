@@ -62,6 +62,14 @@ def register(sub) -> None:
     g.add_argument("--no-fifo", action="store_true", help="skip the one-at-a-time baseline")
     g.add_argument("--no-batch1", action="store_true",
                    help="skip today's batch-1 decoder measured first")
+    h = p.add_argument_group("served path: --http runs qwen_trt.bench.served (the in-process "
+                             "runner, then `qwen-trt serve` + the HTTP load generator, one "
+                             "closed-loop workload, side by side)")
+    h.add_argument("--http", action="store_true",
+                   help="compare in process vs over HTTP (needs --model; levels from "
+                        "--concurrency, default 1,8,32,64; --max-batch default 32)")
+    h.add_argument("--requests", type=int, default=None, help="--http: requests per level "
+                   "(default 64)")
     p.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
                    help="also draw TTFT and tok/s per path and prompt length (needs the `plot` "
                         "extra); default file: the --out JSON's name with .png, else "
@@ -111,6 +119,33 @@ def run_serving(args, cuda: bool) -> int:
     return 0
 
 
+def run_http(args, cuda: bool) -> int:
+    from qwen_trt.bench.served import ServedBenchConfig, run_served_bench, summary
+
+    if not args.model:
+        raise QwenTrtError("--http needs --model (a checkpoint folder, e.g. one written by "
+                           "python -m qwen_trt.bench.shaped_model)")
+    quick = args.quick or not cuda
+    kw = {"input_words": 40, "output_tokens": 16, "requests": 4} if quick else {}
+    if args.new_tokens is not None:
+        kw["output_tokens"] = args.new_tokens
+    if args.requests is not None:
+        kw["requests"] = args.requests
+    try:
+        cfg = ServedBenchConfig(
+            model=args.model, device=args.device, fast="auto" if cuda else "on",
+            max_batch=args.max_batch or 32,
+            concurrency=_ints(args.concurrency) if args.concurrency else (1, 8, 32, 64), **kw)
+    except ValueError as e:
+        raise QwenTrtError(str(e)) from e
+    result = run_served_bench(cfg, log=lambda m: print(f"[served] {m}", file=sys.stderr,
+                                                       flush=True))
+    _saver(args.out, "bench-results/last-served.json")(result)
+    print(summary(result))
+    return 0 if all(not lv["http"].get("errors") and not lv["in_process"].get("errors")
+                    for lv in result["levels"]) else 1
+
+
 def _serving_summary(result: dict) -> str:
     lines = [f"{result['model']['name']} · {result['env']['dtype']} · "
              f"{result['env']['gpu'] or result['env']['device']} · token budget "
@@ -143,6 +178,8 @@ def run(args) -> int:
     from qwen_trt.bench import BenchConfig, run_bench
 
     cuda = torch.cuda.is_available() and args.device != "cpu"
+    if args.http:
+        return run_http(args, cuda)
     if args.concurrency:
         return run_serving(args, cuda)
     quick = args.quick or not cuda

@@ -34,6 +34,7 @@ from qwen_trt.serving.generation import ReplyBuilder
 from qwen_trt.errors import first_line, QwenTrtError
 from qwen_trt.params import SamplingParams, TokenLogprob
 from qwen_trt.serving.session import PromptPlan
+from qwen_trt.serving.async_events import batch
 from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, EngineState,
                                      EngineStoppedError, Failed, Finished, RequestHandle,
                                      ServiceClosedError, ServiceStatus, Started, cancelled_reply,
@@ -406,7 +407,7 @@ class EngineClient:
         return None
 
     def _on_events(self, gen: int, events, stats) -> None:
-        with self._lock:
+        with self._lock, batch():      # one wake-up of each listening event loop per step
             if gen != self._gen:
                 return
             if stats:
@@ -417,6 +418,9 @@ class EngineClient:
                 if a is None:
                     continue
                 self._cached += cached
+                m = a.builder.metrics
+                if cached or m.cached_tokens is None:     # the first event carries the count
+                    m.cached_tokens = (m.cached_tokens or 0) + cached
                 try:
                     self._apply(a, rid, token_ids, finish, error, lps)
                 except Exception as e:  # noqa: BLE001 - this request fails, the others go on

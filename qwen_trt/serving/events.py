@@ -120,6 +120,8 @@ class RequestHandle:
         self._done = threading.Event()
         self._text: list[str] = []
         self._result: Reply | QwenTrtError | None = None
+        self._listener = None            # set by listen(): events go there, not to events()
+        self._listen_lock = threading.Lock()
 
     # -- caller side ---------------------------------------------------------------------------
     @property
@@ -185,6 +187,18 @@ class RequestHandle:
             if not self._done.is_set():
                 self.cancel()
 
+    def listen(self, fn) -> None:
+        """Hand every event to ``fn(event)`` instead of :meth:`events` (called on the thread that
+        emits it, so ``fn`` must be quick and never block); events already emitted go first, in
+        order. An asyncio consumer uses this (:mod:`qwen_trt.serving.async_events`)."""
+        with self._listen_lock:
+            while True:
+                try:
+                    fn(self._events.get_nowait())
+                except queue.Empty:
+                    break
+            self._listener = fn
+
     # -- service side --------------------------------------------------------------------------
     def _emit(self, ev: Event) -> None:
         if self._done.is_set():          # finished already (e.g. cancelled): nothing follows
@@ -197,7 +211,11 @@ class RequestHandle:
         elif isinstance(ev, Failed):
             self._result = ev.error
             self.state = "done"
-        self._events.put(ev)
+        with self._listen_lock:
+            if self._listener is not None:
+                self._listener(ev)
+            else:
+                self._events.put(ev)
         if isinstance(ev, (Finished, Failed)):
             self._done.set()
 

@@ -42,6 +42,24 @@ class RemoteServerError(QwenTrtError):
     """The OpenAI-compatible server refused the request, failed, or went away."""
 
 
+SESSION_HEADER = "X-Session-Id"
+
+
+def session_key(messages: Sequence[dict]) -> str:
+    """A conversation's routing key (``X-Session-Id``): a hash of how it starts (the system
+    prompt and the first user message), the same on every turn of one chat, so a proxy hashing
+    it (deploy/nginx.conf) sends the whole chat to one replica and its prefix cache."""
+    import hashlib
+
+    head = []
+    for m in messages:
+        head.append([m.get("role"), m.get("content")])
+        if m.get("role") == "user":
+            break
+    raw = json.dumps(head, ensure_ascii=False, sort_keys=True, default=str)
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 @dataclass(frozen=True)
 class OpenAIConfig:
     """Where the server is and what to ask it for; checked here, once."""
@@ -303,7 +321,8 @@ class OpenAIService:
             handle._emit(Finished(self._reply(handle, m)))
             return
         try:
-            with self._http.stream("POST", "/chat/completions", json=self._body(handle)) as r:
+            with self._http.stream("POST", "/chat/completions", json=self._body(handle),
+                                   headers={SESSION_HEADER: session_key(handle.messages)}) as r:
                 with handle._lock:
                     handle._response = r
                 if handle.cancelled:

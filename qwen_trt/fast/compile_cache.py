@@ -1,0 +1,246 @@
+"""A cache folder for what the fast path compiles and tunes, so a second start skips it.
+
+``qwen-trt serve`` on a GPU spends most of its start compiling Triton kernels and timing the
+batched GEMM's autotune configurations. This keeps both on disk, in a folder keyed by what the
+results depend on (:class:`CacheKey`: the GPU, its driver, torch, Triton, the dtype, the model's
+shapes, the weight format, the batch buckets and a hash of our kernel sources)::
+
+    <root>/<digest>/key.json       the key, written last (a folder without it is rebuilt)
+    <root>/<digest>/triton/        TRITON_CACHE_DIR: compiled kernels (and Triton's own
+                                   autotune results where it keeps them)
+    <root>/<digest>/inductor/      TORCHINDUCTOR_CACHE_DIR: torch.compile's graphs and kernels
+    <root>/<digest>/autotune.json  our tuners' choices: {tuner: {repr(key): config index}}
+
+``root`` is ``--cache-dir`` / ``$QWEN_TRT_CACHE_DIR``, default ``~/.cache/qwen-trt``. A folder
+whose ``key.json`` does not match, or a choices file that does not parse, is reported in one
+line and rebuilt; a choice that names no known configuration is ignored (tuned again). The
+engine process's restart after a crash opens the same folder, so it starts warm too.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ENV_CACHE_DIR = "QWEN_TRT_CACHE_DIR"
+DEFAULT_ROOT = Path("~/.cache/qwen-trt")
+KERNEL_SOURCES = ("attention.py", "batched.py", "bgemm.py", "decoder.py", "gemv.py", "graphs.py",
+                  "kernel_parts.py", "kv_cache.py", "model.py", "paged_kernels.py", "pdl.py",
+                  "rope_cache.py")
+
+
+def cache_root(cache_dir: str | None = None, environ=None) -> Path:
+    env = os.environ if environ is None else environ
+    raw = cache_dir or env.get(ENV_CACHE_DIR, "").strip() or str(DEFAULT_ROOT)
+    return Path(raw).expanduser()
+
+
+def kernel_sources_hash() -> str:
+    """A hash of the fast path's kernel and model sources (any edit there starts afresh)."""
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in KERNEL_SOURCES:
+        p = here / name
+        h.update(name.encode())
+        h.update(p.read_bytes() if p.exists() else b"-")
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    gpu: str
+    capability: str
+    driver: str
+    torch: str
+    triton: str
+    dtype: str
+    shapes: str                 # the model config's shape fields, as JSON
+    weight_format: str
+    buckets: str                # batch / token buckets the runner captures
+    kernels: str                # kernel_sources_hash()
+
+    def digest(self) -> str:
+        raw = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+def key_for(cfg, dtype, device, *, weight_format: str = "bf16-safetensors",
+            buckets: str = "") -> CacheKey:
+    """The key for the fast path on ``device`` with model config ``cfg`` (a FastConfig)."""
+    import torch
+
+    try:
+        import triton
+
+        triton_v = triton.__version__
+    except ImportError:
+        triton_v = "none"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        gpu = torch.cuda.get_device_name(dev)
+        cap = ".".join(map(str, torch.cuda.get_device_capability(dev)))
+        driver = _driver_version()
+    else:
+        gpu, cap, driver = "cpu", "", ""
+    shapes = json.dumps(asdict(cfg) if hasattr(cfg, "__dataclass_fields__") else vars(cfg),
+                        sort_keys=True, default=str)
+    return CacheKey(gpu=gpu, capability=cap, driver=driver, torch=torch.__version__,
+                    triton=triton_v, dtype=str(dtype).replace("torch.", ""), shapes=shapes,
+                    weight_format=weight_format, buckets=buckets, kernels=kernel_sources_hash())
+
+
+def _driver_version() -> str:
+    try:
+        import torch
+
+        return str(torch.cuda.driver_version()) if hasattr(torch.cuda, "driver_version") \
+            else str(torch._C._cuda_getDriverVersion())
+    except Exception:  # noqa: BLE001 - the key then simply lacks it
+        return ""
+
+
+class CompileCache:
+    """One keyed folder (module docstring). ``say`` gets the one-line notes."""
+
+    def __init__(self, root: Path, key: CacheKey, say=print) -> None:
+        self.root = Path(root)
+        self.key = key
+        self.folder = self.root / key.digest()
+        self._say = say
+        self.warm = False          # the folder was complete when opened
+        self.loaded_choices = 0
+
+    def open(self, *, set_env: bool = True) -> "CompileCache":
+        """Make the folder usable (rebuilding a stale or broken one) and point Triton and
+        inductor at it (unless the user set their own folders)."""
+        key_file = self.folder / "key.json"
+        if self.folder.exists():
+            problem = None
+            try:
+                got = json.loads(key_file.read_text())
+                if got != asdict(self.key):
+                    problem = "its key does not match"
+            except FileNotFoundError:
+                problem = "it was not finished"
+            except (OSError, ValueError) as e:
+                problem = f"its key is unreadable ({type(e).__name__})"
+            if problem:
+                self._say(f"compile cache {self.folder}: {problem}; rebuilding it")
+                shutil.rmtree(self.folder, ignore_errors=True)
+            else:
+                self.warm = True
+        (self.folder / "triton").mkdir(parents=True, exist_ok=True)
+        (self.folder / "inductor").mkdir(parents=True, exist_ok=True)
+        if set_env:
+            os.environ.setdefault("TRITON_CACHE_DIR", str(self.folder / "triton"))
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.folder / "inductor"))
+        return self
+
+    def seal(self) -> None:
+        """Write key.json: the folder is complete (called after the warm-up)."""
+        _write_atomic(self.folder / "key.json", json.dumps(asdict(self.key), indent=1))
+
+    # -- our autotuners' choices ---------------------------------------------------------------
+    def load_choices(self, tuners: dict) -> int:
+        """Fill each tuner's ``cache`` (a triton Autotuner's: key tuple -> Config) from
+        autotune.json; returns how many choices were restored."""
+        path = self.folder / "autotune.json"
+        if not path.exists():
+            return 0
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError) as e:
+            self._say(f"compile cache {path}: unreadable ({type(e).__name__}); tuning again")
+            path.unlink(missing_ok=True)
+            return 0
+        n = 0
+        for name, tuner in tuners.items():
+            configs = list(getattr(tuner, "configs", ()))
+            for raw_key, index in (data.get(name) or {}).items():
+                try:
+                    key = ast.literal_eval(raw_key)
+                except (ValueError, SyntaxError):
+                    continue
+                if isinstance(index, int) and 0 <= index < len(configs):
+                    tuner.cache[key] = configs[index]
+                    n += 1
+        self.loaded_choices = n
+        return n
+
+    def save_choices(self, tuners: dict) -> int:
+        """Write each tuner's current choices to autotune.json; returns how many."""
+        data: dict = {}
+        n = 0
+        for name, tuner in tuners.items():
+            configs = list(getattr(tuner, "configs", ()))
+            rows = {}
+            for key, cfg in dict(getattr(tuner, "cache", {})).items():
+                idx = next((i for i, c in enumerate(configs) if c is cfg or _same(c, cfg)), None)
+                if idx is not None:
+                    rows[repr(key)] = idx
+            data[name] = rows
+            n += len(rows)
+        _write_atomic(self.folder / "autotune.json", json.dumps(data, indent=1, sort_keys=True))
+        return n
+
+
+def _same(a, b) -> bool:
+    return (getattr(a, "kwargs", None) == getattr(b, "kwargs", None)
+            and getattr(a, "num_warps", None) == getattr(b, "num_warps", None)
+            and getattr(a, "num_stages", None) == getattr(b, "num_stages", None))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text + "\n")
+    os.replace(tmp, path)
+
+
+def tuners() -> dict:
+    """Our Triton autotuners by name (empty without Triton)."""
+    try:
+        from qwen_trt.fast import bgemm
+    except ImportError:
+        return {}
+    t = getattr(bgemm, "_bgemm_tuned", None)
+    return {"bgemm": t} if t is not None and hasattr(t, "cache") else {}
+
+
+def open_for_fast_path(cfg, dtype, device, *, cache_dir: str | None, buckets: str,
+                       say=print) -> CompileCache | None:
+    """The cache for a fast-path load on ``device`` (None on CPU: nothing is compiled there,
+    or when ``cache_dir`` is "off"); opened, env set, our tuners' choices restored."""
+    import torch
+
+    if torch.device(device).type != "cuda" or (cache_dir or "").strip().lower() == "off":
+        return None
+    root = cache_root(cache_dir)
+    try:
+        cache = CompileCache(root, key_for(cfg, dtype, device, buckets=buckets), say).open()
+    except OSError as e:
+        say(f"compile cache under {root} is not usable ({e}); starting without it")
+        return None
+    n = cache.load_choices(tuners())
+    say(f"compile cache {cache.folder} ({'warm' if cache.warm else 'new'}"
+        f"{f', {n} tuned choices' if n else ''})")
+    return cache
+
+
+def close_after_warmup(cache: CompileCache | None, say=print) -> None:
+    """Save the tuners' choices and seal the folder (after the warm-up captured the graphs)."""
+    if cache is None:
+        return
+    try:
+        cache.save_choices(tuners())
+        cache.seal()
+    except OSError as e:
+        say(f"compile cache {cache.folder}: could not be written ({e})")

@@ -1,0 +1,42 @@
+"""`qwen-trt bench --http` on CPU (the tiny model): the in-process runner and `qwen-trt serve`
++ the HTTP load generator on one closed-loop workload, side by side (shape, not speed)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_served_bench_runs_both_paths_on_the_same_workload(tiny_model_dir, tmp_path):
+    from qwen_trt.bench.served import main
+
+    out = tmp_path / "served.json"
+    rc = main(["--model", str(tiny_model_dir), "--device", "cpu", "--fast", "on",
+               "--concurrency", "1,3", "--max-batch", "2", "--requests", "3",
+               "--input-words", "8", "--output-tokens", "5", "--warmup", "1",
+               "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert [lv["concurrency"] for lv in res["levels"]] == [1, 3]
+    for lv in res["levels"]:
+        for side in ("in_process", "http"):
+            r = lv[side]
+            assert r["requests"] == max(3, 2 * lv["concurrency"]) and r["errors"] == 0, (side, r)
+            assert r["output_tok_s"] > 0 and r["ttft_ms_p50"] > 0 and r["itl_ms_p50"] > 0
+            assert r["ttft_ms_p90"] >= r["ttft_ms_p50"]
+        assert lv["http_over_engine_tok_s"] == pytest.approx(
+            lv["http"]["output_tok_s"] / lv["in_process"]["output_tok_s"], rel=1e-2)
+    assert res["in_process"]["runner"] == "BatchRunner"
+    assert res["http"]["healthy_s"] > 0
+
+
+def test_level_stats_from_closed_loop_rows():
+    from qwen_trt.bench.served import _level_stats
+
+    # two requests: TTFT 10 and 30 ms; 5 tokens over 40 ms (ITL 10 ms) and 3 over 40 (20 ms)
+    rows = [(0.0, 0.010, 0.050, 5), (0.0, 0.030, 0.070, 3)]
+    s = _level_stats(rows, wall=0.1, errors=1)
+    assert s["output_tok_s"] == 80.0 and s["errors"] == 1 and s["requests"] == 2
+    assert s["itl_ms_p50"] == pytest.approx(15.0) and s["ttft_ms_p50"] == pytest.approx(20.0)

@@ -1,0 +1,88 @@
+"""The fast path's compile cache folder (qwen_trt/fast/compile_cache.py), on CPU."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from qwen_trt.fast.compile_cache import (CacheKey, CompileCache, cache_root,
+                                         kernel_sources_hash, open_for_fast_path)
+
+KEY = CacheKey(gpu="NVIDIA H200", capability="9.0", driver="13000", torch="2.11.0",
+               triton="3.6.0", dtype="bfloat16", shapes='{"hidden": 2560}',
+               weight_format="bf16-safetensors", buckets="max_batch=32",
+               kernels=kernel_sources_hash())
+
+
+class Config:
+    def __init__(self, bn: int, warps: int) -> None:
+        self.kwargs, self.num_warps, self.num_stages = {"BLOCK_N": bn}, warps, 3
+
+
+class Tuner:       # a triton Autotuner's two attributes the cache uses
+    def __init__(self) -> None:
+        self.configs = [Config(16, 4), Config(32, 4), Config(64, 8)]
+        self.cache: dict = {}
+
+
+def test_key_changes_the_folder_and_the_kernel_hash_is_stable():
+    assert KEY.digest() == replace(KEY).digest()
+    for field, value in (("gpu", "NVIDIA H100"), ("triton", "3.5.0"), ("buckets", "max_batch=8"),
+                         ("shapes", '{"hidden": 4096}'), ("kernels", "0" * 16)):
+        assert replace(KEY, **{field: value}).digest() != KEY.digest(), field
+    assert kernel_sources_hash() == kernel_sources_hash()
+
+
+def test_choices_round_trip_and_env_points_into_the_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    lines: list[str] = []
+    c = CompileCache(tmp_path, KEY, lines.append).open()
+    assert not c.warm
+    import os
+
+    assert os.environ["TRITON_CACHE_DIR"] == str(c.folder / "triton")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(c.folder / "inductor")
+    t = Tuner()
+    t.cache[(2560, 9728, 16, "torch.bfloat16")] = t.configs[2]
+    t.cache[(2560, 2560, 32, "torch.bfloat16")] = t.configs[0]
+    assert c.save_choices({"bgemm": t}) == 2
+    c.seal()
+    again = CompileCache(tmp_path, KEY, lines.append).open(set_env=False)
+    assert again.warm and not lines
+    fresh = Tuner()
+    assert again.load_choices({"bgemm": fresh}) == 2
+    assert fresh.cache[(2560, 9728, 16, "torch.bfloat16")] is fresh.configs[2]
+    assert fresh.cache[(2560, 2560, 32, "torch.bfloat16")] is fresh.configs[0]
+
+
+def test_a_stale_or_broken_folder_is_one_line_and_rebuilt(tmp_path):
+    lines: list[str] = []
+    c = CompileCache(tmp_path, KEY, lines.append).open(set_env=False)
+    (c.folder / "triton" / "junk").write_text("x")
+    c.seal()
+    (c.folder / "key.json").write_text(json.dumps({"gpu": "something else"}))
+    c2 = CompileCache(tmp_path, KEY, lines.append).open(set_env=False)
+    assert not c2.warm and len(lines) == 1 and "does not match" in lines[0]
+    assert not (c2.folder / "triton" / "junk").exists()
+    c2.seal()
+    (c2.folder / "autotune.json").write_text("{not json")
+    t = Tuner()
+    assert c2.load_choices({"bgemm": t}) == 0 and t.cache == {}
+    assert len(lines) == 2 and "unreadable" in lines[1] and "\n" not in lines[1]
+    (c2.folder / "autotune.json").write_text(json.dumps({"bgemm": {"(1, 2)": 7, "oops": 0}}))
+    assert c2.load_choices({"bgemm": t}) == 0      # unknown config index, bad key: ignored
+
+
+def test_root_from_flag_env_or_default(tmp_path):
+    assert cache_root(str(tmp_path)) == tmp_path
+    assert cache_root(None, {"QWEN_TRT_CACHE_DIR": str(tmp_path / "e")}) == tmp_path / "e"
+    assert str(cache_root(None, {})).endswith(".cache/qwen-trt")
+
+
+def test_no_cache_on_cpu(tmp_path):
+    pytest.importorskip("torch")
+    assert open_for_fast_path(object(), "float32", "cpu", cache_dir=str(tmp_path),
+                              buckets="") is None
+    assert not any(tmp_path.iterdir())
