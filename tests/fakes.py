@@ -14,17 +14,17 @@ class ScriptedBackend(Backend):
     like a real engine between steps; ``prompts`` records every prompt it was given."""
 
     def __init__(self, tokenizer, text: str, max_seq_len: int = 4096,
-                 name: str = "scripted") -> None:
+                 name: str = "scripted", *, features: bool = False) -> None:
         super().__init__()
         self._tokenizer = tokenizer
         self.text = text
         self.gate = threading.Event()
         self.gate.set()
         self.prompts: list[list[int]] = []
-        # it "honours" grammars and logprobs by replying its script: the API's mapping of those
-        # fields is what the tests using it check
+        # features: it "honours" grammars and logprobs by replying its script (for tests of the
+        # API's mapping of those fields)
         self._info = BackendInfo(name, "fake-model", "cpu", "float32", max_seq_len - 1, max_seq_len,
-                                 default_stop_ids(tokenizer), grammar=True, logprobs=True)
+                                 default_stop_ids(tokenizer), grammar=features, logprobs=features)
 
     def script(self) -> list[int]:
         """The ids a full reply yields: the text's, then <|im_end|>."""

@@ -166,11 +166,11 @@ def test_a_body_over_the_limit_is_413_declared_or_chunked(server):
 
 # -- prompts that cannot fit --------------------------------------------------------------------
 def test_a_prompt_that_cannot_fit_is_refused_before_tokenising(server, monkeypatch):
-    import qwen_trt.api.server as srv
+    import qwen_trt.api.encoder as enc       # the server's PromptEncoder encodes through it
 
     calls = []
-    real = srv.encode_messages
-    monkeypatch.setattr(srv, "encode_messages", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = enc.encode_messages
+    monkeypatch.setattr(enc, "encode_messages", lambda *a, **k: calls.append(1) or real(*a, **k))
     origin = server[0]
     r = chat(origin, {"messages": [{"role": "user", "content": "word " * 180_000}]})
     err = assert_openai_error(r, 400)

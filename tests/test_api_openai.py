@@ -56,7 +56,7 @@ class Service(InferenceService):
 
 @pytest.fixture(scope="module")
 def env(tiny_tokenizer):
-    backend = ScriptedBackend(tiny_tokenizer, "Hello there, friend.")
+    backend = ScriptedBackend(tiny_tokenizer, "Hello there, friend.", features=True)
     service = Service(backend)
     port = free_port()
     app = create_app(service, ServerSettings(port=port, allowed_origins=(ORIGIN,)),
@@ -453,5 +453,30 @@ def test_open_webui_sized_tools_are_accepted_and_errors_quote_little(tiny_tokeni
             r = c.post("/v1/chat/completions", json={
                 "messages": ask(), "tools": tools, "logit_bias": {str(i): 1 for i in range(3000)}})
             assert r.status_code == 400 and len(r.json()["error"]["message"]) < 200
+    finally:
+        service.close()
+
+
+def test_features_the_backend_lacks_are_a_400_before_submit(tiny_tokenizer):
+    """A backend without grammars or logprobs (TensorRT-LLM, the remote one) gets a 400 naming
+    the field, not a 500 from inside the engine."""
+    from fastapi.testclient import TestClient
+
+    backend = ScriptedBackend(tiny_tokenizer, "Hi.", features=False)
+    service = InferenceService(backend)
+    try:
+        with TestClient(create_app(service, ServerSettings(), model_name="fake")) as c:
+            r = c.post("/v1/chat/completions", json={
+                "messages": ask(), "response_format": {"type": "json_object"}})
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == "response_format" and err["code"] == "unsupported_parameter"
+            r = c.post("/v1/chat/completions", json={"messages": ask(), "logprobs": True})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+            r = c.post("/v1/completions", json={"prompt": "x", "logprobs": 2})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+            assert backend.prompts == []                  # nothing reached the engine
+            r = c.post("/v1/chat/completions", json={"messages": ask()})
+            assert r.status_code == 200
     finally:
         service.close()
