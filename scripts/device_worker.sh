@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 13's two figures that need the GPU, through the engine process as `qwen-trt serve`
 # starts it (qwen_trt.bench.worker_speed):
-#   1. load + warm-up from EngineClient start to ready, with the worker's stage lines and
+#   1. load + warm-up from WorkerClient start to ready, with the worker's stage lines and
 #      timings (target < 60 s on an H200 for Qwen3-4B shapes);
 #   2. N = 1, 8, 32 concurrent greedy streams (512-token prompts, 256 tokens forced with
 #      ignore_eos) through the client, against the worker's own step timer and against the same

@@ -1,5 +1,5 @@
 """Checks that every service handing out RequestHandles must pass, run against the in-process
-InferenceService (tests/test_serving.py) and the worker-process EngineClient
+InferenceService (tests/test_serving.py) and the worker-process WorkerClient
 (tests/test_serving_worker.py)."""
 from __future__ import annotations
 

@@ -310,16 +310,16 @@ def test_worker_load_error_of_a_foreign_type_prints_no_traceback(monkeypatch, ca
     """An error that is not the project's own (a library's RuntimeError) while loading: the
     engine process prints its traceback only with QWEN_TRT_DEBUG=1."""
     from qwen_trt.backends import BackendConfig
-    from qwen_trt.serving.client import EngineClient
-    from qwen_trt.serving.events import EngineLoadError
+    from qwen_trt.serving.client import WorkerClient
+    from qwen_trt.serving.events import ModelLoadError
     from qwen_trt.serving.worker import WorkerSpec
 
     spec = WorkerSpec(BackendConfig(), loader="serving_fakes:load_crashes")
     for debug in ("", "1"):
         monkeypatch.setenv("QWEN_TRT_DEBUG", debug)
-        with pytest.raises(EngineLoadError, match=r"^Unexpected error while loading the engine "
+        with pytest.raises(ModelLoadError, match=r"^Unexpected error while loading the engine "
                                                   r"\(RuntimeError: CUDA out of memory\)\.$"):
-            EngineClient(spec, echo=io.StringIO())
+            WorkerClient(spec, echo=io.StringIO())
         err = capfd.readouterr().err
         assert ("Traceback" in err) is bool(debug), err
 

@@ -12,7 +12,7 @@ from qwen_trt.params import SamplingParams
 from service_checks import (check_cancel_mid_reply_leaves_engine_clean,
                             check_threads_get_their_own_replies)
 
-from qwen_trt.serving.events import (Delta, EngineFailedError, Failed, Finished,
+from qwen_trt.serving.events import (Delta, RequestFailedError, Failed, Finished,
                                      ServiceClosedError, Started, Waiting)
 from qwen_trt.serving.service import InferenceService
 
@@ -183,7 +183,7 @@ def test_backend_error_is_reported_and_worker_survives(gated, tiny_tokenizer):
     backend.fail_next = True
     bad = svc.submit(ids, SamplingParams(max_new_tokens=3, ignore_eos=True))
     evs = list(bad.events(poll_s=0.01))
-    assert isinstance(evs[-1], Failed) and isinstance(evs[-1].error, EngineFailedError)
+    assert isinstance(evs[-1], Failed) and isinstance(evs[-1].error, RequestFailedError)
     assert "boom" in str(evs[-1].error) and "\n" not in str(evs[-1].error)
     with pytest.raises(QwenTrtError):
         bad.result(TIMEOUT)
@@ -206,12 +206,12 @@ def test_close_cancels_waiting_requests_and_refuses_new_ones(tiny_tokenizer):
 
 
 def test_the_three_services_share_one_protocol():
-    from qwen_trt.serving.client import EngineClient
+    from qwen_trt.serving.client import WorkerClient
     from qwen_trt.serving.remote import OpenAIService
     from qwen_trt.serving.service import Service
 
     members = ("info", "tokenizer", "submit_plan", "status", "close")
-    for cls in (InferenceService, EngineClient, OpenAIService):
+    for cls in (InferenceService, WorkerClient, OpenAIService):
         missing = [m for m in members if not hasattr(cls, m)]
         assert not missing, f"{cls.__name__} lacks {missing}"
     assert not hasattr(OpenAIService, "takes_messages")

@@ -1,4 +1,4 @@
-"""The engine in its own process (EngineClient + worker): the InferenceService behaviour through a
+"""The engine in its own process (WorkerClient + worker): the InferenceService behaviour through a
 spawned worker, admission with a batching runner, faults (a killed worker, a CUDA error, load
 errors) and restarts. One worker per fixture per module: a spawn costs seconds on 2 cores."""
 from __future__ import annotations
@@ -22,9 +22,9 @@ from qwen_trt.serving.session import ChatSession
 from qwen_trt.errors import ModelSourceError, QwenTrtError
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving import service as service_mod
-from qwen_trt.serving.client import EngineClient
-from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError,
-                                     EngineStoppedError, Failed, Finished, Started, Waiting)
+from qwen_trt.serving.client import WorkerClient
+from qwen_trt.serving.events import (Delta, RequestFailedError, ModelLoadError,
+                                     WorkerStoppedError, Failed, Finished, Started, Waiting)
 from qwen_trt.serving.worker import WorkerSpec
 
 GREEDY = SamplingParams(max_new_tokens=16, temperature=0)
@@ -41,7 +41,7 @@ def _prompt(tokenizer, text: str) -> list[int]:
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
     """The tiny model on the torch backend in a worker process (SerialRunner: one at a time)."""
-    client = EngineClient(WorkerSpec(BackendConfig(backend="torch", model=str(tiny_model_dir),
+    client = WorkerClient(WorkerSpec(BackendConfig(backend="torch", model=str(tiny_model_dir),
                                                    device="cpu", warmup=False)))
     yield client
     client.close()
@@ -50,7 +50,7 @@ def tiny(tiny_model_dir):
 @pytest.fixture(scope="module")
 def echo(tiny_model_dir):
     """A fake engine in a worker process: EchoBackend under a 4-at-once batching runner."""
-    client = EngineClient(WorkerSpec(BackendConfig(model=str(tiny_model_dir)),
+    client = WorkerClient(WorkerSpec(BackendConfig(model=str(tiny_model_dir)),
                                      loader="serving_fakes:load_echo",
                                      runner="serving_fakes:RoundRobinRunner"))
     yield client
@@ -205,7 +205,7 @@ def test_batching_runner_admits_four_and_queues_the_rest(echo, tiny_tokenizer):
 def test_backend_error_is_one_line_and_the_worker_goes_on(echo, tiny_tokenizer):
     bad = echo.submit(_echo_ids(tiny_tokenizer, "boom now"), GREEDY)
     evs = _events(bad)
-    assert isinstance(evs[-1], Failed) and isinstance(evs[-1].error, EngineFailedError)
+    assert isinstance(evs[-1], Failed) and isinstance(evs[-1].error, RequestFailedError)
     assert "boom" in str(evs[-1].error) and "\n" not in str(evs[-1].error)
     with pytest.raises(QwenTrtError):
         bad.result(0)
@@ -228,7 +228,7 @@ def test_killed_worker_fails_in_flight_requests_keeps_queued_ones_and_restarts(
 
     for h in running:
         h.wait(TIMEOUT)
-        with pytest.raises(EngineStoppedError) as err:
+        with pytest.raises(WorkerStoppedError) as err:
             h.result(0)
         msg = str(err.value)
         assert msg == ("The engine process stopped (killed by SIGKILL); your chat is kept — "
@@ -247,7 +247,7 @@ def test_cuda_error_stops_the_worker_and_the_next_request_restarts_it(echo, tiny
     restarts = echo.status().restarts
     bad = echo.submit(_echo_ids(tiny_tokenizer, "cuda-crash please"), GREEDY)
     bad.wait(TIMEOUT)
-    with pytest.raises(EngineStoppedError, match=r"^The engine process stopped \(RuntimeError: "
+    with pytest.raises(WorkerStoppedError, match=r"^The engine process stopped \(RuntimeError: "
                                                  r"CUDA error: an illegal memory access"):
         bad.result(0)
     assert echo.status().state == "stopped"
@@ -259,10 +259,10 @@ def test_cuda_error_stops_the_worker_and_the_next_request_restarts_it(echo, tiny
 
 def test_load_errors_are_one_line(tiny_model_dir):
     with pytest.raises(ModelSourceError, match="does not exist: pass --model"):
-        EngineClient(WorkerSpec(BackendConfig(model="/nowhere"),
+        WorkerClient(WorkerSpec(BackendConfig(model="/nowhere"),
                                 loader="serving_fakes:load_fails_clearly"), echo=io.StringIO())
-    with pytest.raises(EngineLoadError) as err:
-        EngineClient(WorkerSpec(BackendConfig(), loader="serving_fakes:load_crashes"),
+    with pytest.raises(ModelLoadError) as err:
+        WorkerClient(WorkerSpec(BackendConfig(), loader="serving_fakes:load_crashes"),
                      echo=io.StringIO())
     assert str(err.value) == ("Unexpected error while loading the engine "
                               "(RuntimeError: CUDA out of memory).")
@@ -281,7 +281,7 @@ def test_start_service_keeps_one_engine_per_process(monkeypatch):
 
     import qwen_trt.serving.client as client_mod
 
-    monkeypatch.setattr(client_mod, "EngineClient", Stub)
+    monkeypatch.setattr(client_mod, "WorkerClient", Stub)
     monkeypatch.setattr("qwen_trt.serving.preflight.preflight", lambda cfg: None)  # no folders
     monkeypatch.setattr(service_mod, "_current", None)
     monkeypatch.delenv(service_mod.WORKER_ENV, raising=False)
@@ -327,7 +327,7 @@ def test_app_runs_the_engine_in_a_worker_process(tiny_model_dir, monkeypatch):
         messages = at.session_state["chat_state"].chat.messages
         assert [m.role for m in messages] == ["user", "assistant"] and messages[1].content
         engine = service_mod._current
-        assert isinstance(engine, EngineClient) and engine.pid != os.getpid()
+        assert isinstance(engine, WorkerClient) and engine.pid != os.getpid()
         assert engine.status().served == 1
     finally:
         st.cache_resource.clear()                  # on_release closes the engine process

@@ -22,8 +22,8 @@ from qwen_trt.serving.session import ChatSession
 from qwen_trt.errors import ConfigError
 from qwen_trt.options import add_backend_args, config_from
 from qwen_trt.params import SamplingParams
-from qwen_trt.serving.client import EngineClient
-from qwen_trt.serving.events import Delta, EngineStoppedError
+from qwen_trt.serving.client import WorkerClient
+from qwen_trt.serving.events import Delta, WorkerStoppedError
 from qwen_trt.serving.worker import WorkerSpec
 
 WATCH_S = 2.0
@@ -48,7 +48,7 @@ def _wait_until(cond, timeout: float = TIMEOUT) -> bool:
 
 def test_a_stopped_worker_is_killed_restarted_and_its_request_fails_clearly(tiny_model_dir,
                                                                            tiny_tokenizer):
-    client = EngineClient(WorkerSpec(BackendConfig(backend="torch", model=str(tiny_model_dir),
+    client = WorkerClient(WorkerSpec(BackendConfig(backend="torch", model=str(tiny_model_dir),
                                                    device="cpu", warmup=False,
                                                    watchdog_s=WATCH_S)))
     old = client.pid
@@ -61,7 +61,7 @@ def test_a_stopped_worker_is_killed_restarted_and_its_request_fails_clearly(tiny
         assert any(isinstance(ev, Delta) for ev in events)   # it streams
         os.kill(old, signal.SIGSTOP)                   # hung: alive, but makes no progress
         assert handle.wait(60), "the request in flight still waits on the hung engine"
-        with pytest.raises(EngineStoppedError) as err:
+        with pytest.raises(WorkerStoppedError) as err:
             handle.result(0)
         assert str(err.value) == ("The engine stopped making progress (nothing for 2 s, "
                                   "--watchdog-s) and is being restarted; your chat is kept — "
@@ -87,7 +87,7 @@ def test_a_stopped_worker_is_killed_restarted_and_its_request_fails_clearly(tiny
 def test_a_long_step_that_still_runs_is_not_killed(tiny_model_dir, tiny_tokenizer):
     """A "slow" prompt spends 4 s in one step (serving_fakes.SLOW_FIRST_S), four times the
     watchdog's limit: the worker's heartbeat keeps it alive."""
-    client = EngineClient(WorkerSpec(BackendConfig(model=str(tiny_model_dir), watchdog_s=1.0),
+    client = WorkerClient(WorkerSpec(BackendConfig(model=str(tiny_model_dir), watchdog_s=1.0),
                                      loader="serving_fakes:load_echo",
                                      runner="serving_fakes:RoundRobinRunner"))
     try:
@@ -102,7 +102,7 @@ def test_a_long_step_that_still_runs_is_not_killed(tiny_model_dir, tiny_tokenize
 
 def test_an_idle_engine_is_left_alone(tiny_model_dir):
     """No requests: nothing to make progress on, so a stopped worker is not the watchdog's."""
-    client = EngineClient(WorkerSpec(BackendConfig(model=str(tiny_model_dir), watchdog_s=0.5),
+    client = WorkerClient(WorkerSpec(BackendConfig(model=str(tiny_model_dir), watchdog_s=0.5),
                                      loader="serving_fakes:load_echo",
                                      runner="serving_fakes:RoundRobinRunner"))
     try:

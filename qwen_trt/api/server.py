@@ -121,7 +121,7 @@ def engine_alive(service) -> bool:
         return False
 
 
-class _EngineError(Exception):
+class _RequestError(Exception):
     def __init__(self, message: str, status: int = 500) -> None:
         super().__init__(message)
         self.status = status
@@ -343,7 +343,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                 else:
                     choices[i].finish()
                     results[i] = item
-        except _EngineError as e:
+        except _RequestError as e:
             raise ApiError(e.status, str(e)) from e
         finally:
             release(handles)
@@ -422,7 +422,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     async def _generate(handle, req, n_prompt: int, t0: float, request: Request | None = None,
                         trace: RequestTrace | None = None) -> AsyncIterator[Piece | _Result]:
         """Text to send (with its tokens' logprobs), then one :class:`_Result`; raises
-        :class:`_EngineError`. ``req``: anything with ``stop`` (chat or completions).
+        :class:`_RequestError`. ``req``: anything with ``stop`` (chat or completions).
         ``handle`` came from :func:`submit`, which holds its place in the queue."""
         scanner = StopScanner(req.stop)
         ticket = tickets.get(handle)
@@ -465,7 +465,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                         reason = "stop"
                     elif reason == "cancelled":
                         outcome = "error"
-                        raise _EngineError("The request was cancelled by the server "
+                        raise _RequestError("The request was cancelled by the server "
                                            "(shutting down or restarting); retry.", 503)
                     else:
                         tail = scanner.flush()
@@ -482,7 +482,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                     yield _Result(reason, n_prompt, m.tokens, getattr(m, "cached_tokens", None))
                 elif isinstance(ev, Failed):
                     outcome = "error"
-                    raise _EngineError(str(ev.error))
+                    raise _RequestError(str(ev.error))
         finally:
             if ticket is not None:
                 ticket.release()
@@ -526,14 +526,14 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                 yield _data(w.usage_chunk(u["prompt_tokens"], u["completion_tokens"],
                                           (u.get("prompt_tokens_details") or {}).get(
                                               "cached_tokens")))
-        except _EngineError as e:
+        except _RequestError as e:
             yield _data(error_body(str(e), e.status))
         yield "data: [DONE]\n\n"
 
     add_routes(app, ApiContext(name=name, created=created, service=service,
                                check_auth=check_auth, submit=submit, generate=_generate,
                                encode_chat=encode_chat, tokenize=tokenize, detokenize=detokenize,
-                               engine_error=_EngineError, data=_data, release=release))
+                               engine_error=_RequestError, data=_data, release=release))
     describe_openapi(app)
     return app
 

@@ -14,7 +14,7 @@ move with the load (``load_avg`` in the JSON).
    parent's receive rate says how fast a reader keeps up. Plus pickling one step's batch as
    dataclasses vs tuples. Then the same with a paced engine (``--paced-us`` per step, 2.5 ms like
    the H200's batch-1 decode): what the reader sees over what the engine makes.
-2. End to end through :class:`~qwen_trt.serving.client.EngineClient` (detokenization and metrics
+2. End to end through :class:`~qwen_trt.serving.client.WorkerClient` (detokenization and metrics
    included): decode tok/s a client sees vs the runner's own rate in process, 1 and 8 streams.
 
 ZMQ is not measured: pyzmq is not installed, and a Pipe already costs microseconds per step.
@@ -176,10 +176,10 @@ def end_to_end(model: str, streams: int, tokens: int) -> dict:
     """Decode tok/s a client of the engine process sees (detokenized, measured per reply)."""
     from qwen_trt.backends import BackendConfig
     from qwen_trt.params import SamplingParams
-    from qwen_trt.serving.client import EngineClient
+    from qwen_trt.serving.client import WorkerClient
     from qwen_trt.serving.worker import WorkerSpec
 
-    client = EngineClient(WorkerSpec(BackendConfig(model=model),
+    client = WorkerClient(WorkerSpec(BackendConfig(model=model),
                                      loader="qwen_trt.bench.ipc:load_fake",
                                      runner=f"qwen_trt.bench.ipc:runner_{streams}"),
                           echo=io.StringIO())

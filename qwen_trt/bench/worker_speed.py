@@ -4,10 +4,10 @@ the engine's own speed, in one run (the target: the client at >= 95 % of the eng
     python -m qwen_trt.bench.worker_speed --model DIR [--concurrency 1,8,32] \\
         [--prompt-len 512] [--new-tokens 256] [--no-in-process] --out worker_speed.json
 
-1. **Load**: an :class:`~qwen_trt.serving.client.EngineClient` is started as ``qwen-trt serve``
+1. **Load**: an :class:`~qwen_trt.serving.client.WorkerClient` is started as ``qwen-trt serve``
    starts it (the default loader, the batched runner unless ``--max-batch 1``); ``load``
    holds the wall time from the constructor's start to ready, the worker's stage lines with the
-   time each was seen, and the stage timings the worker reports (``EngineClient.timings``).
+   time each was seen, and the stage timings the worker reports (``WorkerClient.timings``).
 2. **Client vs engine**, per concurrency N: N greedy requests of ``prompt_len`` random token ids
    and exactly ``new_tokens`` new tokens (``ignore_eos``) submitted at once through the client
    (detokenization and metrics included, as the app and the API get them). Compared with
@@ -179,7 +179,7 @@ def run_worker_speed(cfg: WorkerSpeedConfig, log=None, echo=sys.stderr, progress
     is called after each part (so a run cut short still leaves its figures so far)."""
     progress = progress or (lambda _res: None)
     from qwen_trt.backends import BackendConfig
-    from qwen_trt.serving.client import EngineClient
+    from qwen_trt.serving.client import WorkerClient
     from qwen_trt.serving.worker import WorkerSpec
 
     log = log or (lambda s: print(f"[worker_speed] {s}", file=sys.stderr, flush=True))
@@ -191,7 +191,7 @@ def run_worker_speed(cfg: WorkerSpeedConfig, log=None, echo=sys.stderr, progress
                          "cpus": os.cpu_count(), "load_avg": round(os.getloadavg()[0], 2)}}
     t0 = time.monotonic()
     stages = StageLog(t0, echo)
-    client = EngineClient(spec, echo=stages)
+    client = WorkerClient(spec, echo=stages)
     client_tokens: dict[int, list[list[int]]] = {}
     try:
         ready_s = time.monotonic() - t0

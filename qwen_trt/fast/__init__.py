@@ -3,9 +3,9 @@ graphs on the GPU (see docs/fast-path.md). :func:`load_fast_decoder` is the one 
 from __future__ import annotations
 
 from qwen_trt.fast.config import QWEN3_4B, SHAPES, TINY, FastConfig
-from qwen_trt.fast.decoder import EngineStats, FastDecoder
+from qwen_trt.fast.decoder import DecoderStats, FastDecoder
 from qwen_trt.fast.loader import build_model, load_fast_decoder
 from qwen_trt.fast.model import Qwen3Fast
 
-__all__ = ["FastConfig", "QWEN3_4B", "TINY", "SHAPES", "FastDecoder", "EngineStats", "Qwen3Fast",
+__all__ = ["FastConfig", "QWEN3_4B", "TINY", "SHAPES", "FastDecoder", "DecoderStats", "Qwen3Fast",
            "build_model", "load_fast_decoder"]

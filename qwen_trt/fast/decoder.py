@@ -59,7 +59,7 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
 
 
 @dataclass
-class EngineStats:
+class DecoderStats:
     """What load/warm-up cost (for the benchmark and the UI)."""
 
     compile: bool = False
@@ -149,7 +149,7 @@ class FastDecoder:
             raise ValueError(f"kernels must be auto, triton or torch, got {kernels!r}")
         on_cuda = model.device.type == "cuda"
         self.model = model.eval()
-        self.stats = EngineStats()
+        self.stats = DecoderStats()
         if attention == "auto":
             attention = "triton" if triton_usable(model.device) else "math"
         if attention == "triton":
@@ -270,7 +270,7 @@ class FastDecoder:
         return graph
 
     def warmup(self, kinds: Sequence[Kind] = ("greedy", "topk"),
-               prefill: bool = True) -> EngineStats:
+               prefill: bool = True) -> DecoderStats:
         """Compile and capture everything a normal request needs (at load, not on request 1).
         ``prefill=False`` captures only the decode graphs (for profiling the decode step)."""
         t = time.perf_counter()

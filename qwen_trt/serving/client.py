@@ -1,6 +1,6 @@
 """The client of the engine process: the same surface as the in-process ``InferenceService``.
 
-:class:`EngineClient` starts the worker (:mod:`qwen_trt.serving.worker`, a fresh interpreter),
+:class:`WorkerClient` starts the worker (:mod:`qwen_trt.serving.worker`, a fresh interpreter),
 sends it requests and turns the token ids that come back into text and metrics here, with the
 same code as in process (:class:`qwen_trt.serving.generation.ReplyBuilder`). One reader thread blocks on the
 pipe (no polling) and one sender thread writes to it, so no thread ever blocks on the pipe while
@@ -35,8 +35,8 @@ from qwen_trt.errors import first_line, QwenTrtError
 from qwen_trt.params import SamplingParams, TokenLogprob
 from qwen_trt.serving.session import PromptPlan
 from qwen_trt.serving.async_events import batch
-from qwen_trt.serving.events import (Delta, EngineFailedError, EngineLoadError, EngineState,
-                                     EngineStoppedError, Failed, Finished, RequestHandle,
+from qwen_trt.serving.events import (Delta, RequestFailedError, ModelLoadError, WorkerState,
+                                     WorkerStoppedError, Failed, Finished, RequestHandle,
                                      ServiceClosedError, ServiceStatus, Started, cancelled_reply,
                                      queue_position)
 from qwen_trt.serving.ipc import pair
@@ -45,7 +45,7 @@ from qwen_trt.serving.worker import Ready, WorkerSpec, worker_command
 
 log = logging.getLogger(__name__)
 
-_LIVE: "weakref.WeakSet[EngineClient]" = weakref.WeakSet()
+_LIVE: "weakref.WeakSet[WorkerClient]" = weakref.WeakSet()
 
 
 @atexit.register
@@ -88,7 +88,7 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-class EngineClient:
+class WorkerClient:
     """Runs the engine ``spec`` names in a child process; blocks until it is ready (a load error
     is raised as one line). Thread-safe."""
 
@@ -102,7 +102,7 @@ class EngineClient:
         self._active: dict[int, _Active] = {}
         self._served = self._cached = self._prompt_tokens = self._restarts = 0
         self._runner_stats: dict = {}
-        self._state: EngineState = "loading"
+        self._state: WorkerState = "loading"
         self._stage = ""
         self._state_since = time.monotonic()
         self._closed = False
@@ -241,7 +241,7 @@ class EngineClient:
         return stage
 
     # -- internals (called with the lock held) -------------------------------------------------
-    def _set_state(self, state: EngineState, stage: str) -> None:
+    def _set_state(self, state: WorkerState, stage: str) -> None:
         if state != self._state:
             self._state_since = time.monotonic()
         self._state, self._stage = state, stage
@@ -352,7 +352,7 @@ class EngineClient:
                     if load_error is not None:
                         break
                 elif kind == "load_error":
-                    load_error = msg[2] if msg[2] is not None else EngineLoadError(msg[1])
+                    load_error = msg[2] if msg[2] is not None else ModelLoadError(msg[1])
                 elif kind == "fatal":
                     fatal = msg[1]
         except (EOFError, OSError):
@@ -384,7 +384,7 @@ class EngineClient:
                 tok = AutoTokenizer.from_pretrained(ready.tokenizer_source)
                 self._tokenizer, self._tokenizer_source = tok, ready.tokenizer_source
         except Exception as e:  # noqa: BLE001 - one line
-            return EngineLoadError(first_line(f"Could not load the tokenizer from "
+            return ModelLoadError(first_line(f"Could not load the tokenizer from "
                                               f"'{ready.tokenizer_source}': {e}"))
         tok_s = time.monotonic() - t
         with self._lock:
@@ -427,7 +427,7 @@ class EngineClient:
                     log.exception("request %s: handling its tokens failed", rid)
                     if not a.closing:
                         a.closing = True
-                        a.handle._emit(Failed(EngineFailedError(
+                        a.handle._emit(Failed(RequestFailedError(
                             f"Decoding the reply failed ({type(e).__name__}: {e})"
                             .splitlines()[0])))
                         self._served += 1
@@ -453,7 +453,7 @@ class EngineClient:
             a.handle._emit(b.delta("".join(text)))
         if finish == "error":
             a.closing = True
-            a.handle._emit(Failed(EngineFailedError(error or "The engine failed on this request.")))
+            a.handle._emit(Failed(RequestFailedError(error or "The engine failed on this request.")))
             self._served += 1
         elif finish is not None or b.done:
             self._finish_here(a, cancelled=finish == "cancelled" and not b.done)
@@ -497,7 +497,7 @@ class EngineClient:
                             f"--watchdog-s) and is being restarted; your chat is kept — send "
                             f"again.")
             elif load_error is not None or self._state in ("loading", "restarting"):
-                err = load_error or EngineLoadError(
+                err = load_error or ModelLoadError(
                     f"The engine process stopped while loading ({why}); see the server log.")
                 self._load_error = err
                 self._set_state("failed", str(err))
@@ -514,7 +514,7 @@ class EngineClient:
             self._set_state("stopped", err_line)
             for a in self._active.values():
                 if not a.closing:
-                    a.handle._emit(Failed(EngineStoppedError(err_line)))
+                    a.handle._emit(Failed(WorkerStoppedError(err_line)))
                     self._served += 1
             self._active.clear()
             if self._waiting or hung:      # a hung engine comes back at once (health 503 until)

@@ -3,7 +3,7 @@
 A request's :class:`RequestHandle` yields events in this order: :class:`Waiting`* (while queued,
 or while the engine (re)starts), :class:`Started`, :class:`Delta`*, then exactly one of
 :class:`Finished` / :class:`Failed`. Both :class:`~qwen_trt.serving.service.InferenceService`
-(in process) and :class:`~qwen_trt.serving.client.EngineClient` (worker process) hand out these
+(in process) and :class:`~qwen_trt.serving.client.WorkerClient` (worker process) hand out these
 handles, so the app, the CLI and the HTTP API work with either.
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ from qwen_trt.params import Reply, ReplyMetrics, SamplingParams, TokenLogprob
 
 RequestState = Literal["queued", "running", "done"]
 # The engine's state as status() and Waiting.engine report it.
-EngineState = Literal["loading", "ready", "restarting", "stopped", "failed", "closed"]
+WorkerState = Literal["loading", "ready", "restarting", "stopped", "failed", "closed"]
 
 
-class EngineFailedError(QwenTrtError):
+class RequestFailedError(QwenTrtError):
     """The backend raised an unexpected error while generating."""
 
 
@@ -31,12 +31,12 @@ class ServiceClosedError(QwenTrtError):
     """The service was shut down (the model is being reloaded)."""
 
 
-class EngineStoppedError(EngineFailedError):
+class WorkerStoppedError(RequestFailedError):
     """The engine process died (killed, out of memory, a CUDA error); the next request
     restarts it."""
 
 
-class EngineLoadError(QwenTrtError):
+class ModelLoadError(QwenTrtError):
     """The engine process could not load the model; the message is the load error's own line."""
 
 
@@ -81,7 +81,7 @@ class ServiceStatus:
     busy: bool                      # a request is running
     queued: int                     # requests waiting for a free slot
     served: int                     # requests finished since start
-    state: EngineState = "ready"
+    state: WorkerState = "ready"
     stage: str = ""                 # the latest load / warm-up line while not ready
     running: int = 0                # requests in the engine now
     max_concurrency: int = 1        # requests the engine holds at once

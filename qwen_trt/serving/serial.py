@@ -21,7 +21,7 @@ from qwen_trt.backends.runner import RunnerStats, TokenEvent
 log = logging.getLogger(__name__)
 
 
-class FatalEngineError(RuntimeError):
+class FatalDeviceError(RuntimeError):
     """The device is in a state no later request can use (a CUDA error): the worker must restart."""
 
 
@@ -102,7 +102,7 @@ class SerialRunner:
             return events
         except Exception as e:  # noqa: BLE001 - one line to the client; the runner goes on
             if is_fatal(e):
-                raise FatalEngineError(error_detail(e)) from e
+                raise FatalDeviceError(error_detail(e)) from e
             if not isinstance(e, QwenTrtError):
                 log.exception("request %s failed in the backend", req.request_id)
             events.append(self._finish(req, (), "error", error_line(e)))

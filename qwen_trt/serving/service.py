@@ -1,5 +1,5 @@
 """One engine, many callers. :func:`start_service` runs the engine in its own process by default
-(:class:`qwen_trt.serving.client.EngineClient`); :class:`InferenceService` here is the in-process
+(:class:`qwen_trt.serving.client.WorkerClient`); :class:`InferenceService` here is the in-process
 mode (``QWEN_TRT_WORKER=inline``): the backend in this process, one request at a time.
 
 A backend serves a single request at a time, but a web app calls it from one thread per browser
@@ -29,7 +29,7 @@ from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.serving.generation import ReplyStream
 from qwen_trt.errors import ConfigError, QwenTrtError
 from qwen_trt.params import SamplingParams
-from qwen_trt.serving.events import (Delta, EngineFailedError, Failed, Finished, RequestHandle,
+from qwen_trt.serving.events import (Delta, RequestFailedError, Failed, Finished, RequestHandle,
                                      ServiceClosedError, ServiceStatus, Started, cancelled_reply,
                                      queue_position)
 from qwen_trt.serving.session import PromptPlan
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 @runtime_checkable
 class Service(Protocol):
     """What every front end (the app, the CLI, the HTTP API) talks to, whichever of the three
-    services runs the model: :class:`InferenceService` (in process), :class:`EngineClient`
+    services runs the model: :class:`InferenceService` (in process), :class:`WorkerClient`
     (the worker process, :mod:`qwen_trt.serving.client`) or :class:`OpenAIService` (a remote
     OpenAI-compatible server, :mod:`qwen_trt.serving.remote`)."""
 
@@ -177,7 +177,7 @@ class InferenceService:
             handle._emit(Failed(e))
         except Exception as e:  # a backend bug must not kill the worker or hang the caller
             log.exception("engine request %s failed", handle.id)
-            handle._emit(Failed(EngineFailedError(
+            handle._emit(Failed(RequestFailedError(
                 f"The engine failed on this request ({type(e).__name__}: {e}); "
                 f"try again, and check the server log if it keeps happening.".replace("\n", " "))))
         finally:
@@ -209,7 +209,7 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None):
     two engines never share a GPU by accident."""
     if worker_mode(mode) == "inline":
         return InferenceService(load_backend(cfg))
-    from qwen_trt.serving.client import EngineClient
+    from qwen_trt.serving.client import WorkerClient
     from qwen_trt.serving.preflight import preflight
     from qwen_trt.serving.worker import WorkerSpec
 
@@ -221,7 +221,7 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None):
             log.info("stopping the previous engine process before starting another")
             _current.close()
         # echo: where the engine's stage lines go (stderr by default; the app also shows them)
-        _current = EngineClient(WorkerSpec(cfg), **({"echo": echo} if echo is not None else {}))
+        _current = WorkerClient(WorkerSpec(cfg), **({"echo": echo} if echo is not None else {}))
         return _current
 
 

@@ -1,6 +1,6 @@
 """The engine in its own process: load a backend, build its :class:`Runner`, serve steps.
 
-The parent (:class:`qwen_trt.serving.client.EngineClient`) starts a fresh interpreter
+The parent (:class:`qwen_trt.serving.client.WorkerClient`) starts a fresh interpreter
 (:func:`worker_command`: CUDA cannot be used after ``fork``, and multiprocessing's ``spawn`` would
 re-run the parent's ``__main__``, which under Streamlit is app.py) holding one end of a
 socketpair (:mod:`qwen_trt.serving.ipc`, chosen by measurement: ``qwen_trt.bench.ipc``,
@@ -205,7 +205,7 @@ def pack(events) -> list[tuple]:
 def serve(conn, runner, beat=None) -> None:
     """Take messages between steps, step, send each step's events as one message; ``beat`` (a
     :class:`~qwen_trt.serving.liveness.Heartbeat`) beats while a step runs."""
-    from qwen_trt.serving.serial import FatalEngineError, error_detail
+    from qwen_trt.serving.serial import FatalDeviceError, error_detail
 
     stepping = beat.step if beat is not None else contextlib.nullcontext
 
@@ -235,7 +235,7 @@ def serve(conn, runner, beat=None) -> None:
         try:
             with stepping():
                 events = runner.step()
-        except FatalEngineError as e:
+        except FatalDeviceError as e:
             conn.send(("fatal", str(e)))
             return
         except Exception as e:  # noqa: BLE001 - a runner bug: its state is unknown, restart
