@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from qwen_trt.bench.process import wait_healthy
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -85,21 +87,6 @@ def app_in_thread(app, port: int | None = None, config=None) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
-
-
-def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float = 90,
-                 what: str = "server") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{what} not healthy after {timeout} s")
 
 
 def start_serve(model_dir, tmp: Path, *args: str, port: int | None = None,
@@ -184,3 +171,14 @@ def start_nginx(prefix: Path, upstream_ports: list[int], port: int | None = None
         err = (prefix / "logs" / "error.log")
         raise RuntimeError(f"{e}: {err.read_text()[-2000:] if err.exists() else ''}") from None
     return ng
+
+
+def wait_for(cond, timeout: float = 60) -> bool:
+    """Whether ``cond()`` holds within ``timeout`` seconds (polled; a readiness signal with a
+    generous bound, never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()

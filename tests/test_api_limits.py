@@ -20,7 +20,7 @@ from qwen_trt.api.limits import chars_per_token, min_prompt_tokens
 from qwen_trt.api.server import ServerSettings, create_app
 from qwen_trt.api.shutdown import uvicorn_config
 from qwen_trt.serving.service import InferenceService
-from servers import app_in_thread, free_port
+from servers import app_in_thread, free_port, wait_for
 
 TEXT = "ok fine"
 
@@ -260,15 +260,6 @@ def test_max_queue_holds_for_concurrent_streams(tiny_tokenizer):
             for sock in socks:
                 sock.close()
         assert wait_for(lambda: service.status().queued == 0 and not service.status().busy)
-
-
-def wait_for(cond, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 # -- /health while a 10 MB prompt is tokenised --------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servers import start_serve
+from servers import start_serve, wait_for
 
 
 def children(pid: int) -> list[int]:
@@ -36,15 +36,6 @@ def gone(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state == "Z"
-
-
-def wait_for(cond, timeout: float = 60) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def in_flight(url: str) -> float:

@@ -25,6 +25,7 @@ from qwen_trt.params import SamplingParams
 from qwen_trt.serving.client import WorkerClient
 from qwen_trt.serving.events import Delta, WorkerStoppedError
 from qwen_trt.serving.worker import WorkerSpec
+from servers import wait_for  # noqa: E402
 
 WATCH_S = 2.0
 TIMEOUT = 120       # only a hang (or a very loaded machine restarting a worker) reaches it
@@ -35,15 +36,6 @@ GREEDY = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
 def _prompt(tokenizer, text: str) -> list[int]:
     return ChatSession(tokenizer).prepare(text, max_input_len=1000, max_seq_len=2048,
                                           max_new_tokens=16).ids
-
-
-def _wait_until(cond, timeout: float = TIMEOUT) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def test_a_stopped_worker_is_killed_restarted_and_its_request_fails_clearly(tiny_model_dir,
@@ -143,7 +135,7 @@ def test_a_queued_stream_gets_sse_keepalive_comments(tiny_tokenizer):
             first = threading.Thread(target=httpx.post, args=(f"{origin}/v1/chat/completions",),
                                      kwargs={"json": {**body, "stream": False}, "timeout": 60})
             first.start()
-            assert _wait_until(lambda: service.status().busy, 30)
+            assert wait_for(lambda: service.status().busy, 30)
             lines, seen_before_release = [], False
             with httpx.stream("POST", f"{origin}/v1/chat/completions", json=body,
                               timeout=60) as r:

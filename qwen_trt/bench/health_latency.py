@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from qwen_trt.bench.process import wait_healthy
 from qwen_trt.bench.measure import percentile
 
 TARGET_MS = 100.0
@@ -72,24 +73,8 @@ def start_child(model: str, wide_context: int, log: Path) -> tuple[subprocess.Po
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
                                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, proc)
+    wait_healthy(url, proc, 180)
     return proc, url
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the server was not healthy after {timeout} s")
 
 
 def stop_child(proc: subprocess.Popen) -> int:

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwen_trt.bench.process import wait_healthy
 from qwen_trt.bench.measure import percentile
 from qwen_trt.params import SamplingParams
 
@@ -216,7 +217,8 @@ def run_http(cfg: ServedBenchConfig, log, workdir: Path,
                                 env={**os.environ, "QWEN_TRT_WORKER": "process"})
     out: dict = {}
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}", proc, cfg.health_timeout_s, log_path)
+        wait_healthy(f"http://127.0.0.1:{port}", proc, cfg.health_timeout_s, "qwen-trt serve",
+                     log_path=log_path)
         healthy_s = time.monotonic() - t
         log(f"qwen-trt serve healthy in {healthy_s:.1f} s")
         url = f"http://127.0.0.1:{port}/v1"
@@ -278,23 +280,6 @@ def _worker_counters(port: int) -> dict | None:
         return {"steps": int(w["steps"]), "step_s": float(w["step_s"])} if w else None
     except (httpx.HTTPError, ValueError, KeyError):
         return None
-
-
-def _wait_healthy(url: str, proc, timeout: float, log_path: Path) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"qwen-trt serve exited ({proc.returncode}): "
-                               + log_path.read_text(errors="replace")[-1500:])
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"qwen-trt serve not healthy after {timeout:.0f} s")
 
 
 def _ratio(a, b, digits=3):
