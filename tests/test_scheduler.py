@@ -186,7 +186,7 @@ def test_preemption_under_kv_pressure_keeps_outputs(weights):
     ref = {i: alone(weights, p, greedy(40)) for i, p in enumerate(ps)}
     runner = make_runner(weights, blocks=13, block_size=16, token_budget=128)  # 12 usable
     out = run_all(runner, {i: (p, greedy(40)) for i, p in enumerate(ps)})
-    assert runner.preemptions > 0
+    assert runner.policy.preemptions > 0 and runner.stats().extra["preemptions"] > 0
     for i in ref:
         assert out[i][0] == ref[i]
     assert runner.stats().kv_blocks_used == 0
@@ -360,3 +360,23 @@ def test_chained_greedy_steps_keep_tokens_stops_and_aborts_right():
         assert out[i] == ref(p, n, stop), i
         assert fin[i] == ("stop" if out[i][-1] in stop else "length")
     assert runner.stats().kv_blocks_used == 0
+
+
+def test_the_policy_plans_and_the_input_builder_lays_out_a_step(weights):
+    """The runner's three parts: the policy (Scheduler) decides a step without launching it,
+    StepInputs lays out that plan for the batched model, the sampler picks (fast/sampling)."""
+    from qwen_trt.serving.scheduler import Scheduler, StepInputs, StepPlan
+
+    runner = make_runner(weights, max_batch=4, token_budget=40)
+    assert isinstance(runner.policy, Scheduler)
+    runner.add(1, list(range(3, 12)), greedy(4))          # 9 prompt tokens
+    plan = runner.policy.schedule()
+    assert isinstance(plan, StepPlan) and plan.decode == []
+    assert [(s.rid, n) for s, n in plan.prefill] == [(1, 9)]
+    inp = StepInputs.build(plan)
+    assert inp.tokens == list(range(3, 12)) and inp.positions == list(range(9))
+    assert inp.logit_rows == [8] and [s.rid for s in inp.sampled] == [1]
+    # the plan was only a plan: the runner's own step computes it (and moves on)
+    before = runner.steps
+    events = runner.step()
+    assert runner.steps == before + 1 and [e.request_id for e in events] == [1]

@@ -25,7 +25,7 @@ Thread-confined like every runner: one thread calls every method.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -85,6 +85,157 @@ class _Inflight:
     handle: tuple[int, int]
 
 
+@dataclass
+class StepPlan:
+    """What one step computes: decode rows (one token each), then prefill chunks (seq, n)."""
+
+    decode: list[_Seq]
+    prefill: list[tuple[_Seq, int]]
+
+
+class Scheduler:
+    """The policy of :class:`BatchRunner` (module docstring): which sequences run, which wait,
+    which are preempted, and what each step computes; the KV blocks and sampler rows they hold.
+    It launches nothing: :meth:`schedule` returns a :class:`StepPlan`."""
+
+    def __init__(self, config: SchedulerConfig, alloc: BlockAllocator,
+                 sampler: SamplerState) -> None:
+        self.config = config
+        self.alloc = alloc
+        self.sampler = sampler
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []
+        # One sampler row per sequence in flight (a preempted one keeps its row: its step and
+        # generated-token set go on after the recompute).
+        self.free_rows = list(range(config.max_batch - 1, -1, -1))
+        self.preemptions = 0
+        self.prefix_hit_tokens = 0
+
+    def release(self, seq: _Seq) -> None:
+        """``seq`` leaves (finished, cancelled, failed): its blocks and row go back."""
+        self.alloc.free(seq.blocks)
+        if seq.row >= 0:
+            self.free_rows.append(seq.row)
+            seq.row = -1
+        if seq in self.running:
+            self.running.remove(seq)
+        else:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+
+    def preempt(self, seq: _Seq) -> None:
+        self.alloc.free(seq.blocks)
+        self.running.remove(seq)
+        seq.computed = 0
+        seq.admitted = False
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
+
+    def schedule(self) -> StepPlan:
+        budget = self.config.token_budget
+        decode: list[_Seq] = []
+        for seq in list(self.running):
+            if seq.computed < len(seq.tokens) - 1 or seq not in self.running:
+                continue                                # still prefilling / preempted below
+            while not self.alloc.can_allocate(
+                    self.alloc.blocks_for(seq.computed + 1) - len(seq.blocks.table)):
+                victim = self.running[-1]
+                self.preempt(victim)
+                if victim is seq:
+                    break
+            if seq not in self.running:
+                continue
+            self.alloc.grow(seq.blocks, seq.computed + 1)
+            decode.append(seq)
+            budget -= 1
+        prefill: list[tuple[_Seq, int]] = []
+        candidates = [s for s in self.running if s.computed < len(s.tokens) - 1]
+        candidates += list(self.waiting)
+        for seq in candidates:
+            if budget <= 0:
+                break
+            if not seq.admitted:
+                if seq.compiling is not None:           # its grammar is still compiling
+                    continue
+                if self.prefilling_same(seq):          # n > 1: prefill the prompt once
+                    continue
+                if len(self.running) >= self.config.max_batch or (
+                        seq.row < 0 and not self.free_rows):
+                    break
+                hit = self.alloc.match_prefix(seq.blocks, seq.tokens)
+                if not self.alloc.can_allocate(
+                        self.alloc.blocks_for(min(len(seq.tokens), hit + budget))
+                        - len(seq.blocks.table)):
+                    self.alloc.free(seq.blocks)         # undo the match; wait for memory
+                    break
+                seq.computed = hit
+                if not seq.reported:
+                    seq.cached = hit
+                    self.prefix_hit_tokens += hit
+                seq.admitted = True
+                if seq.row < 0:                         # a new request: its sampler row
+                    seq.row = self.free_rows.pop()
+                    self.sampler.set(seq.params, seq.row)
+                self.waiting.remove(seq)
+                self.running.append(seq)
+            n = min(len(seq.tokens) - seq.computed, budget)
+            need = self.alloc.blocks_for(seq.computed + n) - len(seq.blocks.table)
+            if need > self.alloc.num_free:              # take what fits this step
+                n = (len(seq.blocks.table) + self.alloc.num_free) * self.alloc.block_size \
+                    - seq.computed
+                if n <= 0:
+                    break
+            self.alloc.grow(seq.blocks, seq.computed + n)
+            prefill.append((seq, n))
+            budget -= n
+        return StepPlan(decode, prefill)
+
+    def prefilling_same(self, seq: _Seq) -> bool:
+        """Whether a running sequence still prefilling starts with the same full block as
+        ``seq`` (identical prompts in flight, ``n > 1``): ``seq`` waits, then takes those
+        blocks from the prefix cache instead of computing them again."""
+        bs = self.alloc.block_size
+        if not self.config.prefix_caching or len(seq.tokens) <= bs:
+            return False
+        head = seq.tokens[:bs]
+        return any(s.computed < len(s.tokens) - 1 and s.computed < s.prompt_len
+                   and s.tokens[:bs] == head for s in self.running)
+
+
+@dataclass
+class StepInputs:
+    """The batched model's inputs for a :class:`StepPlan`: the flat token ids and positions,
+    one chunk per sequence, the rows whose logits are sampled, and those sequences."""
+
+    tokens: list[int]
+    positions: list[int]
+    chunks: list[SeqChunk]
+    logit_rows: list[int]
+    sampled: list[_Seq]
+
+    @classmethod
+    def build(cls, plan: StepPlan) -> "StepInputs":
+        inp = cls([], [], [], [], [])
+        for seq in plan.decode:
+            inp.chunks.append(SeqChunk(len(inp.tokens), 1, seq.computed + 1,
+                                       tuple(seq.blocks.table)))
+            inp.logit_rows.append(len(inp.tokens))
+            inp.tokens.append(seq.tokens[seq.computed])
+            inp.positions.append(seq.computed)
+            inp.sampled.append(seq)
+        for seq, n in plan.prefill:
+            start = len(inp.tokens)
+            inp.chunks.append(SeqChunk(start, n, seq.computed + n, tuple(seq.blocks.table)))
+            inp.tokens += seq.tokens[seq.computed:seq.computed + n]
+            inp.positions += range(seq.computed, seq.computed + n)
+            if seq.computed + n == len(seq.tokens):
+                inp.logit_rows.append(start + n - 1)
+                inp.sampled.append(seq)
+        return inp
+
+
 class BatchRunner:
     """The continuous-batching runner of the fast path (module docstring)."""
 
@@ -97,17 +248,15 @@ class BatchRunner:
         self.model = model
         self.config = config or SchedulerConfig()
         self.stop_ids = frozenset(stop_ids)
-        # One sampler row per sequence in flight (a preempted one keeps its row: its step and
-        # generated-token set go on after the recompute).
         self.sampler = SamplerState(model.max_seq_len, model.cfg.vocab_size, model.device,
                                     rows=self.config.max_batch)
-        self._free_rows = list(range(self.config.max_batch - 1, -1, -1))
         self.max_concurrency = self.config.max_batch
         self.max_seq_len = model.max_seq_len
         self.alloc = BlockAllocator(model.cache.num_blocks, model.block_size,
                                     prefix_caching=self.config.prefix_caching)
-        self._waiting: deque[_Seq] = deque()
-        self._running: list[_Seq] = []
+        self.policy = Scheduler(self.config, self.alloc, self.sampler)
+        # the policy's queues, as this runner's loop reads them
+        self._waiting, self._running = self.policy.waiting, self.policy.running
         self._seqs: dict[int, _Seq] = {}
         self._events: list[TokenEvent] = []
         self._inflight: _Inflight | None = None
@@ -115,8 +264,6 @@ class BatchRunner:
         self.steps = 0
         self.max_step_tokens = 0
         self.last_step_tokens = 0
-        self.preemptions = 0
-        self.prefix_hit_tokens = 0
         self.prompt_tokens = 0
         self._grammars = grammars
         self._compiler = None           # a thread compiling grammars off the step loop
@@ -160,12 +307,12 @@ class BatchRunner:
         a = self.alloc.stats()
         return RunnerStats(
             running=len(self._running), waiting=len(self._waiting), kv_blocks_used=a.used,
-            kv_blocks_total=a.total, prefix_hit_tokens=self.prefix_hit_tokens,
+            kv_blocks_total=a.total, prefix_hit_tokens=self.policy.prefix_hit_tokens,
             prompt_tokens=self.prompt_tokens,
             extra={"steps": self.steps, "max_step_tokens": self.max_step_tokens,
                    "token_budget": self.config.token_budget, "block_size": self.alloc.block_size,
                    "kv_cached_free_blocks": a.cached_free, "kv_evictions": a.evictions,
-                   "preemptions": self.preemptions, "max_batch": self.config.max_batch,
+                   "preemptions": self.policy.preemptions, "max_batch": self.config.max_batch,
                    "chained_steps": self.chained_steps})
 
     def step(self) -> list[TokenEvent]:
@@ -174,7 +321,8 @@ class BatchRunner:
         if self._inflight is not None:
             events += self._drain_or_chain()
             return events
-        decode, prefill = self._schedule()
+        plan = self.policy.schedule()
+        decode, prefill = plan.decode, plan.prefill
         if not decode and not prefill and not events:
             self._wait_compiles()
         if (decode and not prefill and self.model.can_chain(len(decode))
@@ -260,17 +408,7 @@ class BatchRunner:
     # ---- scheduling ------------------------------------------------------------------------
     def _finish(self, seq: _Seq, finish: StepFinish, new: tuple[int, ...],
                 error: str | None = None) -> None:
-        self.alloc.free(seq.blocks)
-        if seq.row >= 0:
-            self._free_rows.append(seq.row)
-            seq.row = -1
-        if seq in self._running:
-            self._running.remove(seq)
-        else:
-            try:
-                self._waiting.remove(seq)
-            except ValueError:
-                pass
+        self.policy.release(seq)
         del self._seqs[seq.rid]
         self._events.append(self._event(seq, new, finish, error))
 
@@ -282,100 +420,15 @@ class BatchRunner:
         return TokenEvent(seq.rid, new, finish=finish, cached_tokens=cached, error=error,
                           logprobs=(lp,) if lp is not None and new else ())
 
-    def _preempt(self, seq: _Seq) -> None:
-        self.alloc.free(seq.blocks)
-        self._running.remove(seq)
-        seq.computed = 0
-        seq.admitted = False
-        self._waiting.appendleft(seq)
-        self.preemptions += 1
-
-    def _schedule(self) -> tuple[list[_Seq], list[tuple[_Seq, int]]]:
-        budget = self.config.token_budget
-        decode: list[_Seq] = []
-        for seq in list(self._running):
-            if seq.computed < len(seq.tokens) - 1 or seq not in self._running:
-                continue                                # still prefilling / preempted below
-            while not self.alloc.can_allocate(
-                    self.alloc.blocks_for(seq.computed + 1) - len(seq.blocks.table)):
-                victim = self._running[-1]
-                self._preempt(victim)
-                if victim is seq:
-                    break
-            if seq not in self._running:
-                continue
-            self.alloc.grow(seq.blocks, seq.computed + 1)
-            decode.append(seq)
-            budget -= 1
-        prefill: list[tuple[_Seq, int]] = []
-        candidates = [s for s in self._running if s.computed < len(s.tokens) - 1]
-        candidates += list(self._waiting)
-        for seq in candidates:
-            if budget <= 0:
-                break
-            if not seq.admitted:
-                if seq.compiling is not None:           # its grammar is still compiling
-                    continue
-                if self._prefilling_same(seq):          # n > 1: prefill the prompt once
-                    continue
-                if len(self._running) >= self.config.max_batch or (
-                        seq.row < 0 and not self._free_rows):
-                    break
-                hit = self.alloc.match_prefix(seq.blocks, seq.tokens)
-                if not self.alloc.can_allocate(
-                        self.alloc.blocks_for(min(len(seq.tokens), hit + budget))
-                        - len(seq.blocks.table)):
-                    self.alloc.free(seq.blocks)         # undo the match; wait for memory
-                    break
-                seq.computed = hit
-                if not seq.reported:
-                    seq.cached = hit
-                    self.prefix_hit_tokens += hit
-                seq.admitted = True
-                if seq.row < 0:                         # a new request: its sampler row
-                    seq.row = self._free_rows.pop()
-                    self.sampler.set(seq.params, seq.row)
-                self._waiting.remove(seq)
-                self._running.append(seq)
-            n = min(len(seq.tokens) - seq.computed, budget)
-            need = self.alloc.blocks_for(seq.computed + n) - len(seq.blocks.table)
-            if need > self.alloc.num_free:              # take what fits this step
-                n = (len(seq.blocks.table) + self.alloc.num_free) * self.alloc.block_size \
-                    - seq.computed
-                if n <= 0:
-                    break
-            self.alloc.grow(seq.blocks, seq.computed + n)
-            prefill.append((seq, n))
-            budget -= n
-        return decode, prefill
-
     # ---- one model step --------------------------------------------------------------------
     def _run(self, decode: list[_Seq], prefill: list[tuple[_Seq, int]]) -> list[TokenEvent]:
-        tokens: list[int] = []
-        positions: list[int] = []
-        chunks: list[SeqChunk] = []
-        logit_rows: list[int] = []
-        sampled: list[_Seq] = []
-        for seq in decode:
-            chunks.append(SeqChunk(len(tokens), 1, seq.computed + 1, tuple(seq.blocks.table)))
-            logit_rows.append(len(tokens))
-            tokens.append(seq.tokens[seq.computed])
-            positions.append(seq.computed)
-            sampled.append(seq)
-        for seq, n in prefill:
-            start = len(tokens)
-            chunks.append(SeqChunk(start, n, seq.computed + n, tuple(seq.blocks.table)))
-            tokens += seq.tokens[seq.computed:seq.computed + n]
-            positions += range(seq.computed, seq.computed + n)
-            if seq.computed + n == len(seq.tokens):
-                logit_rows.append(start + n - 1)
-                sampled.append(seq)
+        inp = StepInputs.build(StepPlan(decode, prefill))
         if prefill:
-            logits = self.model.forward(tokens, positions, chunks, logit_rows)
+            logits = self.model.forward(inp.tokens, inp.positions, inp.chunks, inp.logit_rows)
         else:
-            logits = self.model.decode(tokens, positions, [c.table for c in chunks])
-        picked = self._pick(logits, sampled)
-        self._count_step(len(tokens))
+            logits = self.model.decode(inp.tokens, inp.positions, [c.table for c in inp.chunks])
+        picked = self._pick(logits, inp.sampled)
+        self._count_step(len(inp.tokens))
         for seq in decode:
             seq.computed += 1
         for seq, n in prefill:
@@ -383,7 +436,7 @@ class BatchRunner:
         for seq in decode + [s for s, _ in prefill]:
             self.alloc.register_full(seq.blocks, seq.tokens, seq.computed)
         events: list[TokenEvent] = []
-        for seq, tok in zip(sampled, picked):
+        for seq, tok in zip(inp.sampled, picked):
             events += self._emit(seq, tok)
         events += self._events
         self._events = []
@@ -401,17 +454,6 @@ class BatchRunner:
         for seq, lp in zip(seqs, lps):
             seq.logprob = lp
         return toks
-
-    def _prefilling_same(self, seq: _Seq) -> bool:
-        """Whether a running sequence still prefilling starts with the same full block as
-        ``seq`` (identical prompts in flight, ``n > 1``): ``seq`` waits, then takes those
-        blocks from the prefix cache instead of computing them again."""
-        bs = self.alloc.block_size
-        if not self.config.prefix_caching or len(seq.tokens) <= bs:
-            return False
-        head = seq.tokens[:bs]
-        return any(s.computed < len(s.tokens) - 1 and s.computed < s.prompt_len
-                   and s.tokens[:bs] == head for s in self._running)
 
     # ---- grammars: compiled off the step loop, masks filled per step -----------------------
     def _compile(self, params: SamplingParams):
