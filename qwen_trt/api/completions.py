@@ -244,13 +244,18 @@ def add_routes(app: FastAPI, ctx: ApiContext) -> None:
             yield ctx.data(error_body(str(e), e.status))
         yield "data: [DONE]\n\n"
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
+    async def _object_body(request: Request) -> dict:
+        """The checked JSON object body of a /tokenize or /detokenize request."""
         ctx.check_auth(request)
         obj = await _json(request)
         if not isinstance(obj, dict):
             raise ApiError(400, "The request body must be a JSON object.")
         check_model(obj.get("model"))
+        return obj
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        obj = await _object_body(request)
         if "messages" in obj:
             from qwen_trt.api.protocol import parse_messages
             from qwen_trt.api.tools import parse_tools
@@ -273,11 +278,7 @@ def add_routes(app: FastAPI, ctx: ApiContext) -> None:
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
-        ctx.check_auth(request)
-        obj = await _json(request)
-        if not isinstance(obj, dict):
-            raise ApiError(400, "The request body must be a JSON object.")
-        check_model(obj.get("model"))
+        obj = await _object_body(request)
         tokens = obj.get("tokens")
         vocab = len(ctx.service.tokenizer)
         if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < vocab
