@@ -1,5 +1,5 @@
 """Markdown a hostile reply could send to make the browser fetch a URL, render HTML, LaTeX or
-colours: the three from issue 11 and variants on each trick. ``payloads(url)`` names each one;
+colours: three known bypasses and variants on each trick. ``payloads(url)`` names each one;
 ``url`` is where a leak would go (the browser test points it at a request logger)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def _nested_list(depth: int, leaf: str) -> str:
 def payloads(url: str) -> dict[str, str]:
     img = f"![x]({url})"
     p = {
-        # issue 11, as found
+        # the known bypasses, as found
         "footnote": f"See[^1].\n\n[^1]: {img}",
         "quote-20": "> " * 20 + img,
         "list-9": _nested_list(9, img),
@@ -86,7 +86,7 @@ def payloads(url: str) -> dict[str, str]:
         "directive-deep": "> " * 30 + ":red[stop]",
         "directive-list-deep": _nested_list(12, ":green[go] :red[" + img + "]"),
     }
-    # issue 23: an HTML block whose next line opens a fence hides where the fences are from a
+    # an HTML block whose next line opens a fence hides where the fences are from a
     # design that escapes the original text around a parse (the "<" escaped, the block gone)
     for name, tag in (("div", "<div>"), ("comment", "<!--"), ("pre", "<pre>"), ("p", "<p>"),
                       ("table", "<table>"), ("details", "<details>")):

@@ -300,7 +300,7 @@ def test_a_real_model_gets_no_demo_note(scripted):
     assert not any("demo model" in i.value for i in at.info)
 
 
-# -- stop, regenerate, edit, downloads, reload (issue 15) ---------------------------------------
+# -- stop, regenerate, edit, downloads, reload ----------------------------------------
 
 def slow_stream(backend, delay_s: float = 0.02):
     """Make ``backend`` yield one token every ``delay_s`` (a reply long enough to stop)."""

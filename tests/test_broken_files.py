@@ -1,4 +1,4 @@
-"""Broken files are one line naming the file and what is wrong (issue 11, item 5): checkpoint
+"""Broken files are one line naming the file and what is wrong: checkpoint
 files (weights, config, tokenizer), engine manifests and build profiles, in the library, the
 CLI (chat, build, export-onnx) and the app."""
 from __future__ import annotations

@@ -133,7 +133,7 @@ def test_raw_payloads_do_leak_in_this_renderer(rendered):
 def test_sanitised_payloads_make_no_request(rendered):
     _, names, seen = rendered
     assert [p for p in seen if p.startswith("/s/")] == []
-    assert "html-div-fence" in names                  # issue 23's payloads are in the corpus
+    assert "html-div-fence" in names                  # the HTML-opener-then-fence payloads are in the corpus
 
 
 def test_sanitised_payloads_link_only_to_http(rendered):

@@ -1,4 +1,4 @@
-"""A hung engine is noticed (issue 23, item 4): with ``--watchdog-s``, a worker that makes no
+"""A hung engine is noticed: with ``--watchdog-s``, a worker that makes no
 progress while requests are in it (here: stopped with SIGSTOP) is killed and restarted; the
 request in flight gets one clear error, the service is not ready meanwhile (``/health`` 503),
 and the next request is answered. A long step that still runs (a long prefill) beats and is

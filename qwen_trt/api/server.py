@@ -205,7 +205,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     counts = _Counts()
     metrics = ServerMetrics(service.status, lambda: counts.waiting, lambda: counts.running)
     admission = Admission(counts, settings.max_queue, settings.retry_after_s)
-    # Tokenising runs in worker threads with the GIL released (see chat.session._Codec), a few at
+    # Tokenising runs in worker threads with the GIL released (see serving.session._Codec), a few at
     # a time; /health and other requests go on meanwhile.
     tokenizing = asyncio.Semaphore(TOKENIZE_AT_ONCE)
     per_token: list = []          # chars_per_token(tokenizer), worked out on first use

@@ -1,4 +1,4 @@
-"""What constrained decoding and logprobs cost on the fast path (issue 25's speed targets):
+"""What constrained decoding and logprobs cost on the fast path (against the speed targets in docs/benchmarks.md):
 
     python -m qwen_trt.bench.constrained --model DIR [--streams 8] [--new-tokens 256] --out F.json
 

@@ -135,7 +135,7 @@ class Qwen3Fast(torch.nn.Module):
         self.dtype = dtype
         self.attn_impl = "math"   # or "triton" (CUDA): chosen by the decoder after a self-check
         # "torch": decode is PyTorch ops (compiled by the decoder on CUDA); "triton": decode runs
-        # the hand-written kernels of gemv.py / rope_cache.py / attention.py, 7 per layer.
+        # the hand-written kernels of gemv.py / attention.py, 6 per layer.
         self.decode_impl = "torch"
         self.register_buffer("embed", torch.empty(cfg.vocab_size, cfg.hidden, dtype=dtype,
                                                   device=device))
