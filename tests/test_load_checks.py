@@ -1,5 +1,5 @@
-"""What used to hang, print a traceback or load and answer nonsense is one line at load (
-items 6, 8, 9): non-regular checkpoint files (a FIFO named model.safetensors), a missing folder
+"""What used to hang, print a traceback or load and answer nonsense is one line at load:
+non-regular checkpoint files (a FIFO named model.safetensors), a missing folder
 (reported before the engine process starts), config numbers (rms_norm_eps, rope_theta, token ids,
 dtype), weights that do not fit the config or hold NaN / inf, chat templates that do not parse or
 raise, and unexpected errors in the CLI (traceback only with ``qwen-trt --debug``)."""
