@@ -239,17 +239,19 @@ def test_quantize_command_refuses_a_quantized_source_in_one_line(quantized, tmp_
 
 
 def test_fp8_without_tensor_cores_says_so_and_refuses_tensorcore_prefill(quantized,
-                                                                         tiny_model_dir,
-                                                                         monkeypatch):
-    monkeypatch.setenv("QWEN_TRT_FP8_TENSOR_CORES", "0")
-    dec = _load(quantized["fp8"])
-    assert any("without FP8 tensor cores: W8A16 kernels" in n for n in dec.stats.notes)
-    monkeypatch.setenv("QWEN_TRT_FP8_PREFILL", "tensorcore")
-    msg = _error(quantized["fp8"], tiny_model_dir)
-    assert "FP8 tensor-core prefill needs FP8 tensor cores" in msg
-    # bf16 weights never get the note
-    monkeypatch.delenv("QWEN_TRT_FP8_PREFILL")
-    assert _load(tiny_model_dir).stats.notes == []
+                                                                         tiny_model_dir):
+    from qwen_trt.fast.options import KernelOptions, use
+
+    # the variables, read once into the kernel options
+    env = {"QWEN_TRT_FP8_TENSOR_CORES": "0"}
+    with use(KernelOptions.from_env(env)):
+        dec = _load(quantized["fp8"])
+        assert any("without FP8 tensor cores: W8A16 kernels" in n for n in dec.stats.notes)
+    with use(KernelOptions.from_env({**env, "QWEN_TRT_FP8_PREFILL": "tensorcore"})):
+        msg = _error(quantized["fp8"], tiny_model_dir)
+        assert "FP8 tensor-core prefill needs FP8 tensor cores" in msg
+    with use(KernelOptions.from_env(env)):
+        assert _load(tiny_model_dir).stats.notes == []        # bf16 weights never get the note
 
 
 def test_bench_measures_each_weight_format_as_its_own_path():

@@ -1,13 +1,13 @@
 """Build a :class:`FastDecoder` from a checkpoint folder, an HF state dict, or random weights."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 from qwen_trt.errors import ModelSourceError
+from qwen_trt.fast.options import options
 from qwen_trt.fast.config import FastConfig
 from qwen_trt.fast.decoder import FastDecoder
 from qwen_trt.fast.model import Qwen3Fast
@@ -46,7 +46,7 @@ def resolve_quant(weights: str | Path | dict | None, quantization: str = "auto")
 def fp8_tensor_cores(device: torch.device) -> bool:
     """Whether the GPU has FP8 tensor cores (compute capability 8.9+);
     ``QWEN_TRT_FP8_TENSOR_CORES=0`` says no (to exercise the fallback anywhere)."""
-    if os.environ.get("QWEN_TRT_FP8_TENSOR_CORES", "") == "0" or device.type != "cuda":
+    if not options().fp8_tensor_cores or device.type != "cuda":
         return False
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
@@ -55,7 +55,7 @@ def fp8_notes(device: torch.device, mode: str | None = None) -> list[str]:
     """What an FP8 model runs on, as notes; ``mode`` (``QWEN_TRT_FP8_PREFILL``): ``auto`` /
     ``dequant`` (prefill dequantizes, then bf16 GEMMs) or ``tensorcore``, which raises a
     one-line error on a GPU without FP8 tensor cores. Decode always runs the W8A16 kernels."""
-    mode = mode or os.environ.get("QWEN_TRT_FP8_PREFILL", "auto") or "auto"
+    mode = mode or options().fp8_prefill
     if mode not in FP8_PREFILL_MODES:
         raise ModelSourceError(f"QWEN_TRT_FP8_PREFILL={mode!r}: use "
                                f"{', '.join(FP8_PREFILL_MODES)}")

@@ -23,6 +23,8 @@ class KernelOptions:
     step_compile: bool = True        # the batched step's elementwise pieces compiled
     attn_split: int | None = None    # batch-1 RoPE attention keys per split (None: tuned default)
     paged_split: int | None = None   # paged RoPE attention keys per split (None: tuned default)
+    fp8_prefill: str = "auto"        # FP8 weights' prefill: auto | dequant | tensorcore
+    fp8_tensor_cores: bool = True    # False: act as if the GPU had none (tests the fallback)
     gemv: Mapping[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)
     # (n, k) -> (block_n, warps, ctas_per_sm): a GEMV shape's persistent configuration
 
@@ -46,7 +48,9 @@ class KernelOptions:
         return cls(pdl=settings.get("QWEN_TRT_PDL", env), chain=settings.get("QWEN_TRT_CHAIN", env),
                    step_compile=settings.get("QWEN_TRT_STEP_COMPILE", env),
                    attn_split=settings.get("QWEN_TRT_ATTN_SPLIT", env),
-                   paged_split=settings.get("QWEN_TRT_PAGED_SPLIT", env), gemv=gemv)
+                   paged_split=settings.get("QWEN_TRT_PAGED_SPLIT", env),
+                   fp8_prefill=settings.get("QWEN_TRT_FP8_PREFILL", env),
+                   fp8_tensor_cores=settings.get("QWEN_TRT_FP8_TENSOR_CORES", env), gemv=gemv)
 
     def replace(self, **changes) -> "KernelOptions":
         return dataclasses.replace(self, **changes)
