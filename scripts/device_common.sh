@@ -77,7 +77,8 @@ PY
 
 # The checkpoint: MODEL if given, else a random one with Qwen3-4B's shapes under WORK
 # (qwen_trt.bench.shaped_model: bf16, drawn on GPU 0 when there is one; SHAPE=tiny for a CPU
-# dry run).
+# dry run; TOKENIZER=DIR: Qwen's real tokenizer from a folder `python -m qwen_trt.bench.qwen_vocab`
+# wrote, e.g. .dev-tok carried with the tree).
 ensure_model() {
   MODEL=${MODEL:-$MODEL_DEFAULT}
   if [ -f "$MODEL/config.json" ] && ls "$MODEL"/*.safetensors >/dev/null 2>&1; then
@@ -95,7 +96,8 @@ ensure_model() {
   fi
   rm -rf "$MODEL"
   CUDA_VISIBLE_DEVICES=${MODEL_GPU:-0} timeout "$(bound 180)" \
-    "$PY" -m qwen_trt.bench.shaped_model "$MODEL" --shape "${SHAPE:-qwen3-4b}" 2>&1 |
+    "$PY" -m qwen_trt.bench.shaped_model "$MODEL" --shape "${SHAPE:-qwen3-4b}" \
+    ${TOKENIZER:+--tokenizer-from "$TOKENIZER"} 2>&1 |
     tr '\r' '\n' | grep -v '%|'
   local rc=${PIPESTATUS[0]}
   rmdir "$lock"

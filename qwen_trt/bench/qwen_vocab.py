@@ -67,18 +67,36 @@ def build_tokenizer(gguf: str | Path):
     return tok
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "chat_template.jinja")
+
+
 def write_tokenizer(gguf: str | Path, out_dir: str | Path) -> int:
     """Write the tokenizer files into ``out_dir`` (replacing any there); returns its size."""
     from qwen_trt.model.tiny import _patch_tokenizer_config
 
     out = Path(out_dir)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                 "vocab.json", "merges.txt", "chat_template.jinja"):
+    for name in TOKENIZER_FILES:
         (out / name).unlink(missing_ok=True)
     tok = build_tokenizer(gguf)
     tok.save_pretrained(out)
     _patch_tokenizer_config(out)
     return len(tok)
+
+
+def copy_tokenizer(src_dir: str | Path, out_dir: str | Path) -> None:
+    """The tokenizer files :func:`write_tokenizer` wrote into ``src_dir``, copied into
+    ``out_dir`` (replacing any there); one line when ``src_dir`` lacks ``tokenizer.json``."""
+    import shutil
+
+    src, out = Path(src_dir), Path(out_dir)
+    if not (src / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{src}: no tokenizer.json (write it with "
+                                f"`python -m qwen_trt.bench.qwen_vocab GGUF {src}`)")
+    for name in TOKENIZER_FILES:
+        (out / name).unlink(missing_ok=True)
+        if (src / name).is_file():
+            shutil.copyfile(src / name, out / name)
 
 
 def check_vectors(tok, gguf: str | Path) -> tuple[int, int]:

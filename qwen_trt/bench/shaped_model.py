@@ -57,11 +57,14 @@ def _tensors(cfg):
 
 def write_shaped_model(out_dir: str | Path, shape="qwen3-4b", *, seed: int = 0,
                        device: str = "auto", force: bool = False,
-                       vocab_gguf: str | Path | None = None) -> Path:
+                       vocab_gguf: str | Path | None = None,
+                       tokenizer_from: str | Path | None = None) -> Path:
     """Write the checkpoint into ``out_dir`` (new or empty unless ``force``); ``shape`` is a
     name of ``qwen_trt.fast.SHAPES`` or a :class:`~qwen_trt.fast.FastConfig`. ``vocab_gguf``:
     llama.cpp's ``ggml-vocab-qwen2.gguf``, for Qwen's real tokenizer
-    (:mod:`qwen_trt.bench.qwen_vocab`) instead of the tiny model's. Returns the folder."""
+    (:mod:`qwen_trt.bench.qwen_vocab`) instead of the tiny model's; ``tokenizer_from``: a folder
+    that ``python -m qwen_trt.bench.qwen_vocab`` wrote, the same tokenizer without the GGUF
+    conversion (a machine without the ``gguf`` package). Returns the folder."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
@@ -77,6 +80,11 @@ def write_shaped_model(out_dir: str | Path, shape="qwen3-4b", *, seed: int = 0,
         from qwen_trt.bench.qwen_vocab import BPE_TOKENS, write_tokenizer
 
         write_tokenizer(vocab_gguf, out)
+    elif tokenizer_from is not None:
+        from qwen_trt.bench.qwen_vocab import BPE_TOKENS, copy_tokenizer
+
+        copy_tokenizer(tokenizer_from, out)
+        vocab_gguf = tokenizer_from          # the same ids from here on
     known = len(AutoTokenizer.from_pretrained(out))
     text_ids = BPE_TOKENS if vocab_gguf is not None else known   # greedy never picks a control
     if known > cfg.vocab_size:
@@ -136,10 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab-gguf", default=None,
                    help="llama.cpp's models/ggml-vocab-qwen2.gguf: Qwen's real 151,643-token "
                         "tokenizer instead of the tiny one (qwen_trt.bench.qwen_vocab)")
+    p.add_argument("--tokenizer-from", default=None,
+                   help="a folder written by `python -m qwen_trt.bench.qwen_vocab`: the same "
+                        "real tokenizer, copied (no gguf package needed)")
     args = p.parse_args(argv)
     t = time.perf_counter()
     out = write_shaped_model(args.dir, args.shape, seed=args.seed, device=args.device,
-                             force=args.force, vocab_gguf=args.vocab_gguf)
+                             force=args.force, vocab_gguf=args.vocab_gguf,
+                             tokenizer_from=args.tokenizer_from)
     size = sum(f.stat().st_size for f in out.glob("*.safetensors")) / 1e9
     print(f"wrote {out} ({args.shape} shapes, {size:.2f} GB) in {time.perf_counter() - t:.1f} s",
           file=sys.stderr)

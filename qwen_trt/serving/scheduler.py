@@ -261,6 +261,7 @@ class BatchRunner:
         self._events: list[TokenEvent] = []
         self._inflight: _Inflight | None = None
         self.chained_steps = 0
+        self.last_step: dict = {"kind": "none"}    # what the last step() ran (bench.timeline)
         self.steps = 0
         self.max_step_tokens = 0
         self.last_step_tokens = 0
@@ -316,6 +317,7 @@ class BatchRunner:
                    "chained_steps": self.chained_steps})
 
     def step(self) -> list[TokenEvent]:
+        self.last_step = {"kind": "none"}
         self._grammars_ready()
         events, self._events = self._events, []
         if self._inflight is not None:
@@ -333,13 +335,15 @@ class BatchRunner:
                 [s.tokens[s.computed] for s in decode], [s.computed for s in decode],
                 [s.blocks.table for s in decode])
             self._inflight = _Inflight(list(decode), handle)
-            self._count_step(len(decode))
+            self._count_step(len(decode), len(decode))
             return events
         if decode or prefill:
             events += self._run(decode, prefill)
         return events
 
-    def _count_step(self, tokens: int) -> None:
+    def _count_step(self, tokens: int, decode_rows: int = 0, prefill_tokens: int = 0) -> None:
+        self.last_step = {"kind": "prefill" if prefill_tokens else "decode",
+                          "decode_rows": decode_rows, "prefill_tokens": prefill_tokens}
         self.steps += 1
         self.last_step_tokens = tokens
         self.max_step_tokens = max(self.max_step_tokens, tokens)
@@ -373,7 +377,7 @@ class BatchRunner:
                 if len(s.blocks.table) != before:
                     grown[row] = list(s.blocks.table)
             nxt = _Inflight(list(inf.seqs), self.model.decode_chain(len(inf.seqs), grown))
-            self._count_step(len(inf.seqs))
+            self._count_step(len(inf.seqs), len(inf.seqs))
             self.chained_steps += 1
         toks = self.model.decode_result(inf.handle)
         self._inflight = nxt
@@ -428,7 +432,7 @@ class BatchRunner:
         else:
             logits = self.model.decode(inp.tokens, inp.positions, [c.table for c in inp.chunks])
         picked = self._pick(logits, inp.sampled)
-        self._count_step(len(inp.tokens))
+        self._count_step(len(inp.tokens), len(decode), sum(n for _, n in prefill))
         for seq in decode:
             seq.computed += 1
         for seq, n in prefill:
