@@ -173,10 +173,15 @@ if triton is not None:
             c1, c2, s1, s2 = rope_rows(cos_ptr, sin_ptr, pos * D, i, half)
             if (pos >= start) & (pos < start + SPLIT):   # the new token: K/V into the cache
                 dst = kh * stride_kh + tl.load(slot_ptr + b).to(tl.int64) * stride_ks
-                k_pre, v_pre = write_new_kv(   # (and into the preloaded block's row)
-                    row_src + (HEADS + kh) * D, row_src + (HEADS + HEADS // GROUP + kh) * D,
-                    kn_ptr, k_ptr + dst, v_ptr + dst, c1, c2, s1, s2, eps, toks0, pos,
-                    k_pre, v_pre, D, PRELOAD)
+                k_src = row_src + (HEADS + kh) * D
+                v_src = row_src + (HEADS + HEADS // GROUP + kh) * D
+                if PRELOAD:                    # (and into the preloaded block's row)
+                    k_pre, v_pre = write_new_kv(k_src, v_src, kn_ptr, k_ptr + dst, v_ptr + dst,
+                                                c1, c2, s1, s2, eps, toks0, pos, k_pre, v_pre,
+                                                D, True)
+                else:
+                    write_new_kv(k_src, v_src, kn_ptr, k_ptr + dst, v_ptr + dst, c1, c2, s1,
+                                 s2, eps, toks0, pos, k_pre, v_pre, D, False)
                 tl.debug_barrier()   # the block's own writes, visible to its loads below
             q = rope_group(row_src, qn_ptr, kh * GROUP, c1, c2, s1, s2, eps, GROUP,
                            GROUP_PAD, D)
