@@ -243,20 +243,49 @@ class RowsView:
     apply_mask = SamplerState.apply_mask
 
 
-def pick_rows(st: SamplerState, logits: torch.Tensor, rows: Sequence[int],
-              params: Sequence[SamplingParams], masks: torch.Tensor | None = None
-              ) -> tuple[list[int], list[TokenLogprob | None]]:
+class Picked:
+    """A step's picks still on the device (:func:`pick_rows_device`): the token ids and, for the
+    rows that asked, their logprobs. :meth:`stage` queues the copies to pinned host memory so
+    a later :meth:`result` (after the step's event) reads them without syncing the stream."""
+
+    def __init__(self, tokens: torch.Tensor, params: Sequence[SamplingParams],
+                 want: list[int], lp: tuple | None) -> None:
+        self.tokens, self.params, self.want, self.lp = tokens, params, want, lp
+        self._host: tuple | None = None
+
+    def stage(self) -> None:
+        """Queue the logprobs' copies to the host (the tokens travel with the step's own)."""
+        if self.lp is not None and self.tokens.is_cuda:
+            self._host = tuple(t.to("cpu", non_blocking=True) for t in self.lp)
+
+    def result(self, tokens: Sequence[int]) -> list[TokenLogprob | None]:
+        """Each row's :class:`TokenLogprob` (None where not asked) for its chosen ``tokens``;
+        after :meth:`stage`, call once the step's event has completed."""
+        out: list[TokenLogprob | None] = [None] * len(self.params)
+        if not self.want:
+            return out
+        chosen, top, top_id = (t.tolist() for t in (self._host or self.lp))
+        for j, i in enumerate(self.want):
+            n = self.params[i].logprobs
+            out[i] = logprob_of(tokens[i], chosen[j], top[j][:n], top_id[j][:n])
+        return out
+
+
+def pick_rows_device(st: SamplerState, logits: torch.Tensor, rows: Sequence[int],
+                     params: Sequence[SamplingParams], masks: torch.Tensor | None = None
+                     ) -> Picked:
     """One token per row of ``logits`` for the requests ``params`` holding sampler rows
-    ``rows`` (the batched runner's step), and each one's :class:`TokenLogprob` when it asked
-    for logprobs; advances those rows. ``masks``: int32 ``[len(rows), words]`` grammar masks
-    (all ones for unconstrained rows; on the host is fine), given when any row is constrained.
+    ``rows`` (the batched runner's step), and the logprobs of those that asked, left on the
+    device (nothing here waits for the GPU); advances those rows. ``masks``: int32
+    ``[len(rows), words]`` grammar masks (all ones for unconstrained rows; on the host is
+    fine), given when any row is constrained.
 
     Logprobs are computed for the rows that want them only; a step of greedy, unpenalized,
     unconstrained rows without logprobs is one argmax (their rows are not advanced: nothing
     reads them)."""
     kinds = [sampler_kind(p) for p in params]
     if all(k == "greedy" for k in kinds):       # nothing of the rows' state is read
-        return torch.argmax(logits, dim=-1).tolist(), [None] * len(kinds)
+        return Picked(torch.argmax(logits, dim=-1), params, [], None)
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
     dev = logits.device
     idx = torch.tensor(list(rows), device=dev)
@@ -273,15 +302,18 @@ def pick_rows(st: SamplerState, logits: torch.Tensor, rows: Sequence[int],
     if PENALTIES in flags:
         st.counts[idx, tokens] += 1
     st.step[idx] += 1
-    out: list[TokenLogprob | None] = [None] * len(kinds)
-    host = tokens.tolist()
+    lp = None
     if want:
         sel = torch.tensor(want, device=dev)
         k = max(params[i].logprobs for i in want)
-        chosen, top, top_id = token_logprobs(lf.index_select(0, sel), tokens.index_select(0, sel),
-                                             max(k, 1))
-        chosen, top, top_id = chosen.tolist(), top.tolist(), top_id.tolist()
-        for j, i in enumerate(want):
-            n = params[i].logprobs
-            out[i] = logprob_of(host[i], chosen[j], top[j][:n], top_id[j][:n])
-    return host, out
+        lp = token_logprobs(lf.index_select(0, sel), tokens.index_select(0, sel), max(k, 1))
+    return Picked(tokens, params, want, lp)
+
+
+def pick_rows(st: SamplerState, logits: torch.Tensor, rows: Sequence[int],
+              params: Sequence[SamplingParams], masks: torch.Tensor | None = None
+              ) -> tuple[list[int], list[TokenLogprob | None]]:
+    """:func:`pick_rows_device`, read back at once: the token ids and logprobs on the host."""
+    picked = pick_rows_device(st, logits, rows, params, masks)
+    host = picked.tokens.tolist()
+    return host, picked.result(host)
