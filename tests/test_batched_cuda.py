@@ -130,14 +130,15 @@ def test_qwen3_4b_bf16_graph_buckets_match_the_eager_step(big):
     tables = [tuple(bl.table) for _, bl in seqs[:b]]
     chunks = [SeqChunk(i, 1, pos[i] + 1, tables[i]) for i in range(b)]
     e = bm.forward(toks, pos, chunks, list(range(b))).float()
-    saved = bm._graphs.pop(8)
+    key = (8, bm.width_for(max(pos) + 1))
+    saved = bm._graphs.pop(key)
     try:
         for impl in ("bgemm", "torch"):
-            bm._graphs[8] = bm._capture(8, impl)
+            bm._graphs[key] = bm._capture(8, impl, width=key[1])
             g = bm.decode(toks, pos, tables).float()
             assert ((g - e).norm() / e.norm()).item() < 1e-1, impl
     finally:
-        bm._graphs[8] = saved
+        bm._graphs[key] = saved
 
 
 def test_qwen3_4b_bf16_greedy_alone_vs_batched(big):
@@ -192,3 +193,45 @@ def test_qwen3_4b_bf16_step_graphs_match_the_math_step(big):
     for name, x in (("graph", got), ("eager", eager)):
         err = ((x - ref).norm() / ref.norm()).item()
         assert err < 1e-1, (name, err)
+
+
+def test_decode_graphs_by_width_agree_and_a_chain_crosses_into_the_wider_one(big):
+    """Decode graphs come per context width (the attention's grid covers only the splits of
+    that many blocks): the narrow and the widest graph give the same logits for a batch that
+    fits both, and a chained greedy batch whose context crosses a width (1024 tokens) moves
+    on to the wider graph with the same tokens as step-by-step decoding."""
+    from qwen_trt.fast.options import options, use
+    from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
+
+    bm = big
+    assert len(bm.widths) > 1 and bm.widths[0] * bm.block_size == 1024, bm.widths
+    alloc = BlockAllocator(bm.cache.num_blocks, bm.block_size)
+    ps = prompts(3, QWEN3_4B.vocab_size, seed=9, lo=200, hi=900)
+    tabs = []
+    for p in ps:
+        blocks = SeqBlocks()
+        alloc.grow(blocks, len(p) + 1)
+        tabs.append(tuple(blocks.table))
+        bm.forward(p, list(range(len(p))), [SeqChunk(0, len(p), len(p), tabs[-1])],
+                   [len(p) - 1])
+    toks, pos = [p[-1] for p in ps], [len(p) for p in ps]
+    narrow = bm.width_for(max(pos) + 1)
+    assert narrow == bm.widths[0]
+    bm.decode_meta(toks, pos, tabs, 4)
+    bm._graph(4, narrow).replay()
+    a = bm.g_logits[:3].float().clone()
+    bm.decode_meta(toks, pos, tabs, 4)
+    bm._graph(4, bm.widths[-1]).replay()
+    b = bm.g_logits[:3].float()
+    assert ((a - b).norm() / b.norm()).item() < 1e-2
+    # a 1010-token prompt decoding 30 tokens crosses 1024 (chained vs step by step)
+    long = prompts(1, QWEN3_4B.vocab_size, seed=11, lo=1010, hi=1011)[0]
+    short = prompts(1, QWEN3_4B.vocab_size, seed=12, lo=50, hi=51)[0]
+    reqs = {0: (long, greedy(30)), 1: (short, greedy(30))}
+    chained_runner = BatchRunner(bm, SchedulerConfig(max_batch=4))
+    chained = run_all(chained_runner, reqs)
+    assert chained_runner.chained_steps > 20
+    with use(options().replace(chain=False)):
+        plain = run_all(BatchRunner(bm, SchedulerConfig(max_batch=4)), reqs)
+    assert chained == plain
+    assert bm.width_for(bm._chain_ctx) > bm.widths[0]     # the chain ended past 1024

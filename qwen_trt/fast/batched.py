@@ -8,7 +8,8 @@ hit or an earlier chunk). Every row is projected together (one matrix product pe
 On CUDA every step replays a CUDA graph:
 
 * decode-only steps: a graph per batch-size bucket (1, 2, 4, 8, 16, 32; the batch is padded
-  up, padded rows write the scratch block), attention by
+  up, padded rows write the scratch block) and context width (1k, 2k, 4k, 8k tokens, the
+  longest: the narrowest that holds every row), attention by
   :func:`~qwen_trt.fast.paged_kernels.paged_decode_attention` (flash-decoding). Bucket 1 keeps
   the batch-1 decoder's fused Triton GEMVs (``model.decode_impl == "triton"``); larger buckets
   pick the small-batch Triton projections or cuBLAS by timing at warm-up. Greedy decode steps
@@ -52,6 +53,11 @@ from qwen_trt.fast.graphs import capture, replay_ms
 from qwen_trt.fast.options import options
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
+# Decode graphs per context width too (tokens; the last is the model's max_seq_len): the
+# attention's grid spans every split of its table's width, so a graph as wide as the longest
+# context a row can have launches ~20x the programs a 1.7k-token batch needs (H200, 32 rows,
+# 36 layers: 5.8 ms of attention per step at the 32k width, 3.3 ms at 2k; bench.paged_attn).
+WIDTH_TOKENS = (1024, 2048, 4096, 8192)
 STEP_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)     # rows of a step that prefills
 
 
@@ -168,7 +174,10 @@ class BatchedModel:
         if self.triton and options().step_compile:
             self._pre = _compile_for_any_rows(_pre_attention, 1)
             self._post = _compile_for_any_rows(_post_attention, 2)
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # decode graphs by (bucket, width in blocks); the widths: WIDTH_TOKENS, then all
+        self.widths = tuple(sorted({-(-t // block_size) for t in WIDTH_TOKENS
+                                    if t < self.max_blocks * block_size} | {self.max_blocks}))
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         if self.graphs:
             n, dev = self.buckets[-1], self.device
@@ -186,7 +195,8 @@ class BatchedModel:
             self.h_next = torch.zeros(2, n, dtype=torch.long, pin_memory=True)
             self._next_events = [torch.cuda.Event(), torch.cuda.Event()]
             self._next_slot = 0
-            self._fgraphs: dict[int, torch.cuda.CUDAGraph] = {}
+            self._fgraphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+            self._chain_ctx = 0     # the chained batch's longest context after its last step
             self.h_meta_np = self.h_meta.numpy()
             self.h_i32 = torch.zeros(n * (1 + self.max_blocks), dtype=torch.int32,
                                      pin_memory=True)
@@ -401,8 +411,13 @@ class BatchedModel:
             return self.forward(tokens, positions, chunks, list(range(b)))
         bucket = next(x for x in self.buckets if x >= b)
         self.decode_meta(tokens, positions, tables, bucket)
-        self._graph(bucket).replay()
+        self._graph(bucket, self.width_for(max(positions) + 1)).replay()
         return self.g_logits[:b]
+
+    def width_for(self, ctx: int) -> int:
+        """The narrowest decode-graph width (blocks) that holds ``ctx`` tokens."""
+        need = -(-ctx // self.block_size)
+        return next((w for w in self.widths if w >= need), self.widths[-1])
 
     # ---- chained greedy decode: the step picks its tokens and advances on the device -------
     def can_chain(self, b: int) -> bool:
@@ -419,9 +434,10 @@ class BatchedModel:
         Returns a handle for :meth:`decode_result`; nothing waits here."""
         b = len(tokens)
         bucket = next(x for x in self.buckets if x >= b)
-        if self._graphs.get(bucket) is None:
+        if bucket not in self.stats.bucket_impl:
             self._graph(bucket)
         self.decode_meta(tokens, positions, tables, bucket)
+        self._chain_ctx = max(positions) + 1
         return self._chain_replay(b, bucket)
 
     def decode_meta(self, tokens: Sequence[int], positions: Sequence[int],
@@ -455,14 +471,13 @@ class BatchedModel:
         for row, table in table_rows.items():   # pinned + async: no wait on the step in flight
             src = torch.tensor(table, dtype=torch.int32).pin_memory()
             self.g_tables[row, :len(table)].copy_(src, non_blocking=True)
+        self._chain_ctx += 1
         return self._chain_replay(b, bucket)
 
     def _chain_replay(self, b: int, bucket: int) -> tuple[int, int]:
-        graph = self._fgraphs.get(bucket)
-        if graph is None:
-            graph = self._fgraphs[bucket] = self._capture(
-                bucket, self.stats.bucket_impl[bucket], feedback=True)
-        graph.replay()
+        """Replay the chained graph of ``bucket`` as wide as the batch's context now (the
+        graphs of one bucket share their buffers, so a chain moves on to a wider one)."""
+        self._fgraph(bucket, self.width_for(self._chain_ctx)).replay()
         slot = self._next_slot
         self._next_slot ^= 1
         self.h_next[slot, :b].copy_(self.g_tok[:b], non_blocking=True)
@@ -489,7 +504,7 @@ class BatchedModel:
         self.g_tok[:b].copy_(torch.argmax(self.g_logits[:b], dim=-1))
         self.g_pos[:b].add_(self.g_live[:b])
 
-    def _decode_body(self, b: int, impl: str) -> None:
+    def _decode_body(self, b: int, impl: str, width: int | None = None) -> None:
         """One decode step of the first ``b`` rows of the static buffers. ``impl``: ``gemv``
         (b == 1: the batch-1 decoder's fused GEMVs), ``bgemm`` (the small-batch
         Triton projections of :mod:`qwen_trt.fast.bgemm`) or
@@ -497,7 +512,7 @@ class BatchedModel:
         cfg, m = self.cfg, self.model
         eps = cfg.rms_eps
         pos, slots = self.g_pos[:b], self.g_slot[:b]
-        tables, lens = self.g_tables[:b], self.g_lens[:b]
+        tables, lens = self.g_tables[:b, :width or self.max_blocks], self.g_lens[:b]
         x = F.embedding(self.g_tok[:b], m.embed)                    # [b, hidden]
         # norms + RoPE + cache write inside the first attention kernel (fast/paged_kernels.py)
         if impl == "gemv":
@@ -544,7 +559,10 @@ class BatchedModel:
         # and was removed.
         return ("bgemm", "torch")
 
-    def _capture(self, bucket: int, impl: str, feedback: bool = False) -> torch.cuda.CUDAGraph:
+    def _capture(self, bucket: int, impl: str, feedback: bool = False,
+                 width: int | None = None) -> torch.cuda.CUDAGraph:
+        """A decode graph of ``bucket`` rows whose attention reads ``width`` blocks of each
+        row's table (default: all); ``feedback``: the chained form (:meth:`decode_launch`)."""
         def reset() -> None:   # padded rows only: scratch block, length 1
             self.g_live[:bucket].zero_()
             self.g_tok[:bucket].zero_()
@@ -556,7 +574,7 @@ class BatchedModel:
         def body() -> None:
             if feedback:
                 self._locate(bucket)
-            self._decode_body(bucket, impl)
+            self._decode_body(bucket, impl, width)
             if feedback:
                 self._advance(bucket)
 
@@ -566,17 +584,31 @@ class BatchedModel:
         self.g_i32.copy_(saved[1])
         return graph
 
-    def _graph(self, bucket: int) -> torch.cuda.CUDAGraph:
-        graph = self._graphs.get(bucket)
+    def _fgraph(self, bucket: int, width: int) -> torch.cuda.CUDAGraph:
+        """The chained decode graph of ``bucket`` at ``width`` (captured on first use)."""
+        graph = self._fgraphs.get((bucket, width))
+        if graph is None:
+            graph = self._fgraphs[(bucket, width)] = self._capture(
+                bucket, self.stats.bucket_impl[bucket], feedback=True, width=width)
+        return graph
+
+    def _graph(self, bucket: int, width: int | None = None) -> torch.cuda.CUDAGraph:
+        """The decode graph of ``bucket`` at ``width`` (default: the widest). The first of a
+        bucket picks its projections by timing (at that width); the others reuse the pick."""
+        width = width or self.widths[-1]
+        graph = self._graphs.get((bucket, width))
+        if graph is None and bucket in self.stats.bucket_impl:
+            graph = self._capture(bucket, self.stats.bucket_impl[bucket], width=width)
+            self._graphs[(bucket, width)] = graph
         if graph is None:
             impls = self._impls(bucket)
             if len(impls) == 1:
-                best, graph = impls[0], self._capture(bucket, impls[0])
+                best, graph = impls[0], self._capture(bucket, impls[0], width=width)
             else:   # keep the faster of the Triton and cuBLAS projections for this bucket
                 timed = {}
                 for impl in impls:
                     try:
-                        g = self._capture(bucket, impl)
+                        g = self._capture(bucket, impl, width=width)
                     except Exception as e:  # noqa: BLE001 - a kernel that fails to build
                         self.stats.notes.append(f"bucket {bucket} {impl}: {type(e).__name__}: "
                                                 + first_line(e, 200))
@@ -586,7 +618,7 @@ class BatchedModel:
                 graph = timed[best][1]
                 self.stats.bucket_ms[bucket] = {k: round(v[0], 4) for k, v in timed.items()}
             self.stats.bucket_impl[bucket] = best
-            self._graphs[bucket] = graph
+            self._graphs[(bucket, width)] = graph
         return graph
 
     def _check_step(self, graph: bool) -> str | None:
@@ -702,8 +734,9 @@ class BatchedModel:
                 done("varlen_check_and_compile")
             if self.graphs:
                 for b in self.buckets:
-                    self._graph(b)
-                    self._fgraphs[b] = self._capture(b, self.stats.bucket_impl[b], feedback=True)
+                    for w in self.widths:
+                        self._graph(b, w)
+                        self._fgraph(b, w)
                 done("decode_graphs")
                 if self.varlen:
                     try:

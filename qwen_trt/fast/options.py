@@ -23,9 +23,6 @@ class KernelOptions:
     step_compile: bool = True        # the batched step's elementwise pieces compiled
     attn_split: int | None = None    # batch-1 RoPE attention keys per split (None: tuned default)
     paged_split: int | None = None   # paged RoPE attention keys per split (None: tuned default)
-    paged_programs: int = 0          # paged attention: cap on programs per launch, each looping
-    #                                  over splits (0: one program per split; no variable: set by
-    #                                  `profile`/bench.paged_attn variants and tests)
     fp8_prefill: str = "auto"        # FP8 weights' prefill: auto | dequant | tensorcore
     fp8_tensor_cores: bool = True    # False: act as if the GPU had none (tests the fallback)
     gemv: Mapping[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)
@@ -89,7 +86,7 @@ class KernelOptions:
 
 
 _FIELDS = {"pdl": "bool", "chain": "bool", "attn_preload": "bool", "step_compile": "bool",
-           "attn_split": "int", "paged_split": "int", "paged_programs": "int", "gemv": "map"}
+           "attn_split": "int", "paged_split": "int", "gemv": "map"}
 
 
 _current: KernelOptions | None = None

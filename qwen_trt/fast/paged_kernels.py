@@ -98,18 +98,15 @@ if triton is not None:
                               HEADS: tl.constexpr, GROUP: tl.constexpr,
                               GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
                               BS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-                              ROPE: tl.constexpr, PRELOAD: tl.constexpr, LOOP: tl.constexpr):
+                              ROPE: tl.constexpr, PRELOAD: tl.constexpr):
         """Program ``(row, kv head, split)``: the online softmax of the query heads of one kv
-        head over ``SPLIT`` tokens of the row (one cache block per step), for the merge. With
-        ``LOOP`` the grid has fewer programs than splits along axis 2: program ``sp`` also
-        takes splits ``sp + G``, ``sp + 2G`` .. of its row (``G`` programs), so a graph sized
-        for the longest row does not launch a program per split of every row.
+        head over ``SPLIT`` tokens of the row (one cache block per step), for the merge.
 
         ``src_ptr`` rows are ``q [B, heads, d]`` (normed, rotated and cached before by
         ``_paged_rope_cache_kernel``), or with ``ROPE`` the fused projection ``qkv`` of decode
-        rows (row ``b``'s new token at ``pos[b] = lens[b] - 1``, slot ``slot[b]``): the program
-        of a split norms and rotates its query heads itself, and the one whose split holds the
-        new token writes its key and value first (same rounding as apart).
+        rows (row ``b``'s new token at ``pos[b] = lens[b] - 1``, slot ``slot[b]``): each
+        program then norms and rotates its query heads itself, and the program whose split
+        holds the new token writes its key and value first (same rounding as apart).
 
         ``PRELOAD`` (``ROPE`` only): the row's length, first block of the table and that
         block's keys/values (written by earlier steps) are loaded before the PDL wait; the new
@@ -135,76 +132,44 @@ if triton is not None:
             k_pre = 0.0
             v_pre = 0.0
         if start < seq_len:
-            _paged_split(src_ptr, stride_row, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
-                         slot_ptr, k_ptr, v_ptr, table_ptr, m_ptr, l_ptr, acc_ptr, stride_kh,
-                         stride_ks, stride_tb, n_splits, scale, eps, b, kh, sp, seq_len, toks0,
-                         k_pre, v_pre, HEADS, GROUP, GROUP_PAD, D, SPLIT, BS, IEEE, ROPE,
-                         PRELOAD)
-        if LOOP:
-            g = tl.num_programs(2)
-            s_i = sp + g
-            while s_i * SPLIT < seq_len:
-                _paged_split(src_ptr, stride_row, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
-                             slot_ptr, k_ptr, v_ptr, table_ptr, m_ptr, l_ptr, acc_ptr,
-                             stride_kh, stride_ks, stride_tb, n_splits, scale, eps, b, kh, s_i,
-                             seq_len, s_i * SPLIT, 0.0, 0.0, HEADS, GROUP, GROUP_PAD, D, SPLIT,
-                             BS, IEEE, ROPE, False)
-                s_i += g
-
-    @triton.jit
-    def _paged_split(src_ptr, stride_row, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
-                     k_ptr, v_ptr, table_ptr, m_ptr, l_ptr, acc_ptr, stride_kh, stride_ks,
-                     stride_tb, n_splits, scale, eps, b, kh, sp, seq_len, toks0, k_pre, v_pre,
-                     HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                     D: tl.constexpr, SPLIT: tl.constexpr, BS: tl.constexpr,
-                     IEEE: tl.constexpr, ROPE: tl.constexpr, PRELOAD: tl.constexpr):
-        """Split ``sp`` of row ``b`` (it starts before ``seq_len``) for kv head ``kh``: the
-        partial softmax of :func:`_paged_partial_kernel`, stored for the merge."""
-        dims = tl.arange(0, D)
-        start = sp * SPLIT
-        row_src = src_ptr + b * stride_row
-        rows = tl.arange(0, GROUP_PAD)
-        head = kh * GROUP + rows
-        row_ok = rows < GROUP
-        if ROPE:
-            pos = tl.load(pos_ptr + b)
-            half: tl.constexpr = D // 2
-            i = tl.arange(0, half)
-            c1, c2, s1, s2 = rope_rows(cos_ptr, sin_ptr, pos * D, i, half)
-            if (pos >= start) & (pos < start + SPLIT):   # the new token: K/V into the cache
-                dst = kh * stride_kh + tl.load(slot_ptr + b).to(tl.int64) * stride_ks
-                k_src = row_src + (HEADS + kh) * D
-                v_src = row_src + (HEADS + HEADS // GROUP + kh) * D
-                if PRELOAD:                    # (and into the preloaded block's row)
-                    k_pre, v_pre = write_new_kv(k_src, v_src, kn_ptr, k_ptr + dst, v_ptr + dst,
-                                                c1, c2, s1, s2, eps, toks0, pos, k_pre, v_pre,
-                                                D, True)
-                else:
-                    write_new_kv(k_src, v_src, kn_ptr, k_ptr + dst, v_ptr + dst, c1, c2, s1,
-                                 s2, eps, toks0, pos, k_pre, v_pre, D, False)
-                tl.debug_barrier()   # the block's own writes, visible to its loads below
-            q = rope_group(row_src, qn_ptr, kh * GROUP, c1, c2, s1, s2, eps, GROUP,
-                           GROUP_PAD, D)
-        else:
-            q = tl.load(row_src + head[:, None] * D + dims[None, :], mask=row_ok[:, None],
-                        other=0.0)
-        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, D], tl.float32)
-        for n0 in tl.static_range(0, SPLIT, BS):       # one block per step
-            first = start + n0
-            toks = first + tl.arange(0, BS)
-            ok = toks < seq_len
-            if PRELOAD and n0 == 0:
-                k = k_pre
-                v = v_pre
+            row_src = src_ptr + b * stride_row
+            rows = tl.arange(0, GROUP_PAD)
+            head = kh * GROUP + rows
+            row_ok = rows < GROUP
+            if ROPE:
+                pos = tl.load(pos_ptr + b)
+                half: tl.constexpr = D // 2
+                i = tl.arange(0, half)
+                c1, c2, s1, s2 = rope_rows(cos_ptr, sin_ptr, pos * D, i, half)
+                if (pos >= start) & (pos < start + SPLIT):   # the new token: K/V into the cache
+                    dst = kh * stride_kh + tl.load(slot_ptr + b).to(tl.int64) * stride_ks
+                    k_pre, v_pre = write_new_kv(   # (and into the preloaded block's row)
+                        row_src + (HEADS + kh) * D, row_src + (HEADS + HEADS // GROUP + kh) * D,
+                        kn_ptr, k_ptr + dst, v_ptr + dst, c1, c2, s1, s2, eps, toks0, pos,
+                        k_pre, v_pre, D, PRELOAD)
+                    tl.debug_barrier()   # the block's own writes, visible to its loads below
+                q = rope_group(row_src, qn_ptr, kh * GROUP, c1, c2, s1, s2, eps, GROUP,
+                               GROUP_PAD, D)
             else:
-                slots = block_slots(table_ptr, b * stride_tb, first, seq_len, BS)
-                k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
-            m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
-                                         True)
-        store_partial(m_ptr, l_ptr, acc_ptr, (b * HEADS + head) * n_splits + sp, m_i, l_i,
-                      acc, row_ok, dims, D)
+                q = tl.load(row_src + head[:, None] * D + dims[None, :], mask=row_ok[:, None],
+                            other=0.0)
+            m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+            l_i = tl.zeros([GROUP_PAD], tl.float32)
+            acc = tl.zeros([GROUP_PAD, D], tl.float32)
+            for n0 in tl.static_range(0, SPLIT, BS):       # one block per step
+                first = start + n0
+                toks = first + tl.arange(0, BS)
+                ok = toks < seq_len
+                if PRELOAD and n0 == 0:
+                    k = k_pre
+                    v = v_pre
+                else:
+                    slots = block_slots(table_ptr, b * stride_tb, first, seq_len, BS)
+                    k, v = load_kv(k_ptr, v_ptr, kh, slots, ok, dims, stride_kh, stride_ks)
+                m_i, l_i, acc = softmax_step(q, k, v, ok[None, :], m_i, l_i, acc, scale, IEEE,
+                                             True)
+            store_partial(m_ptr, l_ptr, acc_ptr, (b * HEADS + head) * n_splits + sp, m_i, l_i,
+                          acc, row_ok, dims, D)
 
     @triton.jit
     def _paged_merge_kernel(m_ptr, l_ptr, acc_ptr, lens_ptr, out_ptr,
@@ -331,16 +296,14 @@ def _paged_split_attend(src: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     q_norm, k_norm, cos, sin, pos, slots, eps = (
         rope if rope is not None else (src, src, src, src, seq_lens, seq_lens, 0.0))
     pdl = pdl_enabled(dev)
-    cap = options().paged_programs
-    grid_splits = n_splits if not cap else min(n_splits, max(1, -(-cap // (bsz * kvh))))
-    _paged_partial_kernel[(bsz, kvh, grid_splits)](
+    _paged_partial_kernel[(bsz, kvh, n_splits)](
         src, src.stride(0), q_norm, k_norm, cos, sin, pos, slots, k_cache, v_cache,
         block_tables, seq_lens, m, l_, acc, k_cache.stride(0), k_cache.stride(1),
         block_tables.stride(0), n_splits, d ** -0.5, eps, HEADS=heads,
         GROUP=heads // kvh, GROUP_PAD=max(16, triton.next_power_of_2(heads // kvh)), D=d,
         SPLIT=split, BS=block_size, IEEE=src.dtype == torch.float32, PDL=pdl,
         ROPE=rope is not None,
-        PRELOAD=rope is not None and options().attn_preload, LOOP=grid_splits < n_splits,
+        PRELOAD=rope is not None and options().attn_preload,
         num_warps=WARPS, **launch_kwargs(pdl))
     chunk = min(32, triton.next_power_of_2(n_splits))
     _paged_merge_kernel[(bsz, heads)](m, l_, acc, seq_lens, out, HEADS=heads, N_SPLITS=n_splits,
