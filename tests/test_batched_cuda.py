@@ -235,3 +235,34 @@ def test_decode_graphs_by_width_agree_and_a_chain_crosses_into_the_wider_one(big
         plain = run_all(BatchRunner(bm, SchedulerConfig(max_batch=4)), reqs)
     assert chained == plain
     assert bm.width_for(bm._chain_ctx) > bm.widths[0]     # the chain ended past 1024
+
+
+def test_sampled_and_logprob_rows_chain_like_step_by_step(big):
+    """Rows that sample (seeded) or want logprobs chain on the GPU (the sampler queued behind
+    each chained graph): tokens and logprobs equal those of step-by-step decoding."""
+    from qwen_trt.fast.options import options, use
+
+    ps = prompts(4, QWEN3_4B.vocab_size, seed=13, lo=50, hi=400)
+    params = [SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=i,
+                             ignore_eos=True, logprobs=2 if i == 3 else None)
+              for i in range(3)]
+    params.append(SamplingParams(max_new_tokens=24, temperature=0, logprobs=3, ignore_eos=True))
+
+    def run():
+        runner = BatchRunner(big, SchedulerConfig(max_batch=4))
+        out = {i: [] for i in range(4)}
+        lps = {i: [] for i in range(4)}
+        for i, (p, sp) in enumerate(zip(ps, params)):
+            runner.add(i, p, sp)
+        while runner.has_work():
+            for ev in runner.step():
+                out[ev.request_id] += ev.token_ids
+                lps[ev.request_id] += [(lp.token_id, round(lp.logprob, 3)) for lp in ev.logprobs]
+        return runner, out, lps
+
+    chained, out_c, lp_c = run()
+    with use(options().replace(chain=False)):
+        plain, out_p, lp_p = run()
+    assert chained.chained_steps > 15 and plain.chained_steps == 0
+    assert out_c == out_p and lp_c == lp_p
+    assert all(len(out_c[i]) == 24 for i in range(4)) and len(lp_c[3]) == 24

@@ -316,9 +316,10 @@ def test_a_bad_grammar_fails_only_its_request(runner_backend, tiny_tokenizer):
     assert sum(len(e.token_ids) for e in evs if e.request_id == 1) == 5
 
 
-def test_a_constrained_row_turns_greedy_chaining_off_while_it_runs(tiny_tokenizer):
-    """The chained greedy decode (argmax inside the graph, no host step) would skip the
-    grammar: a batch with a constrained row never chains, the greedy rows stay right."""
+def test_a_constrained_row_chains_with_its_mask_from_the_token_before(tiny_tokenizer):
+    """A constrained row chains like the others: each chained step's tokens are picked once
+    the step before is read back, with the mask its grammar gives after that token; the
+    constrained reply obeys its grammar and the greedy row keeps its tokens."""
     from test_scheduler import _ChainFake
 
     from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig
@@ -342,7 +343,7 @@ def test_a_constrained_row_turns_greedy_chaining_off_while_it_runs(tiny_tokenize
             out[ev.request_id] += ev.token_ids
         if constrained and 1 in runner._seqs:
             chained_while_constrained += runner.chained_steps - before
-    assert chained_while_constrained == 0 and runner.chained_steps > 3
+    assert chained_while_constrained > 5
     assert len(out[1]) == 12 and all(t % 2 == 0 for t in out[1])
     ref, t, p = [], 3, 2
     for _ in range(30):

@@ -283,8 +283,9 @@ class _ChainFake:
     def f(prev, pos):
         return (prev * 7 + pos * 3 + 1) % _ChainFake.V
 
-    def __init__(self):
+    def __init__(self, chain=True):
         self.state, self.n, self.res, self.launched = None, 0, {}, 0
+        self.chain, self.logits = chain, None
 
     def _logits(self, toks, pos):
         out = torch.full((len(toks), self.V), -1.0)
@@ -299,21 +300,27 @@ class _ChainFake:
         return self._logits(toks, pos)
 
     def can_chain(self, b):
-        return True
+        return self.chain
 
+    # the chained decode as BatchedModel runs it: launch/chain compute the logits of the step
+    # from the inputs on the "device" (state), emit picks the tokens that become the next inputs
     def decode_launch(self, toks, pos, tables):
         self.state = (list(toks), list(pos))
-        return self._run()
+        self._step()
 
     def decode_chain(self, b, grown):
-        return self._run()
+        self._step()
 
-    def _run(self):
+    def _step(self):
         toks, pos = self.state
-        nxt = [self.f(t, p) for t, p in zip(toks, pos)]
-        self.state = (nxt, [p + 1 for p in pos])
-        self.n += 1
+        self.logits = self._logits(toks, pos)
+        self.state = (None, [p + 1 for p in pos])
         self.launched += 1
+
+    def decode_emit(self, b, pick=None):
+        nxt = (pick(self.logits) if pick is not None else self.logits.argmax(-1)).tolist()
+        self.state = (nxt, self.state[1])
+        self.n += 1
         self.res[self.n] = nxt
         return self.n
 
@@ -380,3 +387,41 @@ def test_the_policy_plans_and_the_input_builder_lays_out_a_step(weights):
     before = runner.steps
     events = runner.step()
     assert runner.steps == before + 1 and [e.request_id for e in events] == [1]
+
+
+def test_sampled_penalized_and_logprob_rows_chain_with_the_tokens_of_step_by_step():
+    """Rows that sample (temperature, top-k/top-p, penalties, seeds) or want logprobs chain
+    too: the sampler runs behind each chained step on the device. Their tokens and logprobs
+    equal the unchained runner's (the same sampler, one step at a time)."""
+    def run(chain):
+        runner = BatchRunner(_ChainFake(chain), SchedulerConfig(max_batch=4, token_budget=16))
+        reqs = {
+            0: ([1, 2, 3], SamplingParams(max_new_tokens=25, temperature=0.9, seed=1,
+                                           ignore_eos=True)),
+            1: ([4, 5], SamplingParams(max_new_tokens=20, temperature=0.7, top_k=5, top_p=0.9,
+                                       seed=2, repetition_penalty=1.3, frequency_penalty=0.5,
+                                       ignore_eos=True)),
+            2: ([6, 7, 8, 9], SamplingParams(max_new_tokens=18, temperature=0, logprobs=3,
+                                             ignore_eos=True)),
+            3: ([10], SamplingParams(max_new_tokens=22, temperature=0, ignore_eos=True))}
+        out = {i: [] for i in reqs}
+        lps = {i: [] for i in reqs}
+        for i, (p, sp) in reqs.items():
+            runner.add(i, p, sp)
+        steps = 0
+        while runner.has_work():
+            for ev in runner.step():
+                out[ev.request_id] += ev.token_ids
+                lps[ev.request_id] += [(lp.token_id, round(lp.logprob, 5), len(lp.top))
+                                       for lp in ev.logprobs]
+            steps += 1
+            assert steps < 500
+        return runner, out, lps
+
+    chained, out_c, lp_c = run(True)
+    plain, out_p, lp_p = run(False)
+    assert chained.chained_steps > 10 and plain.chained_steps == 0
+    assert out_c == out_p and lp_c == lp_p
+    assert [len(out_c[i]) for i in range(4)] == [25, 20, 18, 22]
+    assert len(lp_c[2]) == 18 and all(n == 3 for *_, n in lp_c[2])
+    assert len(set(out_c[0])) > 3          # it sampled (a greedy row would repeat a cycle)

@@ -30,7 +30,6 @@ not used (``make_batched`` shrinks it).
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -419,26 +418,26 @@ class BatchedModel:
         need = -(-ctx // self.block_size)
         return next((w for w in self.widths if w >= need), self.widths[-1])
 
-    # ---- chained greedy decode: the step picks its tokens and advances on the device -------
+    # ---- chained decode: each step's tokens stay on the device as the next step's inputs ---
     def can_chain(self, b: int) -> bool:
-        """Whether a greedy decode step of ``b`` rows may use :meth:`decode_launch` (CUDA
-        graphs; ``QWEN_TRT_CHAIN=0`` turns it off)."""
+        """Whether a decode step of ``b`` rows may use :meth:`decode_launch` (CUDA graphs;
+        ``QWEN_TRT_CHAIN=0`` turns it off)."""
         return self.graphs and b <= self.buckets[-1] and options().chain
 
     @torch.inference_mode()
     def decode_launch(self, tokens: Sequence[int], positions: Sequence[int],
-                      tables: Sequence[Sequence[int]]) -> tuple[int, int]:
-        """Like :meth:`decode` for greedy rows, but the graph also takes each row's argmax as
-        its next input token and advances its position, length and slot on the device, so
-        :meth:`decode_chain` can launch the next step before the host has seen these tokens.
-        Returns a handle for :meth:`decode_result`; nothing waits here."""
+                      tables: Sequence[Sequence[int]]) -> None:
+        """Like :meth:`decode`, but the graph also takes each row's argmax as its next input
+        token (:meth:`decode_emit` may replace it with the sampler's pick) and advances its
+        position, length and slot on the device, so :meth:`decode_chain` can launch the next
+        step before the host has seen these tokens. Nothing waits here."""
         b = len(tokens)
         bucket = next(x for x in self.buckets if x >= b)
         if bucket not in self.stats.bucket_impl:
             self._graph(bucket)
         self.decode_meta(tokens, positions, tables, bucket)
         self._chain_ctx = max(positions) + 1
-        return self._chain_replay(b, bucket)
+        self._chain_replay(bucket)
 
     def decode_meta(self, tokens: Sequence[int], positions: Sequence[int],
                     tables: Sequence[Sequence[int]], bucket: int) -> None:
@@ -464,20 +463,30 @@ class BatchedModel:
         self.g_i32.copy_(self.h_i32, non_blocking=True)
 
     @torch.inference_mode()
-    def decode_chain(self, b: int, table_rows: dict[int, Sequence[int]]) -> tuple[int, int]:
+    def decode_chain(self, b: int, table_rows: dict[int, Sequence[int]]) -> None:
         """The next step of the batch of the last launch (same rows), its inputs already on
-        the device; ``table_rows`` are rows whose block table grew (uploaded first)."""
+        the device (the last :meth:`decode_emit`); ``table_rows`` are rows whose block table
+        grew (uploaded first)."""
         bucket = next(x for x in self.buckets if x >= b)
         for row, table in table_rows.items():   # pinned + async: no wait on the step in flight
             src = torch.tensor(table, dtype=torch.int32).pin_memory()
             self.g_tables[row, :len(table)].copy_(src, non_blocking=True)
         self._chain_ctx += 1
-        return self._chain_replay(b, bucket)
+        self._chain_replay(bucket)
 
-    def _chain_replay(self, b: int, bucket: int) -> tuple[int, int]:
+    def _chain_replay(self, bucket: int) -> None:
         """Replay the chained graph of ``bucket`` as wide as the batch's context now (the
         graphs of one bucket share their buffers, so a chain moves on to a wider one)."""
         self._fgraph(bucket, self.width_for(self._chain_ctx)).replay()
+
+    @torch.inference_mode()
+    def decode_emit(self, b: int, pick=None) -> tuple[int, int]:
+        """The tokens of the step just launched or chained: the graph's argmax, or
+        ``pick(logits [b, vocab])`` (a device tensor of ``b`` ids: the rows' sampler, queued
+        behind the step), which become the next step's inputs; their copy to the host is
+        queued. Returns a handle for :meth:`decode_result`; nothing waits here."""
+        if pick is not None:
+            self.g_tok[:b].copy_(pick(self.g_logits[:b]))
         slot = self._next_slot
         self._next_slot ^= 1
         self.h_next[slot, :b].copy_(self.g_tok[:b], non_blocking=True)

@@ -256,7 +256,10 @@ class Picked:
     def stage(self) -> None:
         """Queue the logprobs' copies to the host (the tokens travel with the step's own)."""
         if self.lp is not None and self.tokens.is_cuda:
-            self._host = tuple(t.to("cpu", non_blocking=True) for t in self.lp)
+            host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in self.lp)
+            for h, t in zip(host, self.lp):
+                h.copy_(t, non_blocking=True)
+            self._host = host
 
     def result(self, tokens: Sequence[int]) -> list[TokenLogprob | None]:
         """Each row's :class:`TokenLogprob` (None where not asked) for its chosen ``tokens``;

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qwen_trt.fast.sampling import SamplerState, pick_rows, sampler_kind
+from qwen_trt.fast.sampling import (Picked, SamplerState, pick_rows, pick_rows_device,
+                                    sampler_kind)
 from qwen_trt.fast.batched import BatchedModel, SeqChunk
 from qwen_trt.params import SamplingParams, fit_problem
 from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
@@ -79,10 +80,13 @@ class _Seq:
 
 @dataclass(eq=False)
 class _Inflight:
-    """A chained greedy decode step launched but not yet read back."""
+    """A chained decode step launched but not yet read back: its rows, the handle of its
+    tokens' copy to the host, and the sampler's picks (None: the graph's argmax)."""
 
     seqs: list[_Seq]
+    rows: list[int]                # their sampler rows (a row that left keeps it till then)
     handle: tuple[int, int]
+    picked: Picked | None = None
 
 
 @dataclass
@@ -327,14 +331,14 @@ class BatchRunner:
         decode, prefill = plan.decode, plan.prefill
         if not decode and not prefill and not events:
             self._wait_compiles()
-        if (decode and not prefill and self.model.can_chain(len(decode))
-                and all(sampler_kind(s.params) == "greedy" for s in decode)):
-            # greedy decode on the GPU: launch now, read the tokens on the next call, by which
-            # time the next step is already queued behind this one (the host never stalls it)
-            handle = self.model.decode_launch(
+        if decode and not prefill and self.model.can_chain(len(decode)):
+            # decode on the GPU, each step's tokens its next inputs: launch now, read the tokens
+            # on the next call, by which time the next step is already queued behind this one
+            # (the host never stalls it)
+            self.model.decode_launch(
                 [s.tokens[s.computed] for s in decode], [s.computed for s in decode],
                 [s.blocks.table for s in decode])
-            self._inflight = _Inflight(list(decode), handle)
+            self._inflight = self._emit_step(decode, [s.row for s in decode])
             self._count_step(len(decode), len(decode))
             return events
         if decode or prefill:
@@ -347,6 +351,28 @@ class BatchRunner:
         self.steps += 1
         self.last_step_tokens = tokens
         self.max_step_tokens = max(self.max_step_tokens, tokens)
+
+    def _emit_step(self, seqs: list[_Seq], rows: list[int]) -> _Inflight:
+        """The tokens of the decode step just launched or chained over ``seqs``: the graph's
+        argmax when every row is plain greedy, else the rows' sampler (settings, penalties,
+        logprobs, grammar masks from each constraint as of its last accepted token), queued
+        behind the step on the device; their copy to the host queued too. ``rows``: the
+        sequences' sampler rows (one that left while in flight is picked for, and ignored:
+        its row is not handed out again before this chain ends)."""
+        if all(sampler_kind(s.params) == "greedy" for s in seqs):
+            return _Inflight(list(seqs), rows, self.model.decode_emit(len(seqs)))
+        held: list[Picked] = []
+        masks = self._masks(seqs)
+
+        def pick(logits: torch.Tensor) -> torch.Tensor:
+            picked = pick_rows_device(self.sampler, logits, rows, [s.params for s in seqs],
+                                      masks)
+            picked.stage()
+            held.append(picked)
+            return picked.tokens
+
+        handle = self.model.decode_emit(len(seqs), pick)
+        return _Inflight(list(seqs), rows, handle, held[0])
 
     def _chain_ok(self, inf: _Inflight) -> bool:
         """Whether the next step may be launched before this one's tokens are read: the same
@@ -367,28 +393,36 @@ class BatchRunner:
         return True
 
     def _drain_or_chain(self) -> list[TokenEvent]:
+        """Read back the step in flight; first, when the same rows go on, chain the next
+        step behind it (its inputs are the tokens in flight), whose tokens are picked once
+        these are known (a grammar's next mask needs them)."""
         inf = self._inflight
-        nxt = None
-        if self._chain_ok(inf):
+        chained = self._chain_ok(inf)
+        if chained:
             grown: dict[int, list[int]] = {}
             for row, s in enumerate(inf.seqs):
                 before = len(s.blocks.table)
                 self.alloc.grow(s.blocks, s.computed + 2)   # the chained step's position
                 if len(s.blocks.table) != before:
                     grown[row] = list(s.blocks.table)
-            nxt = _Inflight(list(inf.seqs), self.model.decode_chain(len(inf.seqs), grown))
+            self.model.decode_chain(len(inf.seqs), grown)
             self._count_step(len(inf.seqs), len(inf.seqs))
             self.chained_steps += 1
         toks = self.model.decode_result(inf.handle)
-        self._inflight = nxt
+        lps = inf.picked.result(toks) if inf.picked is not None else None
+        self._inflight = None
         running = set(map(id, self._running))
         events: list[TokenEvent] = []
-        for seq, tok in zip(inf.seqs, toks):
+        for i, (seq, tok) in enumerate(zip(inf.seqs, toks)):
             if id(seq) not in running:     # left (stop, length or abort) while in flight
                 continue
             seq.computed += 1
             self.alloc.register_full(seq.blocks, seq.tokens, seq.computed)
+            if lps is not None:
+                seq.logprob = lps[i]
             events += self._emit(seq, tok)
+        if chained:
+            self._inflight = self._emit_step(inf.seqs, inf.rows)
         events += self._events
         self._events = []
         return events
@@ -492,7 +526,8 @@ class BatchRunner:
 
     def _masks(self, seqs: list[_Seq]) -> torch.Tensor | None:
         """int32 ``[len(seqs), words]`` grammar masks for a step (all ones for the
-        unconstrained rows), or None when no row is constrained."""
+        unconstrained rows and for rows that already left), or None when no row is
+        constrained."""
         if all(s.constraint is None for s in seqs):
             return None
         st = self.sampler
@@ -502,7 +537,7 @@ class BatchRunner:
         host = self._mask_host[:len(seqs)]
         host.fill_(-1)
         for i, seq in enumerate(seqs):
-            if seq.constraint is not None:
+            if seq.constraint is not None and self._seqs.get(seq.rid) is seq:
                 seq.constraint.fill(host[i])
         return host
 
