@@ -20,7 +20,7 @@ left() { echo $((DEADLINE_S - (SECONDS - T0))); }
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 bench() {   # DIR LABEL
   local t=$SECONDS
-  (cd "$1" && PYTHONPATH=$PWD timeout 120 python3 -m qwen_trt bench --random-weights \
+  (cd "$1" && PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 120 python3 -m qwen_trt bench --random-weights \
       --shape qwen3-4b --paths fast --prompt-lens 512 --repeats 3 --out "$OUT/$2.json") \
       >"$OUT/$2.log" 2>&1
   echo "[check] $2: rc $? in $((SECONDS - t)) s"
@@ -46,6 +46,6 @@ if b and t:
 PY
 L=$(left); [ "$L" -lt 30 ] && L=30
 echo "[check] CUDA tests, ${L} s left"
-PYTHONPATH=$PWD timeout "$L" python3 -m pytest -q -p no:cacheprovider -m cuda $TESTS 2>&1 \
+PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$L" python3 -m pytest -q -p no:cacheprovider -m cuda $TESTS 2>&1 \
   | tr '\r' '\n' | grep -v '%|' >"$OUT/cuda-tests.log"
 echo "[check] tests rc ${PIPESTATUS[0]}"; tail -25 "$OUT/cuda-tests.log"

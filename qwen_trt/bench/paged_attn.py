@@ -2,7 +2,7 @@
 
 Times :func:`~qwen_trt.fast.paged_kernels.paged_rope_decode_attention` (the kernel pair of the
 batched decode graphs) on random Qwen3-4B-shaped rows and cache, per (decode rows, context,
-split, table width, program cap): a CUDA graph of ``--layers`` calls (one per layer, as in a
+split, table width): a CUDA graph of ``--layers`` calls (one per layer, as in a
 step), replayed, in microseconds per call and the K/V bytes it reads per second. The table width
 is the graphs' (``--max-seq-len`` tokens: the grid covers every split of the widest row) or
 ``fit`` (just the context: what a grid sized to the batch would launch).
@@ -16,10 +16,9 @@ import sys
 import torch
 
 
-def _case(rows: int, ctx: int, split: int, width_tokens: int, cap: int | None, layers: int,
+def _case(rows: int, ctx: int, split: int, width_tokens: int, layers: int,
           bs: int = 32, heads: int = 32, kvh: int = 8, d: int = 128) -> dict:
     from qwen_trt.fast.graphs import capture, replay_ms
-    from qwen_trt.fast.options import options, use
     from qwen_trt.fast.paged_kernels import paged_rope_decode_attention
 
     dev = torch.device("cuda")
@@ -45,12 +44,11 @@ def _case(rows: int, ctx: int, split: int, width_tokens: int, cap: int | None, l
             paged_rope_decode_attention(qkv, qn, qn, cos, sin, pos, slots, kc, vc, tables,
                                         lens, bs, 1e-6, heads, split=split)
 
-    with use(options().replace(paged_programs=cap or 0)):
-        graph = capture(body, lambda: None, None)
+    graph = capture(body, lambda: None, None)
     ms = min(replay_ms(graph, 20, warmup=3) for _ in range(3))
     per_call_us = ms * 1e3 / layers
     kv_bytes = rows * ctx * kvh * d * 2 * 2
-    return {"rows": rows, "ctx": ctx, "split": split, "width_tokens": width_tokens, "cap": cap,
+    return {"rows": rows, "ctx": ctx, "split": split, "width_tokens": width_tokens,
             "us_per_call": round(per_call_us, 2),
             "kv_tb_s": round(kv_bytes / (per_call_us * 1e-6) / 1e12, 3)}
 
@@ -62,7 +60,6 @@ def main(argv=None) -> int:
     p.add_argument("--ctxs", default="512,1700")
     p.add_argument("--splits", default="64,128,256")
     p.add_argument("--max-seq-len", type=int, default=32768)
-    p.add_argument("--caps", default="", help="program caps to try (with the split loop)")
     p.add_argument("--layers", type=int, default=36)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -72,12 +69,11 @@ def main(argv=None) -> int:
         for ctx in ints(a.ctxs):
             for split in ints(a.splits):
                 for width in (a.max_seq_len, "fit"):
-                    for cap in [None] + ints(a.caps):
-                        w = ctx if width == "fit" else width
-                        r = _case(rows, ctx, split, w, cap, a.layers)
-                        r["width"] = width
-                        res.append(r)
-                        print(json.dumps(r), file=sys.stderr, flush=True)
+                    w = ctx if width == "fit" else width
+                    r = _case(rows, ctx, split, w, a.layers)
+                    r["width"] = width
+                    res.append(r)
+                    print(json.dumps(r), file=sys.stderr, flush=True)
     out = {"tool": "qwen_trt.bench.paged_attn", "device": torch.cuda.get_device_name(),
            "cases": res}
     if a.out:
