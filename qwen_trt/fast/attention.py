@@ -137,7 +137,7 @@ if triton is not None:
             gdc_launch_dependents()
             gdc_wait()
         out = merge_splits(m_ptr, l_ptr, acc_ptr, h * N_SPLITS, tl.load(pos_ptr) // SPLIT + 1,
-                           N_SPLITS, D, CHUNK)
+                           D, CHUNK)
         tl.store(out_ptr + h * D + tl.arange(0, D), out.to(out_ptr.dtype.element_ty))
 
 

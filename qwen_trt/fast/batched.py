@@ -742,9 +742,9 @@ class BatchedModel:
                 self._check_varlen()
                 done("varlen_check_and_compile")
             if self.graphs:
-                for b in self.buckets:
+                for b in self.buckets:      # the plain graphs of the other widths: on use
+                    self._graph(b, self.widths[0])              # (QWEN_TRT_CHAIN=0)
                     for w in self.widths:
-                        self._graph(b, w)
                         self._fgraph(b, w)
                 done("decode_graphs")
                 if self.varlen:

@@ -75,10 +75,10 @@ if triton is not None:
         tl.store(acc_ptr + part[:, None] * D + dims[None, :], acc, mask=row_ok[:, None])
 
     @triton.jit
-    def merge_splits(m_ptr, l_ptr, acc_ptr, base, active, N_SPLITS: tl.constexpr,
-                     D: tl.constexpr, CHUNK: tl.constexpr):
+    def merge_splits(m_ptr, l_ptr, acc_ptr, base, active, D: tl.constexpr,
+                     CHUNK: tl.constexpr):
         """The attention output (float32 ``[D]``) of one query head from the partials of its
-        first ``active`` splits at ``base .. base + N_SPLITS``: ``CHUNK`` splits per step,
+        first ``active`` splits at ``base ..``: ``CHUNK`` splits per step,
         only as many steps as ``active`` needs (a graph sized for the longest row reads no
         more for a short one)."""
         dims = tl.arange(0, D)

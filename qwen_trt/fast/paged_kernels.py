@@ -173,7 +173,7 @@ if triton is not None:
 
     @triton.jit
     def _paged_merge_kernel(m_ptr, l_ptr, acc_ptr, lens_ptr, out_ptr,
-                            HEADS: tl.constexpr, N_SPLITS: tl.constexpr, D: tl.constexpr,
+                            n_splits, HEADS: tl.constexpr, D: tl.constexpr,
                             SPLIT: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -181,7 +181,7 @@ if triton is not None:
             gdc_launch_dependents()
             gdc_wait()
         active = (tl.load(lens_ptr + b) + SPLIT - 1) // SPLIT
-        out = merge_splits(m_ptr, l_ptr, acc_ptr, (b * HEADS + h) * N_SPLITS, active, N_SPLITS,
+        out = merge_splits(m_ptr, l_ptr, acc_ptr, (b * HEADS + h) * n_splits, active,
                            D, CHUNK)
         tl.store(out_ptr + (b * HEADS + h) * D + tl.arange(0, D),
                  out.to(out_ptr.dtype.element_ty))
@@ -306,7 +306,7 @@ def _paged_split_attend(src: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         PRELOAD=rope is not None and options().attn_preload,
         num_warps=WARPS, **launch_kwargs(pdl))
     chunk = min(32, triton.next_power_of_2(n_splits))
-    _paged_merge_kernel[(bsz, heads)](m, l_, acc, seq_lens, out, HEADS=heads, N_SPLITS=n_splits,
+    _paged_merge_kernel[(bsz, heads)](m, l_, acc, seq_lens, out, n_splits, HEADS=heads,
                                       D=d, SPLIT=split, CHUNK=chunk, PDL=pdl, num_warps=4,
                                       **launch_kwargs(pdl))
     return out
