@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device call for a change of the engine stack: its CUDA tests, then the served path
+# (qwen_trt.bench.served: in process and over HTTP, the warm second start), then the constrained
+# decoding costs, each phase bounded by one deadline so the JSON comes back (at most 8 files).
+#
+#   carry .whl (xgrammar, fastapi, uvicorn, starlette, pydantic, ... for Python 3.12) and .dev-tok
+#   (python -m qwen_trt.bench.qwen_vocab GGUF .dev-tok); results flat in $OUT
+# Environment: MODEL, TESTS, TEST_K (a pytest -k filter), CONCURRENCY (1,32,64), REQUESTS (16),
+#   OUTPUT_TOKENS (256), INPUT_WORDS (400), CONSTRAINED (1), DEADLINE_S (560).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEADLINE_S=${DEADLINE_S:-560}
+source scripts/device_common.sh
+if [ -d .whl ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    >/dev/null 2>&1
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+TOKENIZER=${TOKENIZER:-$( [ -f .dev-tok/tokenizer.json ] && echo "$PWD/.dev-tok" )}
+export TOKENIZER
+nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader 2>/dev/null | tee "$WORK/gpu.txt"
+
+phase_begin model
+ensure_model
+phase_end $?
+
+phase_begin cuda-tests
+timeout --kill-after=10 "$(bound ${TESTS_S:-150})" "$PY" -m pytest -q -p no:cacheprovider -m cuda \
+  ${TESTS:-tests/test_batched_cuda.py tests/test_constrained_cuda.py} ${TEST_K:+-k "$TEST_K"} 2>&1 \
+  | tr '\r' '\n' | grep -v '%|' >"$WORK/cuda-tests.log"
+rc=${PIPESTATUS[0]}
+grep -E "passed|failed|Error|assert" "$WORK/cuda-tests.log" | tail -12
+phase_end $rc
+
+phase_begin served
+QWEN_TRT_TRACE_HOPS=1 timeout --kill-after=10 "$(bound ${SERVED_S:-280})" "$PY" -m qwen_trt.bench.served \
+  --model "$MODEL" --concurrency "${CONCURRENCY:-1,32,64}" --max-batch 32 \
+  --requests "${REQUESTS:-16}" --input-words "${INPUT_WORDS:-400}" \
+  --output-tokens "${OUTPUT_TOKENS:-256}" --second-start --health-timeout 150 \
+  --out "$OUT/served.json" >/dev/null 2>"$WORK/served.log"
+rc=$?
+grep -E '^\[served\]|^\|' "$WORK/served.log" | tail -24
+phase_end $rc
+
+if [ "${CONSTRAINED:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then
+  phase_begin constrained
+  timeout --kill-after=10 "$(bound 170)" "$PY" -m qwen_trt.bench.constrained --model "$MODEL" \
+    --out "$OUT/constrained.json" >/dev/null 2>"$WORK/constrained.log"
+  rc=$?
+  grep -E "tok/s|summary" "$WORK/constrained.log" | tail -8
+  phase_end $rc
+fi
+{ cat "$WORK/gpu.txt"; cat "$WORK/cuda-tests.log"; } >"$OUT/cuda-tests.log" 2>/dev/null
+echo "phases: $(phases_json)" | tee "$OUT/phases.json"
