@@ -231,6 +231,22 @@ def _key(it: dict) -> str:
     return f"{it['shape']}|{it['kind']}|{it['fmt']}|M{it['m']}{c}"
 
 
+def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """TB/s of a device-to-device copy (bytes read + written), the roofline's bandwidth."""
+    import torch
+
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        b.copy_(a)
+    e.record()
+    e.synchronize()
+    return round(2 * nbytes * reps / (s.elapsed_time(e) * 1e-3) / 1e12, 3)
+
+
 def compile_part(shape_set: str, part: int, parts: int, device: str) -> None:
     """Worker: launch every ``parts``-th item once (compiles into Triton's cache)."""
     import torch
@@ -275,6 +291,8 @@ def main(argv=None) -> int:
         path.write_text(json.dumps(out, indent=1) + "\n")
 
     t0 = time.perf_counter()
+    if dev.type == "cuda":
+        out["copy_TBps"] = copy_bandwidth()
     if args.jobs > 0:
         procs = [subprocess.Popen([sys.executable, "-m", "qwen_trt.bench.qkernel_sweep",
                                    "--out", "/dev/null", "--shape", args.shape, "--device",
