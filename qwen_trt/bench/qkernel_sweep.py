@@ -328,8 +328,29 @@ def main(argv=None) -> int:
         out["elapsed_s"] = round(time.perf_counter() - t0, 1)
         save()
         print(f"[sweep] {name} done at {out['elapsed_s']} s", file=sys.stderr, flush=True)
+    if dev.type == "cuda":
+        out["registers"] = compiled_registers()
     save()
     return 0
+
+
+def compiled_registers() -> list:
+    """Registers and spills of every compiled packed kernel (best effort: Triton internals)."""
+    from qwen_trt.fast import qkernels as Q
+
+    rows = []
+    for fn in (Q._fp8_gemv_kernel, Q._i4_gemv_kernel, Q._mm_kernel):
+        try:
+            for cache in fn.device_caches.values():
+                for key, k in cache[0].items():
+                    meta = getattr(k, "metadata", None)
+                    rows.append({"kernel": fn.fn.__name__, "key": str(key)[-400:],
+                                 "regs": getattr(k, "n_regs", None),
+                                 "spills": getattr(k, "n_spills", None),
+                                 "warps": getattr(meta, "num_warps", None)})
+        except Exception as e:  # noqa: BLE001 - internals differ between Triton versions
+            rows.append({"kernel": fn.fn.__name__, "error": f"{type(e).__name__}: {e}"[:200]})
+    return rows
 
 
 if __name__ == "__main__":
