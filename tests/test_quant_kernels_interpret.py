@@ -35,9 +35,11 @@ def test_packed_gemv_gemm_and_dequantize_match_dequantized_weights():
                           residual=torch.randn(n) if f.get("residual") else None)
                 x = torch.randn(k)
                 ref = gemv_ref(wd, x, **kw)
-                # one row block per program, several (the persistent loop), wide blocks
-                for bn, programs in ((1, 3), (4, 2), (16, 1)):
-                    got = K.qgemv(w, x, config=K.QConfig(block_n=bn, programs=programs), **kw)
+                # one row block per program, several (the persistent loop), wide blocks; one
+                # or two row blocks' loads in flight
+                for bn, programs, ahead in ((1, 3, 1), (4, 2, 2), (16, 1, 1), (2, 3, 2)):
+                    got = K.qgemv(w, x, config=K.QConfig(block_n=bn, programs=programs,
+                                                         ahead=ahead), **kw)
                     errs.append(((got - ref).norm() / ref.norm()).item())
                     n_gemv += 1
                 for m in (2, 5):
@@ -58,7 +60,7 @@ def test_packed_gemv_gemm_and_dequantize_match_dequantized_weights():
                         n_gemm += 1
         print(json.dumps({"errs": errs, "deq": deq, "gemv": n_gemv, "gemm": n_gemm}))
     """)
-    assert res["gemv"] == 11 * 3 and res["gemm"] == 11 * 6, res
+    assert res["gemv"] == 11 * 4 and res["gemm"] == 11 * 6, res
     assert max(res["errs"]) < 1e-5, res["errs"]
     assert max(res["deq"]) == 0.0
 

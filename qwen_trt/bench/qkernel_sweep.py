@@ -36,20 +36,27 @@ SHAPES = {
     "tiny": {"qkv": (384, 256, False, False, True), "o": (256, 256, False, True, False),
              "gate_up": (1024, 256, True, False, True), "down": (256, 512, False, True, False)},
 }
-GEMM_ROWS = (8, 32)        # tuned row counts (block_m 16 and 32); M = 2 uses M = 8's winner
+GEMM_ROWS = (8, 32)        # tuned row counts (block_m 16 and 32: M <= 16 uses M = 8's winner)
 
 
-def gemv_candidates(fmt: str, k: int) -> list[dict]:
-    """(rows per block, warps, programs per SM) around 8-32 KB of packed weights per block."""
-    row = k if fmt == "fp8" else k // 2
-    out = []
-    for tile, warps, cps in ((8192, 4, 4), (8192, 4, 8), (16384, 4, 2), (16384, 8, 4),
-                             (32768, 8, 2), (32768, 8, 1)):
-        bn = max(1, min(32, 1 << max(0, (tile // row).bit_length() - 1)))
-        c = {"block_n": bn, "warps": warps, "ctas_per_sm": cps}
-        if c not in out:
-            out.append(c)
-    return out
+# (rows per block, warps, programs per SM, row blocks in flight) per format and shape: chosen
+# from the registers ptxas reports for sm_90 (no spills; the programs that fit on an SM at
+# that count, times the bytes of the blocks in flight, 20-60 KB per SM)
+GEMV_CANDIDATES = {
+    ("fp8", "qkv"): [(2, 4, 4, 2), (4, 8, 2, 2), (2, 4, 4, 1), (8, 8, 1, 2), (1, 4, 8, 2)],
+    ("fp8", "o"): [(2, 4, 2, 2), (1, 4, 4, 2), (2, 4, 3, 1), (4, 8, 1, 2), (1, 4, 8, 1)],
+    ("fp8", "gate_up"): [(2, 4, 2, 2), (1, 4, 4, 2), (2, 4, 3, 1), (4, 8, 1, 2), (1, 8, 2, 2)],
+    ("fp8", "down"): [(1, 8, 2, 2), (1, 8, 2, 1), (1, 4, 2, 1), (2, 8, 1, 2), (1, 4, 4, 1)],
+    ("int4", "qkv"): [(4, 4, 3, 2), (2, 4, 4, 2), (8, 8, 1, 2), (4, 8, 2, 2), (4, 4, 4, 1)],
+    ("int4", "o"): [(16, 8, 2, 1), (16, 8, 2, 2), (8, 8, 1, 2), (4, 4, 2, 2), (2, 4, 4, 2)],
+    ("int4", "gate_up"): [(4, 4, 2, 2), (2, 4, 4, 2), (8, 8, 1, 2), (4, 8, 1, 2), (2, 4, 3, 1)],
+    ("int4", "down"): [(1, 4, 3, 2), (2, 8, 1, 2), (1, 8, 2, 2), (2, 4, 2, 2), (1, 4, 4, 1)],
+}
+
+
+def gemv_candidates(fmt: str, shape: str) -> list[dict]:
+    cands = GEMV_CANDIDATES.get((fmt, shape), [(2, 4, 2, 1), (1, 4, 4, 2)])
+    return [{"block_n": bn, "warps": w, "ctas_per_sm": c, "ahead": a} for bn, w, c, a in cands]
 
 
 def auto_split(n: int, k: int, bn: int, step: int = 128, target: int = 264) -> int:
@@ -63,10 +70,8 @@ def auto_split(n: int, k: int, bn: int, step: int = 128, target: int = 264) -> i
 
 def gemm_candidates(fmt: str, n: int, k: int) -> list[dict]:
     out = []
-    for bn, warps, stages, prefetch, split in ((64, 4, 3, False, None), (64, 4, 1, True, None),
-                                               (32, 4, 3, False, None),
-                                               (128, 8, 3, False, None),
-                                               (64, 4, 3, False, 1)):
+    for bn, warps, stages, prefetch, split in ((64, 4, 3, False, None), (64, 4, 4, False, None),
+                                               (32, 4, 3, False, None), (64, 4, 1, True, None)):
         c = {"block_n": bn, "warps": warps, "stages": stages, "prefetch": prefetch,
              "split": split if split is not None else auto_split(n, k, bn)}
         if c not in out:
@@ -80,7 +85,7 @@ def items(shape_set: str) -> list[dict]:
     for name, (n, k, gate_up, residual, ln) in SHAPES[shape_set].items():
         nout = n // 2 if gate_up else n
         for fmt in ("fp8", "int4"):
-            for c in gemv_candidates(fmt, k):
+            for c in gemv_candidates(fmt, name):
                 out.append({"shape": name, "kind": "qgemv", "fmt": fmt, "m": 1, "cfg": c})
         out.append({"shape": name, "kind": "gemv", "fmt": "none", "m": 1})
         out.append({"shape": name, "kind": "cublas", "fmt": "none", "m": 1})
@@ -88,7 +93,7 @@ def items(shape_set: str) -> list[dict]:
             for fmt in ("fp8", "int4", "none"):
                 for c in gemm_candidates(fmt, nout, k):
                     out.append({"shape": name, "kind": "qbgemm", "fmt": fmt, "m": m, "cfg": c})
-        for m in (2,) + GEMM_ROWS:
+        for m in GEMM_ROWS:
             out.append({"shape": name, "kind": "bgemm", "fmt": "none", "m": m})
             out.append({"shape": name, "kind": "cublas", "fmt": "none", "m": m})
             out.append({"shape": name, "kind": "scaled_mm", "fmt": "fp8-rowwise", "m": m})
@@ -247,6 +252,46 @@ def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
     return round(2 * nbytes * reps / (s.elapsed_time(e) * 1e-3) / 1e12, 3)
 
 
+def tables(sweep: dict, shape_set: str = "4b") -> tuple[dict, dict]:
+    """The fastest configurations of a sweep's ``best`` as ``(GEMV_TABLE, GEMM_TABLE)``
+    entries of :mod:`qwen_trt.fast.qkernels`; a dense shape enters the GEMM table only where
+    the split-K form beat the bf16 ``bgemm``."""
+    from qwen_trt.fast import qkernels as Q
+
+    fmts = {"fp8": Q.FMT_FP8, "int4": Q.FMT_INT4, "none": Q.FMT_DENSE}
+    best = sweep.get("best", {})
+    gemv, gemm = {}, {}
+    for name, (n, k, gate_up, _res, _ln) in SHAPES[shape_set].items():
+        nout = n // 2 if gate_up else n
+        for fmt in ("fp8", "int4"):
+            b = best.get(f"{name}|qgemv|{fmt}|M1")
+            if b and b.get("cfg"):
+                gemv[(fmts[fmt], nout, k, gate_up)] = Q.QConfig(**b["cfg"])
+        for m in GEMM_ROWS:
+            for fmt in ("fp8", "int4", "none"):
+                b = best.get(f"{name}|qbgemm|{fmt}|M{m}")
+                if not (b and b.get("cfg")):
+                    continue
+                if fmt == "none":
+                    base = best.get(f"{name}|bgemm|none|M{m}")
+                    if base and base["us"] <= b["us"]:
+                        continue
+                gemm[(fmts[fmt], nout, k, max(16, m))] = Q.QConfig(**b["cfg"])
+    return gemv, gemm
+
+
+def apply(path: str, shape_set: str = "4b") -> tuple[dict, dict]:
+    """Fill :mod:`qwen_trt.fast.qkernels`' tables from a sweep's JSON (before any launch)."""
+    from qwen_trt.fast import qkernels as Q
+
+    gemv, gemm = tables(json.loads(Path(path).read_text()), shape_set)
+    Q.GEMV_TABLE.update(gemv)
+    Q.GEMM_TABLE.update(gemm)
+    print(f"[sweep] applied {len(gemv)} GEMV and {len(gemm)} GEMM configurations",
+          file=sys.stderr, flush=True)
+    return gemv, gemm
+
+
 def compile_part(shape_set: str, part: int, parts: int, device: str) -> None:
     """Worker: launch every ``parts``-th item once (compiles into Triton's cache)."""
     import torch
@@ -270,7 +315,7 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=0, help="compile in this many processes first")
     p.add_argument("--device", default="cuda")
     p.add_argument("--part", default=None, help=argparse.SUPPRESS)   # i/n: a compile worker
-    p.add_argument("--copies-mb", type=int, default=400)
+    p.add_argument("--copies-mb", type=int, default=300)
     p.add_argument("--compile-timeout", type=int, default=150)
     args = p.parse_args(argv)
     if args.part:

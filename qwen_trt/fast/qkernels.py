@@ -62,6 +62,7 @@ class QConfig:
     split: int = 1
     prefetch: bool = False
     bk: int = 128         # dense GEMM: columns per step
+    ahead: int = 1        # GEMV: row blocks whose loads are in flight (1 or 2)
 
 
 FMT_FP8, FMT_INT4, FMT_DENSE = 0, 1, 2
@@ -139,8 +140,11 @@ if triton is not None:
         """The bytes ``[BLOCK_N, NB, SK]`` of ``rows`` in scale blocks ``B0 .. B0 + NB``."""
         kk = (B0 + tl.arange(0, NB))[:, None] * SK + tl.arange(0, SK)[None, :]
         m = row_ok[:, None, None] & (kk < K)[None, :, :]
-        return tl.load(q_ptr + rows[:, None, None] * K + kk[None, :, :], mask=m, other=0,
-                       eviction_policy=EVICT)
+        # 8-byte loads: the activations' bf16 tiles load 8 to a thread too, so the products
+        # are formed in the weights' own register layout (16-byte loads would make Triton
+        # convert every weight tile to the activations' layout through shared memory)
+        offs = tl.max_contiguous(rows[:, None, None] * K + kk[None, :, :], [1, 1, 8])
+        return tl.load(q_ptr + offs, mask=m, other=0, eviction_policy=EVICT)
 
     @triton.jit
     def _fp8_scales(s_ptr, rows, row_ok, B0: tl.constexpr, NB: tl.constexpr,
@@ -174,31 +178,65 @@ if triton is not None:
         tl.store(out_ptr + rows, y, mask=row_ok)
 
     @triton.jit
+    def _fp8_block(q_ptr, s_ptr, rows, ok, N: tl.constexpr, K: tl.constexpr,
+                   KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr, NB0: tl.constexpr,
+                   NB1: tl.constexpr, TWO: tl.constexpr, GATE_UP: tl.constexpr,
+                   EVICT: tl.constexpr):
+        """One row block's weights and scales: both pieces (``TWO``), gate and up rows
+        (``GATE_UP``); what a form lacks is a copy of what it has."""
+        a0 = _fp8_raw(q_ptr, rows, ok, 0, NB0, K, SK, EVICT)
+        sa0 = _fp8_scales(s_ptr, rows, ok, 0, NB0, KS, SN)
+        a1, sa1 = a0, sa0
+        if TWO:
+            a1 = _fp8_raw(q_ptr, rows, ok, NB0, NB1, K, SK, EVICT)
+            sa1 = _fp8_scales(s_ptr, rows, ok, NB0, NB1, KS, SN)
+        g0, g1, sg0, sg1 = a0, a1, sa0, sa1
+        if GATE_UP:
+            g0 = _fp8_raw(q_ptr, rows + N, ok, 0, NB0, K, SK, EVICT)
+            sg0 = _fp8_scales(s_ptr, rows + N, ok, 0, NB0, KS, SN)
+            g1, sg1 = g0, sg0
+            if TWO:
+                g1 = _fp8_raw(q_ptr, rows + N, ok, NB0, NB1, K, SK, EVICT)
+                sg1 = _fp8_scales(s_ptr, rows + N, ok, NB0, NB1, KS, SN)
+        return a0, a1, sa0, sa1, g0, g1, sg0, sg1
+
+    @triton.jit
+    def _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0, x1, TWO: tl.constexpr,
+                  GATE_UP: tl.constexpr):
+        """Row sums ``(y, u)`` of one row block (``u``: the up rows, with ``GATE_UP``)."""
+        y = _fp8_dot(a0, sa0, x0)
+        if TWO:
+            y += _fp8_dot(a1, sa1, x1)
+        u = y
+        if GATE_UP:
+            u = _fp8_dot(g0, sg0, x0)
+            if TWO:
+                u += _fp8_dot(g1, sg1, x1)
+        return y, u
+
+    @triton.jit
     def _fp8_gemv_kernel(q_ptr, s_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
                          N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, KS: tl.constexpr,
                          SN: tl.constexpr, SK: tl.constexpr, NB0: tl.constexpr,
                          NB1: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr,
                          RESIDUAL: tl.constexpr, GATE_UP: tl.constexpr, PDL: tl.constexpr,
-                         P: tl.constexpr, EVICT: tl.constexpr = ""):
-        """Program ``pid`` reduces row blocks ``pid, pid + P, ...``; a row is two pieces of
-        ``NB0`` and ``NB1`` scale blocks (the second masked off when the first covers K)."""
+                         P: tl.constexpr, AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = ""):
+        """Program ``pid`` reduces row blocks ``pid, pid + P, ...`` with the next ``AHEAD``
+        (1 or 2) blocks' loads in flight; a row is a piece of ``NB0`` scale blocks and, where
+        that does not cover K, one of ``NB1``."""
+        TWO: tl.constexpr = NB0 * SK < K
         pid = tl.program_id(0)
         n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
         iters: tl.constexpr = (n_blocks + P - 1) // P
         dt = x_ptr.dtype.element_ty
         r = tl.arange(0, BLOCK_N)
         rows = pid * BLOCK_N + r
-        ok = rows < N
-        a0 = _fp8_raw(q_ptr, rows, ok, 0, NB0, K, SK, EVICT)
-        a1 = _fp8_raw(q_ptr, rows, ok, NB0, NB1, K, SK, EVICT)
-        sa0 = _fp8_scales(s_ptr, rows, ok, 0, NB0, KS, SN)
-        sa1 = _fp8_scales(s_ptr, rows, ok, NB0, NB1, KS, SN)
-        g0, g1, sg0, sg1 = a0, a1, sa0, sa1
-        if GATE_UP:
-            g0 = _fp8_raw(q_ptr, rows + N, ok, 0, NB0, K, SK, EVICT)
-            g1 = _fp8_raw(q_ptr, rows + N, ok, NB0, NB1, K, SK, EVICT)
-            sg0 = _fp8_scales(s_ptr, rows + N, ok, 0, NB0, KS, SN)
-            sg1 = _fp8_scales(s_ptr, rows + N, ok, NB0, NB1, KS, SN)
+        a0, a1, sa0, sa1, g0, g1, sg0, sg1 = _fp8_block(
+            q_ptr, s_ptr, rows, rows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP, EVICT)
+        if AHEAD == 2:
+            rows = rows + P * BLOCK_N
+            b0, b1, sb0, sb1, h0, h1, sh0, sh1 = _fp8_block(
+                q_ptr, s_ptr, rows, rows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP, EVICT)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -206,29 +244,24 @@ if triton is not None:
         if NORM:
             rstd = _x_rstd(x_ptr, K, KP, eps)
         k0 = tl.arange(0, NB0)[:, None] * SK + tl.arange(0, SK)[None, :]
-        k1 = NB0 * SK + tl.arange(0, NB1)[:, None] * SK + tl.arange(0, SK)[None, :]
         x0 = _norm_x(x_ptr, ln_ptr, k0, k0 < K, rstd, dt, NORM)
-        x1 = _norm_x(x_ptr, ln_ptr, k1, k1 < K, rstd, dt, NORM)
+        x1 = x0
+        if TWO:
+            k1 = NB0 * SK + tl.arange(0, NB1)[:, None] * SK + tl.arange(0, SK)[None, :]
+            x1 = _norm_x(x_ptr, ln_ptr, k1, k1 < K, rstd, dt, NORM)
         for it in range(iters):
             rows = (pid + it * P) * BLOCK_N + r
-            ok = rows < N
-            nrows = rows + P * BLOCK_N
-            nok = nrows < N
-            na0 = _fp8_raw(q_ptr, nrows, nok, 0, NB0, K, SK, EVICT)
-            na1 = _fp8_raw(q_ptr, nrows, nok, NB0, NB1, K, SK, EVICT)
-            nsa0 = _fp8_scales(s_ptr, nrows, nok, 0, NB0, KS, SN)
-            nsa1 = _fp8_scales(s_ptr, nrows, nok, NB0, NB1, KS, SN)
-            y = _fp8_dot(a0, sa0, x0) + _fp8_dot(a1, sa1, x1)
-            u = y
-            if GATE_UP:
-                ng0 = _fp8_raw(q_ptr, nrows + N, nok, 0, NB0, K, SK, EVICT)
-                ng1 = _fp8_raw(q_ptr, nrows + N, nok, NB0, NB1, K, SK, EVICT)
-                nsg0 = _fp8_scales(s_ptr, nrows + N, nok, 0, NB0, KS, SN)
-                nsg1 = _fp8_scales(s_ptr, nrows + N, nok, NB0, NB1, KS, SN)
-                u = _fp8_dot(g0, sg0, x0) + _fp8_dot(g1, sg1, x1)
-                g0, g1, sg0, sg1 = ng0, ng1, nsg0, nsg1
-            _finish_row(y, u, rows, ok, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
-            a0, a1, sa0, sa1 = na0, na1, nsa0, nsa1
+            nrows = rows + AHEAD * P * BLOCK_N
+            c0, c1, sc0, sc1, e0, e1, se0, se1 = _fp8_block(
+                q_ptr, s_ptr, nrows, nrows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP,
+                EVICT)
+            y, u = _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0, x1, TWO, GATE_UP)
+            _finish_row(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
+            if AHEAD == 2:
+                a0, a1, sa0, sa1, g0, g1, sg0, sg1 = b0, b1, sb0, sb1, h0, h1, sh0, sh1
+                b0, b1, sb0, sb1, h0, h1, sh0, sh1 = c0, c1, sc0, sc1, e0, e1, se0, se1
+            else:
+                a0, a1, sa0, sa1, g0, g1, sg0, sg1 = c0, c1, sc0, sc1, e0, e1, se0, se1
 
     # ---- batch 1: INT4 -----------------------------------------------------------------
 
@@ -293,31 +326,49 @@ if triton is not None:
         return tl.sum(s * (tl.sum(acc, 2) - z * xsum[None, :]), 1)
 
     @triton.jit
+    def _i4_block(q_ptr, s_ptr, z_ptr, rows, ok, N: tl.constexpr, K: tl.constexpr,
+                  KS: tl.constexpr, W: tl.constexpr, NB0: tl.constexpr, NB1: tl.constexpr,
+                  TWO: tl.constexpr, GATE_UP: tl.constexpr, EVICT: tl.constexpr):
+        """:func:`_fp8_block` for INT4: words, scales and zero points."""
+        a0 = _i4_raw(q_ptr, rows, ok, 0, NB0, K, W, EVICT)
+        sa0, za0 = _i4_sz(s_ptr, z_ptr, rows, ok, 0, NB0, KS)
+        a1, sa1, za1 = a0, sa0, za0
+        if TWO:
+            a1 = _i4_raw(q_ptr, rows, ok, NB0, NB1, K, W, EVICT)
+            sa1, za1 = _i4_sz(s_ptr, z_ptr, rows, ok, NB0, NB1, KS)
+        g0, g1, sg0, zg0, sg1, zg1 = a0, a1, sa0, za0, sa1, za1
+        if GATE_UP:
+            g0 = _i4_raw(q_ptr, rows + N, ok, 0, NB0, K, W, EVICT)
+            sg0, zg0 = _i4_sz(s_ptr, z_ptr, rows + N, ok, 0, NB0, KS)
+            g1, sg1, zg1 = g0, sg0, zg0
+            if TWO:
+                g1 = _i4_raw(q_ptr, rows + N, ok, NB0, NB1, K, W, EVICT)
+                sg1, zg1 = _i4_sz(s_ptr, z_ptr, rows + N, ok, NB0, NB1, KS)
+        return a0, a1, sa0, za0, sa1, za1, g0, g1, sg0, zg0, sg1, zg1
+
+    @triton.jit
     def _i4_gemv_kernel(q_ptr, s_ptr, z_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
                         N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, KS: tl.constexpr,
                         SK: tl.constexpr, NB0: tl.constexpr, NB1: tl.constexpr,
                         BLOCK_N: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
                         GATE_UP: tl.constexpr, PDL: tl.constexpr, P: tl.constexpr,
-                        EVICT: tl.constexpr = ""):
+                        AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = ""):
         """:func:`_fp8_gemv_kernel` for INT4: the pieces are ``NB0`` and ``NB1`` groups."""
         W: tl.constexpr = SK // 8
+        TWO: tl.constexpr = NB0 * SK < K
         pid = tl.program_id(0)
         n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
         iters: tl.constexpr = (n_blocks + P - 1) // P
         dt = x_ptr.dtype.element_ty
         r = tl.arange(0, BLOCK_N)
         rows = pid * BLOCK_N + r
-        ok = rows < N
-        a0 = _i4_raw(q_ptr, rows, ok, 0, NB0, K, W, EVICT)
-        a1 = _i4_raw(q_ptr, rows, ok, NB0, NB1, K, W, EVICT)
-        sa0, za0 = _i4_sz(s_ptr, z_ptr, rows, ok, 0, NB0, KS)
-        sa1, za1 = _i4_sz(s_ptr, z_ptr, rows, ok, NB0, NB1, KS)
-        g0, g1, sg0, zg0, sg1, zg1 = a0, a1, sa0, za0, sa1, za1
-        if GATE_UP:
-            g0 = _i4_raw(q_ptr, rows + N, ok, 0, NB0, K, W, EVICT)
-            g1 = _i4_raw(q_ptr, rows + N, ok, NB0, NB1, K, W, EVICT)
-            sg0, zg0 = _i4_sz(s_ptr, z_ptr, rows + N, ok, 0, NB0, KS)
-            sg1, zg1 = _i4_sz(s_ptr, z_ptr, rows + N, ok, NB0, NB1, KS)
+        a0, a1, sa0, za0, sa1, za1, g0, g1, sg0, zg0, sg1, zg1 = _i4_block(
+            q_ptr, s_ptr, z_ptr, rows, rows < N, N, K, KS, W, NB0, NB1, TWO, GATE_UP, EVICT)
+        if AHEAD == 2:
+            rows = rows + P * BLOCK_N
+            b0, b1, sb0, zb0, sb1, zb1, h0, h1, sh0, zh0, sh1, zh1 = _i4_block(
+                q_ptr, s_ptr, z_ptr, rows, rows < N, N, K, KS, W, NB0, NB1, TWO, GATE_UP,
+                EVICT)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -325,30 +376,33 @@ if triton is not None:
         if NORM:
             rstd = _x_rstd(x_ptr, K, KP, eps)
         p0, p1, p2, p3, p4, p5, p6, p7, ps = _i4_x(x_ptr, ln_ptr, 0, NB0, W, K, rstd, dt, NORM)
-        q0, q1, q2, q3, q4, q5, q6, q7, qs = _i4_x(x_ptr, ln_ptr, NB0, NB1, W, K, rstd, dt,
-                                                   NORM)
+        q0, q1, q2, q3, q4, q5, q6, q7, qs = p0, p1, p2, p3, p4, p5, p6, p7, ps
+        if TWO:
+            q0, q1, q2, q3, q4, q5, q6, q7, qs = _i4_x(x_ptr, ln_ptr, NB0, NB1, W, K, rstd, dt,
+                                                       NORM)
         for it in range(iters):
             rows = (pid + it * P) * BLOCK_N + r
-            ok = rows < N
-            nrows = rows + P * BLOCK_N
-            nok = nrows < N
-            na0 = _i4_raw(q_ptr, nrows, nok, 0, NB0, K, W, EVICT)
-            na1 = _i4_raw(q_ptr, nrows, nok, NB0, NB1, K, W, EVICT)
-            nsa0, nza0 = _i4_sz(s_ptr, z_ptr, nrows, nok, 0, NB0, KS)
-            nsa1, nza1 = _i4_sz(s_ptr, z_ptr, nrows, nok, NB0, NB1, KS)
-            y = (_i4_dot(a0, sa0, za0, p0, p1, p2, p3, p4, p5, p6, p7, ps)
-                 + _i4_dot(a1, sa1, za1, q0, q1, q2, q3, q4, q5, q6, q7, qs))
+            nrows = rows + AHEAD * P * BLOCK_N
+            c0, c1, sc0, zc0, sc1, zc1, e0, e1, se0, ze0, se1, ze1 = _i4_block(
+                q_ptr, s_ptr, z_ptr, nrows, nrows < N, N, K, KS, W, NB0, NB1, TWO, GATE_UP,
+                EVICT)
+            y = _i4_dot(a0, sa0, za0, p0, p1, p2, p3, p4, p5, p6, p7, ps)
+            if TWO:
+                y += _i4_dot(a1, sa1, za1, q0, q1, q2, q3, q4, q5, q6, q7, qs)
             u = y
             if GATE_UP:
-                ng0 = _i4_raw(q_ptr, nrows + N, nok, 0, NB0, K, W, EVICT)
-                ng1 = _i4_raw(q_ptr, nrows + N, nok, NB0, NB1, K, W, EVICT)
-                nsg0, nzg0 = _i4_sz(s_ptr, z_ptr, nrows + N, nok, 0, NB0, KS)
-                nsg1, nzg1 = _i4_sz(s_ptr, z_ptr, nrows + N, nok, NB0, NB1, KS)
-                u = (_i4_dot(g0, sg0, zg0, p0, p1, p2, p3, p4, p5, p6, p7, ps)
-                     + _i4_dot(g1, sg1, zg1, q0, q1, q2, q3, q4, q5, q6, q7, qs))
-                g0, g1, sg0, zg0, sg1, zg1 = ng0, ng1, nsg0, nzg0, nsg1, nzg1
-            _finish_row(y, u, rows, ok, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
-            a0, a1, sa0, za0, sa1, za1 = na0, na1, nsa0, nza0, nsa1, nza1
+                u = _i4_dot(g0, sg0, zg0, p0, p1, p2, p3, p4, p5, p6, p7, ps)
+                if TWO:
+                    u += _i4_dot(g1, sg1, zg1, q0, q1, q2, q3, q4, q5, q6, q7, qs)
+            _finish_row(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
+            if AHEAD == 2:
+                a0, a1, sa0, za0, sa1, za1, g0, g1, sg0, zg0, sg1, zg1 = (
+                    b0, b1, sb0, zb0, sb1, zb1, h0, h1, sh0, zh0, sh1, zh1)
+                b0, b1, sb0, zb0, sb1, zb1, h0, h1, sh0, zh0, sh1, zh1 = (
+                    c0, c1, sc0, zc0, sc1, zc1, e0, e1, se0, ze0, se1, ze1)
+            else:
+                a0, a1, sa0, za0, sa1, za1, g0, g1, sg0, zg0, sg1, zg1 = (
+                    c0, c1, sc0, zc0, sc1, zc1, e0, e1, se0, ze0, se1, ze1)
 
     # ---- 2..64 rows: split-K GEMM for every format ---------------------------------------
 
@@ -569,7 +623,7 @@ def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
     grid = _programs(x.device, triton.cdiv(n, cfg.block_n), cfg)
     kw = dict(N=n, K=k, KP=triton.next_power_of_2(k), KS=ks, SK=sk, NB0=nb0, NB1=nb1,
               BLOCK_N=cfg.block_n, NORM=ln is not None, RESIDUAL=residual is not None,
-              GATE_UP=gate_up, PDL=pdl, P=grid,
+              GATE_UP=gate_up, PDL=pdl, P=grid, AHEAD=cfg.ahead,
               EVICT="evict_first" if x.device.type == "cuda" else "",
               num_warps=cfg.warps, **launch_kwargs(pdl))
     lnp = ln if ln is not None else x
