@@ -88,9 +88,20 @@ def _pieces(blocks: int) -> tuple[int, int]:
     return a, (triton.next_power_of_2(rest) if rest else 1)
 
 
-# Measured on an H200 (bench/quant_bench.py --sweep; see docs/benchmarks.md): (fmt, n, k,
-# gate_up) -> GEMV config. Shapes not listed use :func:`_gemv_default`.
-GEMV_TABLE: dict[tuple[int, int, int, bool], QConfig] = {}
+# The fastest configuration per Qwen3-4B projection in a sweep on an H200
+# (``python -m qwen_trt.bench.qkernel_sweep``; docs/measurements/qkernel-sweep-h200.json):
+# (fmt, n, k, gate_up) -> GEMV config (block_n, warps, ctas_per_sm, ahead), µs per call and
+# TB/s of packed bytes. Shapes not listed use :func:`_gemv_default`.
+GEMV_TABLE: dict[tuple[int, int, int, bool], QConfig] = {
+    (FMT_FP8, 6144, 2560, False): QConfig(2, 4, 4, ahead=1),  # 8.13 us, 1.934 TB/s
+    (FMT_INT4, 6144, 2560, False): QConfig(4, 8, 2, ahead=2),  # 10.73 us, 0.767 TB/s
+    (FMT_FP8, 2560, 4096, False): QConfig(2, 4, 3, ahead=1),  # 6.08 us, 1.724 TB/s
+    (FMT_INT4, 2560, 4096, False): QConfig(8, 8, 1, ahead=2),  # 8.49 us, 0.646 TB/s
+    (FMT_FP8, 9728, 2560, True): QConfig(2, 4, 3, ahead=1),  # 20.62 us, 2.416 TB/s
+    (FMT_INT4, 9728, 2560, True): QConfig(4, 4, 2, ahead=2),  # 20.88 us, 1.248 TB/s
+    (FMT_FP8, 2560, 9728, False): QConfig(1, 8, 2, ahead=1),  # 12.32 us, 2.022 TB/s
+    (FMT_INT4, 2560, 9728, False): QConfig(2, 4, 2, ahead=2),  # 18.62 us, 0.7 TB/s
+}
 
 
 def _gemv_default(fmt: int, n: int, k: int) -> QConfig:
@@ -104,8 +115,31 @@ def gemv_config(fmt: int, n: int, k: int, gate_up: bool) -> QConfig:
     return GEMV_TABLE.get((fmt, n, k, gate_up)) or _gemv_default(fmt, n, k)
 
 
-# (fmt, n, k, block_m) -> GEMM config, measured like GEMV_TABLE.
-GEMM_TABLE: dict[tuple[int, int, int, int], QConfig] = {}
+# (fmt, n, k, block_m) -> GEMM config, from the same sweep (block_m 16 timed at 8 rows, 32 at
+# 32; µs per call). Dense shapes are listed only where the split-K form beat ``bgemm.bgemm``.
+GEMM_TABLE: dict[tuple[int, int, int, int], QConfig] = {
+    (FMT_FP8, 6144, 2560, 16): QConfig(64, 4, stages=3, split=4),  # 10.73 us
+    (FMT_INT4, 6144, 2560, 16): QConfig(64, 4, stages=1, split=4, prefetch=True),  # 27.71 us
+    (FMT_DENSE, 6144, 2560, 16): QConfig(64, 4, stages=4, split=4),  # 11.22 us
+    (FMT_FP8, 6144, 2560, 32): QConfig(64, 4, stages=4, split=4),  # 13.59 us
+    (FMT_INT4, 6144, 2560, 32): QConfig(64, 4, stages=1, split=4, prefetch=True),  # 81.75 us
+    (FMT_FP8, 2560, 4096, 16): QConfig(64, 4, stages=3, split=8),  # 11.17 us
+    (FMT_INT4, 2560, 4096, 16): QConfig(64, 4, stages=3, split=8),  # 22.24 us
+    (FMT_DENSE, 2560, 4096, 16): QConfig(64, 4, stages=4, split=8),  # 9.25 us
+    (FMT_FP8, 2560, 4096, 32): QConfig(64, 4, stages=4, split=8),  # 11.78 us
+    (FMT_INT4, 2560, 4096, 32): QConfig(64, 4, stages=1, split=8, prefetch=True),  # 66.75 us
+    (FMT_DENSE, 2560, 4096, 32): QConfig(64, 4, stages=4, split=8),  # 10.78 us
+    (FMT_FP8, 9728, 2560, 16): QConfig(64, 4, stages=4, split=2),  # 27.17 us
+    (FMT_INT4, 9728, 2560, 16): QConfig(64, 4, stages=1, split=2, prefetch=True),  # 44.21 us
+    (FMT_FP8, 9728, 2560, 32): QConfig(64, 4, stages=3, split=2),  # 35.67 us
+    (FMT_INT4, 9728, 2560, 32): QConfig(64, 4, stages=4, split=2),  # 107.79 us
+    (FMT_FP8, 2560, 9728, 16): QConfig(64, 4, stages=3, split=8),  # 19.94 us
+    (FMT_INT4, 2560, 9728, 16): QConfig(64, 4, stages=3, split=8),  # 52.77 us
+    (FMT_DENSE, 2560, 9728, 16): QConfig(64, 4, stages=3, split=8),  # 17.61 us
+    (FMT_FP8, 2560, 9728, 32): QConfig(64, 4, stages=4, split=8),  # 21.47 us
+    (FMT_INT4, 2560, 9728, 32): QConfig(64, 4, stages=1, split=8, prefetch=True),  # 157.17 us
+    (FMT_DENSE, 2560, 9728, 32): QConfig(64, 4, stages=3, split=8),  # 20.45 us
+}
 
 
 def gemm_config(fmt: int, n: int, k: int, block_m: int) -> QConfig:
@@ -582,12 +616,14 @@ if triton is not None:
             raw = tl.load(q_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0)
             s = tl.load(s_ptr + (rows // SN) * KS + t, mask=row_ok, other=0.0)
             w = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s[:, None]
-        else:
-            wq = tl.load(q_ptr + rows[:, None] * (K // 8) + kk[None, :] // 8, mask=m, other=0)
-            q = ((wq >> ((kk % 8) * 4)[None, :]) & 15).to(tl.float32)
+        else:   # the group's words as [rows, words, 8 nibbles], flattened to its columns
+            j = t * (SK // 8) + tl.arange(0, SK // 8)
+            wq = tl.load(q_ptr + rows[:, None] * (K // 8) + j[None, :],
+                         mask=row_ok[:, None] & (j < K // 8)[None, :], other=0)
+            q = ((wq[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 15).to(tl.float32)
             s = tl.load(s_ptr + rows * KS + t, mask=row_ok, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + rows * KS + t, mask=row_ok, other=0).to(tl.float32)
-            w = (q - z[:, None]) * s[:, None]
+            w = tl.reshape(q * s[:, None, None] - (z * s)[:, None, None], (BLOCK_N, SK))
         tl.store(out_ptr + rows[:, None] * K + kk[None, :], w.to(out_ptr.dtype.element_ty),
                  mask=m)
 
