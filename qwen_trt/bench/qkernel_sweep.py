@@ -47,6 +47,16 @@ GEMV_CANDIDATES = {
     ("fp8", "o"): [(2, 4, 2, 2), (1, 4, 4, 2), (2, 4, 3, 1), (4, 8, 1, 2), (1, 4, 8, 1)],
     ("fp8", "gate_up"): [(2, 4, 2, 2), (1, 4, 4, 2), (2, 4, 3, 1), (4, 8, 1, 2), (1, 8, 2, 2)],
     ("fp8", "down"): [(1, 8, 2, 2), (1, 8, 2, 1), (1, 4, 2, 1), (2, 8, 1, 2), (1, 4, 4, 1)],
+    # the inline-PTX forms (QConfig.asm; FP8 loads int32 words): fewer instructions per
+    # weight and, for FP8, fewer registers (qkv 2 rows x 8 warps: 64), so more programs fit
+    ("fp8-asm", "qkv"): [(2, 8, 4, 1), (2, 8, 4, 2), (4, 8, 2, 1), (1, 4, 8, 2), (2, 4, 4, 2)],
+    ("fp8-asm", "o"): [(2, 8, 3, 2), (1, 4, 8, 2), (4, 8, 2, 1), (2, 8, 3, 1)],
+    ("fp8-asm", "gate_up"): [(2, 8, 3, 2), (1, 4, 6, 2), (4, 8, 2, 1), (2, 8, 3, 1)],
+    ("fp8-asm", "down"): [(1, 4, 3, 2), (2, 8, 1, 2), (1, 4, 3, 1), (2, 8, 1, 1)],
+    ("int4-asm", "qkv"): [(4, 8, 2, 2), (2, 4, 4, 2), (8, 8, 1, 2), (4, 8, 2, 1)],
+    ("int4-asm", "o"): [(4, 8, 2, 2), (16, 8, 2, 1), (2, 4, 4, 2)],
+    ("int4-asm", "gate_up"): [(4, 8, 2, 2), (2, 4, 4, 2), (8, 8, 1, 2)],
+    ("int4-asm", "down"): [(2, 8, 1, 2), (1, 4, 3, 2), (2, 4, 2, 2)],
     ("int4", "qkv"): [(4, 4, 3, 2), (2, 4, 4, 2), (8, 8, 1, 2), (4, 8, 2, 2), (4, 4, 4, 1)],
     ("int4", "o"): [(16, 8, 2, 1), (16, 8, 2, 2), (8, 8, 1, 2), (4, 4, 2, 2), (2, 4, 4, 2)],
     ("int4", "gate_up"): [(4, 4, 2, 2), (2, 4, 4, 2), (8, 8, 1, 2), (4, 8, 1, 2), (2, 4, 3, 1)],
@@ -55,8 +65,10 @@ GEMV_CANDIDATES = {
 
 
 def gemv_candidates(fmt: str, shape: str) -> list[dict]:
-    cands = GEMV_CANDIDATES.get((fmt, shape), [(2, 4, 2, 1), (1, 4, 4, 2)])
-    return [{"block_n": bn, "warps": w, "ctas_per_sm": c, "ahead": a} for bn, w, c, a in cands]
+    cands = [(c, False) for c in GEMV_CANDIDATES.get((fmt, shape), [(2, 4, 2, 1), (1, 4, 4, 2)])]
+    cands += [(c, True) for c in GEMV_CANDIDATES.get((fmt + "-asm", shape), [])]
+    return [dict({"block_n": bn, "warps": w, "ctas_per_sm": c, "ahead": a},
+                 **({"asm": True} if asm else {})) for (bn, w, c, a), asm in cands]
 
 
 def auto_split(n: int, k: int, bn: int, step: int = 128, target: int = 264) -> int:

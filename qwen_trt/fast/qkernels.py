@@ -63,6 +63,9 @@ class QConfig:
     prefetch: bool = False
     bk: int = 128         # dense GEMM: columns per step
     ahead: int = 1        # GEMV: row blocks whose loads are in flight (1 or 2)
+    asm: bool = False     # GEMV: inline PTX on CUDA (FP8: int32 word loads, four bytes
+                          # converted in place, by shifts elsewhere; INT4: one lop3 a nibble);
+                          # not yet timed on a GPU
 
 
 FMT_FP8, FMT_INT4, FMT_DENSE = 0, 1, 2
@@ -156,6 +159,44 @@ def gemm_config(fmt: int, n: int, k: int, block_m: int) -> QConfig:
 
 
 if triton is not None:
+    # four float8_e4m3fn bytes of one 32-bit register (byte i = element i) -> four float32
+    _FP8X4_TO_F32 = tl.constexpr("""{
+.reg .b16 lo, hi;
+.reg .b32 h0, h1;
+.reg .f16 e0, e1, e2, e3;
+mov.b32 {lo, hi}, $4;
+cvt.rn.f16x2.e4m3x2 h0, lo;
+cvt.rn.f16x2.e4m3x2 h1, hi;
+mov.b32 {e0, e1}, h0;
+mov.b32 {e2, e3}, h1;
+cvt.f32.f16 $0, e0;
+cvt.f32.f16 $1, e1;
+cvt.f32.f16 $2, e2;
+cvt.f32.f16 $3, e3;
+}""")
+    # one int32 word of eight nibbles -> eight float32 q * 16**(i % 4): nibble i masked in
+    # place (in the high half for i >= 4) and OR-ed into 2**23 by one lop3, minus 2**23
+    _I4X8_TO_F32 = tl.constexpr("""{
+.reg .b32 hi, t;
+shr.u32 hi, $8, 16;
+lop3.b32 t, $8, 0xF, 0x4B000000, 0xEA;
+sub.f32 $0, t, 0f4B000000;
+lop3.b32 t, $8, 0xF0, 0x4B000000, 0xEA;
+sub.f32 $1, t, 0f4B000000;
+lop3.b32 t, $8, 0xF00, 0x4B000000, 0xEA;
+sub.f32 $2, t, 0f4B000000;
+lop3.b32 t, $8, 0xF000, 0x4B000000, 0xEA;
+sub.f32 $3, t, 0f4B000000;
+lop3.b32 t, hi, 0xF, 0x4B000000, 0xEA;
+sub.f32 $4, t, 0f4B000000;
+lop3.b32 t, hi, 0xF0, 0x4B000000, 0xEA;
+sub.f32 $5, t, 0f4B000000;
+lop3.b32 t, hi, 0xF00, 0x4B000000, 0xEA;
+sub.f32 $6, t, 0f4B000000;
+lop3.b32 t, hi, 0xF000, 0x4B000000, 0xEA;
+sub.f32 $7, t, 0f4B000000;
+}""")
+
     @triton.jit
     def _norm_x(x_ptr, ln_ptr, offs, ok, rstd, dt: tl.constexpr, NORM: tl.constexpr):
         """Activations at ``offs`` (any shape) in float32, RMSNorm-ed like the unfused op
@@ -170,15 +211,26 @@ if triton is not None:
 
     @triton.jit
     def _fp8_raw(q_ptr, rows, row_ok, B0: tl.constexpr, NB: tl.constexpr, K: tl.constexpr,
-                 SK: tl.constexpr, EVICT: tl.constexpr):
-        """The bytes ``[BLOCK_N, NB, SK]`` of ``rows`` in scale blocks ``B0 .. B0 + NB``."""
-        kk = (B0 + tl.arange(0, NB))[:, None] * SK + tl.arange(0, SK)[None, :]
-        m = row_ok[:, None, None] & (kk < K)[None, :, :]
-        # 8-byte loads: the activations' bf16 tiles load 8 to a thread too, so the products
-        # are formed in the weights' own register layout (16-byte loads would make Triton
-        # convert every weight tile to the activations' layout through shared memory)
-        offs = tl.max_contiguous(rows[:, None, None] * K + kk[None, :, :], [1, 1, 8])
-        return tl.load(q_ptr + offs, mask=m, other=0, eviction_policy=EVICT)
+                 SK: tl.constexpr, EVICT: tl.constexpr, WORDS: tl.constexpr = False):
+        """The bytes ``[BLOCK_N, NB, SK]`` of ``rows`` in scale blocks ``B0 .. B0 + NB``
+        (``WORDS``: as int32 words ``[BLOCK_N, NB, SK / 4]``, byte ``i`` of word ``c`` being
+        column ``4c + i``)."""
+        if WORDS:
+            j = (B0 + tl.arange(0, NB))[:, None] * (SK // 4) + tl.arange(0, SK // 4)[None, :]
+            m = row_ok[:, None, None] & (j < K // 4)[None, :, :]
+            q32 = q_ptr.to(tl.pointer_type(tl.int32))
+            out = tl.load(q32 + rows[:, None, None] * (K // 4) + j[None, :, :], mask=m,
+                          other=0, eviction_policy=EVICT)
+        else:
+            kk = (B0 + tl.arange(0, NB))[:, None] * SK + tl.arange(0, SK)[None, :]
+            m = row_ok[:, None, None] & (kk < K)[None, :, :]
+            # 8-byte loads: the activations' bf16 tiles load 8 to a thread too, so the
+            # products are formed in the weights' own register layout (16-byte loads made
+            # Triton convert every weight tile to the activations' layout through shared
+            # memory)
+            offs = tl.max_contiguous(rows[:, None, None] * K + kk[None, :, :], [1, 1, 8])
+            out = tl.load(q_ptr + offs, mask=m, other=0, eviction_policy=EVICT)
+        return out
 
     @triton.jit
     def _fp8_scales(s_ptr, rows, row_ok, B0: tl.constexpr, NB: tl.constexpr,
@@ -189,10 +241,54 @@ if triton is not None:
                        mask=row_ok[:, None] & (b < KS)[None, :], other=0.0)
 
     @triton.jit
-    def _fp8_dot(raw, sc, xs):
-        """Row sums of ``raw`` (bytes) times ``xs [NB, SK]``, reduced per block, then scaled."""
-        w = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        return tl.sum(tl.sum(w * xs[None, :, :], 2) * sc, 1)
+    def _byte(w, i: tl.constexpr):
+        """Byte ``i`` of int32 words as float8_e4m3fn -> float32."""
+        return ((w >> (8 * i)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(
+            tl.float32)
+
+    @triton.jit
+    def _fp8_dot(raw, sc, xa, xb, xc, xd, WORDS: tl.constexpr = False,
+                 ASM: tl.constexpr = False):
+        """Row sums of ``raw`` times the activations, reduced per block, then scaled: bytes
+        times ``xa [NB, SK]``, or (``WORDS``) words times ``xa .. xd [NB, SK / 4]``, the
+        activations of byte positions 0..3. ``ASM``: a word's four bytes convert in the
+        register they were loaded into (two ``cvt.rn.f16x2.e4m3x2``, four ``cvt.f32.f16``);
+        Triton's own conversion first splits the bytes into a register each and packs them
+        back in pairs (about two instructions per weight more, in the SASS for sm_90)."""
+        if WORDS:
+            if ASM:
+                b0, b1, b2, b3 = tl.inline_asm_elementwise(
+                    _FP8X4_TO_F32, "=r,=r,=r,=r,r", [raw],
+                    dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
+                    pack=1)
+            else:
+                b0, b1, b2, b3 = _byte(raw, 0), _byte(raw, 1), _byte(raw, 2), _byte(raw, 3)
+            prod = (b0 * xa[None, :, :] + b1 * xb[None, :, :] + b2 * xc[None, :, :]
+                    + b3 * xd[None, :, :])
+        else:
+            prod = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * xa[None, :, :]
+        return tl.sum(tl.sum(prod, 2) * sc, 1)
+
+    @triton.jit
+    def _fp8_x(x_ptr, ln_ptr, B0: tl.constexpr, NB: tl.constexpr, SK: tl.constexpr,
+               K: tl.constexpr, rstd, dt: tl.constexpr, NORM: tl.constexpr,
+               WORDS: tl.constexpr):
+        """The activations of blocks ``B0 .. B0 + NB`` for :func:`_fp8_dot`: one
+        ``[NB, SK]`` tile (repeated), or (``WORDS``) one ``[NB, SK / 4]`` tile per byte
+        position."""
+        if WORDS:
+            col = ((B0 + tl.arange(0, NB))[:, None] * (SK // 4)
+                   + tl.arange(0, SK // 4)[None, :]) * 4
+            ok = col < K
+            xa = _norm_x(x_ptr, ln_ptr, col, ok, rstd, dt, NORM)
+            xb = _norm_x(x_ptr, ln_ptr, col + 1, ok, rstd, dt, NORM)
+            xc = _norm_x(x_ptr, ln_ptr, col + 2, ok, rstd, dt, NORM)
+            xd = _norm_x(x_ptr, ln_ptr, col + 3, ok, rstd, dt, NORM)
+        else:
+            kk = B0 * SK + tl.arange(0, NB)[:, None] * SK + tl.arange(0, SK)[None, :]
+            xa = _norm_x(x_ptr, ln_ptr, kk, kk < K, rstd, dt, NORM)
+            xb, xc, xd = xa, xa, xa
+        return xa, xb, xc, xd
 
     @triton.jit
     def _x_rstd(x_ptr, K: tl.constexpr, KP: tl.constexpr, eps):
@@ -215,37 +311,38 @@ if triton is not None:
     def _fp8_block(q_ptr, s_ptr, rows, ok, N: tl.constexpr, K: tl.constexpr,
                    KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr, NB0: tl.constexpr,
                    NB1: tl.constexpr, TWO: tl.constexpr, GATE_UP: tl.constexpr,
-                   EVICT: tl.constexpr):
+                   EVICT: tl.constexpr, WORDS: tl.constexpr):
         """One row block's weights and scales: both pieces (``TWO``), gate and up rows
         (``GATE_UP``); what a form lacks is a copy of what it has."""
-        a0 = _fp8_raw(q_ptr, rows, ok, 0, NB0, K, SK, EVICT)
+        a0 = _fp8_raw(q_ptr, rows, ok, 0, NB0, K, SK, EVICT, WORDS)
         sa0 = _fp8_scales(s_ptr, rows, ok, 0, NB0, KS, SN)
         a1, sa1 = a0, sa0
         if TWO:
-            a1 = _fp8_raw(q_ptr, rows, ok, NB0, NB1, K, SK, EVICT)
+            a1 = _fp8_raw(q_ptr, rows, ok, NB0, NB1, K, SK, EVICT, WORDS)
             sa1 = _fp8_scales(s_ptr, rows, ok, NB0, NB1, KS, SN)
         g0, g1, sg0, sg1 = a0, a1, sa0, sa1
         if GATE_UP:
-            g0 = _fp8_raw(q_ptr, rows + N, ok, 0, NB0, K, SK, EVICT)
+            g0 = _fp8_raw(q_ptr, rows + N, ok, 0, NB0, K, SK, EVICT, WORDS)
             sg0 = _fp8_scales(s_ptr, rows + N, ok, 0, NB0, KS, SN)
             g1, sg1 = g0, sg0
             if TWO:
-                g1 = _fp8_raw(q_ptr, rows + N, ok, NB0, NB1, K, SK, EVICT)
+                g1 = _fp8_raw(q_ptr, rows + N, ok, NB0, NB1, K, SK, EVICT, WORDS)
                 sg1 = _fp8_scales(s_ptr, rows + N, ok, NB0, NB1, KS, SN)
         return a0, a1, sa0, sa1, g0, g1, sg0, sg1
 
     @triton.jit
-    def _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0, x1, TWO: tl.constexpr,
-                  GATE_UP: tl.constexpr):
+    def _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0a, x0b, x0c, x0d, x1a, x1b, x1c,
+                  x1d, TWO: tl.constexpr, GATE_UP: tl.constexpr, WORDS: tl.constexpr,
+                  ASM: tl.constexpr):
         """Row sums ``(y, u)`` of one row block (``u``: the up rows, with ``GATE_UP``)."""
-        y = _fp8_dot(a0, sa0, x0)
+        y = _fp8_dot(a0, sa0, x0a, x0b, x0c, x0d, WORDS, ASM)
         if TWO:
-            y += _fp8_dot(a1, sa1, x1)
+            y += _fp8_dot(a1, sa1, x1a, x1b, x1c, x1d, WORDS, ASM)
         u = y
         if GATE_UP:
-            u = _fp8_dot(g0, sg0, x0)
+            u = _fp8_dot(g0, sg0, x0a, x0b, x0c, x0d, WORDS, ASM)
             if TWO:
-                u += _fp8_dot(g1, sg1, x1)
+                u += _fp8_dot(g1, sg1, x1a, x1b, x1c, x1d, WORDS, ASM)
         return y, u
 
     @triton.jit
@@ -254,10 +351,11 @@ if triton is not None:
                          SN: tl.constexpr, SK: tl.constexpr, NB0: tl.constexpr,
                          NB1: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr,
                          RESIDUAL: tl.constexpr, GATE_UP: tl.constexpr, PDL: tl.constexpr,
-                         P: tl.constexpr, AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = ""):
+                         P: tl.constexpr, AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = "",
+                         WORDS: tl.constexpr = False, ASM: tl.constexpr = False):
         """Program ``pid`` reduces row blocks ``pid, pid + P, ...`` with the next ``AHEAD``
         (1 or 2) blocks' loads in flight; a row is a piece of ``NB0`` scale blocks and, where
-        that does not cover K, one of ``NB1``."""
+        that does not cover K, one of ``NB1``. ``WORDS``, ``ASM``: see :func:`_fp8_dot`."""
         TWO: tl.constexpr = NB0 * SK < K
         pid = tl.program_id(0)
         n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -266,30 +364,31 @@ if triton is not None:
         r = tl.arange(0, BLOCK_N)
         rows = pid * BLOCK_N + r
         a0, a1, sa0, sa1, g0, g1, sg0, sg1 = _fp8_block(
-            q_ptr, s_ptr, rows, rows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP, EVICT)
+            q_ptr, s_ptr, rows, rows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP, EVICT,
+            WORDS)
         if AHEAD == 2:
             rows = rows + P * BLOCK_N
             b0, b1, sb0, sb1, h0, h1, sh0, sh1 = _fp8_block(
-                q_ptr, s_ptr, rows, rows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP, EVICT)
+                q_ptr, s_ptr, rows, rows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP, EVICT,
+            WORDS)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
         rstd = 0.0
         if NORM:
             rstd = _x_rstd(x_ptr, K, KP, eps)
-        k0 = tl.arange(0, NB0)[:, None] * SK + tl.arange(0, SK)[None, :]
-        x0 = _norm_x(x_ptr, ln_ptr, k0, k0 < K, rstd, dt, NORM)
-        x1 = x0
+        x0a, x0b, x0c, x0d = _fp8_x(x_ptr, ln_ptr, 0, NB0, SK, K, rstd, dt, NORM, WORDS)
+        x1a, x1b, x1c, x1d = x0a, x0b, x0c, x0d
         if TWO:
-            k1 = NB0 * SK + tl.arange(0, NB1)[:, None] * SK + tl.arange(0, SK)[None, :]
-            x1 = _norm_x(x_ptr, ln_ptr, k1, k1 < K, rstd, dt, NORM)
+            x1a, x1b, x1c, x1d = _fp8_x(x_ptr, ln_ptr, NB0, NB1, SK, K, rstd, dt, NORM, WORDS)
         for it in range(iters):
             rows = (pid + it * P) * BLOCK_N + r
             nrows = rows + AHEAD * P * BLOCK_N
             c0, c1, sc0, sc1, e0, e1, se0, se1 = _fp8_block(
                 q_ptr, s_ptr, nrows, nrows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP,
-                EVICT)
-            y, u = _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0, x1, TWO, GATE_UP)
+                EVICT, WORDS)
+            y, u = _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0a, x0b, x0c, x0d, x1a, x1b,
+                             x1c, x1d, TWO, GATE_UP, WORDS, ASM)
             _finish_row(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
             if AHEAD == 2:
                 a0, a1, sa0, sa1, g0, g1, sg0, sg1 = b0, b1, sb0, sb1, h0, h1, sh0, sh1
@@ -345,18 +444,27 @@ if triton is not None:
                 x4, x5 * 0.0625, x6 * 0.00390625, x7 * 0.000244140625, xsum)
 
     @triton.jit
-    def _i4_dot(wq, s, z, x0, x1, x2, x3, x4, x5, x6, x7, xsum):
+    def _i4_dot(wq, s, z, x0, x1, x2, x3, x4, x5, x6, x7, xsum, ASM: tl.constexpr = False):
         """Row sums of the INT4 words ``wq [BLOCK_N, NG, W]`` times the activations:
-        ``sum_g s * (sum(q * x) - z * sum(x))``."""
-        hi = wq >> 16
-        acc = _nib(wq, 0xF) * x0[None, :, :]
-        acc += _nib(wq, 0xF0) * x1[None, :, :]
-        acc += _nib(wq, 0xF00) * x2[None, :, :]
-        acc += _nib(wq, 0xF000) * x3[None, :, :]
-        acc += _nib(hi, 0xF) * x4[None, :, :]
-        acc += _nib(hi, 0xF0) * x5[None, :, :]
-        acc += _nib(hi, 0xF00) * x6[None, :, :]
-        acc += _nib(hi, 0xF000) * x7[None, :, :]
+        ``sum_g s * (sum(q * x) - z * sum(x))``. ``ASM``: each nibble's mask-and-OR is one
+        ``lop3`` (Triton's code spends two logic instructions on it, in the SASS for sm_90)."""
+        if ASM:
+            n0, n1, n2, n3, n4, n5, n6, n7 = tl.inline_asm_elementwise(
+                _I4X8_TO_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [wq],
+                dtype=(tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
+                       tl.float32, tl.float32), is_pure=True, pack=1)
+        else:
+            hi = wq >> 16
+            n0, n1, n2, n3 = _nib(wq, 0xF), _nib(wq, 0xF0), _nib(wq, 0xF00), _nib(wq, 0xF000)
+            n4, n5, n6, n7 = _nib(hi, 0xF), _nib(hi, 0xF0), _nib(hi, 0xF00), _nib(hi, 0xF000)
+        acc = n0 * x0[None, :, :]
+        acc += n1 * x1[None, :, :]
+        acc += n2 * x2[None, :, :]
+        acc += n3 * x3[None, :, :]
+        acc += n4 * x4[None, :, :]
+        acc += n5 * x5[None, :, :]
+        acc += n6 * x6[None, :, :]
+        acc += n7 * x7[None, :, :]
         return tl.sum(s * (tl.sum(acc, 2) - z * xsum[None, :]), 1)
 
     @triton.jit
@@ -386,8 +494,10 @@ if triton is not None:
                         SK: tl.constexpr, NB0: tl.constexpr, NB1: tl.constexpr,
                         BLOCK_N: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
                         GATE_UP: tl.constexpr, PDL: tl.constexpr, P: tl.constexpr,
-                        AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = ""):
-        """:func:`_fp8_gemv_kernel` for INT4: the pieces are ``NB0`` and ``NB1`` groups."""
+                        AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = "",
+                        ASM: tl.constexpr = False):
+        """:func:`_fp8_gemv_kernel` for INT4: the pieces are ``NB0`` and ``NB1`` groups.
+        ``ASM``: see :func:`_i4_dot`."""
         W: tl.constexpr = SK // 8
         TWO: tl.constexpr = NB0 * SK < K
         pid = tl.program_id(0)
@@ -420,14 +530,15 @@ if triton is not None:
             c0, c1, sc0, zc0, sc1, zc1, e0, e1, se0, ze0, se1, ze1 = _i4_block(
                 q_ptr, s_ptr, z_ptr, nrows, nrows < N, N, K, KS, W, NB0, NB1, TWO, GATE_UP,
                 EVICT)
-            y = _i4_dot(a0, sa0, za0, p0, p1, p2, p3, p4, p5, p6, p7, ps)
+            y = _i4_dot(a0, sa0, za0, p0, p1, p2, p3, p4, p5, p6, p7, ps, ASM)
             if TWO:
-                y += _i4_dot(a1, sa1, za1, q0, q1, q2, q3, q4, q5, q6, q7, qs)
+                y += _i4_dot(a1, sa1, za1, q0, q1, q2, q3, q4, q5, q6, q7, qs, ASM)
             u = y
             if GATE_UP:
-                u = _i4_dot(g0, sg0, zg0, p0, p1, p2, p3, p4, p5, p6, p7, ps)
+                u = _i4_dot(g0, sg0, zg0, p0, p1, p2, p3, p4, p5, p6, p7, ps, ASM)
                 if TWO:
-                    u += _i4_dot(g1, sg1, zg1, q0, q1, q2, q3, q4, q5, q6, q7, qs)
+                    u += _i4_dot(g1, sg1, zg1, q0, q1, q2, q3, q4, q5, q6, q7, qs,
+                                    ASM)
             _finish_row(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
             if AHEAD == 2:
                 a0, a1, sa0, za0, sa1, za1, g0, g1, sg0, zg0, sg1, zg1 = (
@@ -664,9 +775,12 @@ def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
               num_warps=cfg.warps, **launch_kwargs(pdl))
     lnp = ln if ln is not None else x
     if fmt == FMT_FP8:
-        _fp8_gemv_kernel[(grid,)](q, s, x, out, lnp, res, eps, SN=sn, **kw)
+        words = cfg.asm and k % 16 == 0     # int32 words (the rows stay 16-byte aligned)
+        _fp8_gemv_kernel[(grid,)](q, s, x, out, lnp, res, eps, SN=sn, WORDS=words,
+                                  ASM=words and x.device.type == "cuda", **kw)
     else:
-        _i4_gemv_kernel[(grid,)](q, s, z, x, out, lnp, res, eps, **kw)
+        _i4_gemv_kernel[(grid,)](q, s, z, x, out, lnp, res, eps,
+                                 ASM=cfg.asm and x.device.type == "cuda", **kw)
     return out
 
 
