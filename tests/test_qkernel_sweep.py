@@ -56,3 +56,17 @@ def test_sweep_items_time_every_kind_once_per_configuration():
         assert {("bgemm", "none", m), ("cublas", "none", m),
                 ("scaled_mm", "fp8-rowwise", m)} <= kinds
     assert {("qgemv", "fp8", 1), ("qgemv", "int4", 1), ("gemv", "none", 1)} <= kinds
+
+
+def test_printed_tables_reproduce_the_committed_ones():
+    """``--print-tables`` on the committed sweep gives back the tables in qkernels.py."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sweep = json.loads((root / "docs/measurements/qkernel-sweep-h200.json").read_text())
+    ns = {"QConfig": Q.QConfig, "FMT_FP8": Q.FMT_FP8, "FMT_INT4": Q.FMT_INT4,
+          "FMT_DENSE": Q.FMT_DENSE}
+    exec(S.table_source(sweep), ns)      # noqa: S102 - our own generated source
+    assert ns["GEMV_TABLE"] == Q.GEMV_TABLE
+    assert ns["GEMM_TABLE"] == Q.GEMM_TABLE

@@ -2,6 +2,7 @@
 ``torch._scaled_mm`` in the same process:
 
     python -m qwen_trt.bench.qkernel_sweep --out sweep.json [--jobs 12] [--shape tiny]
+    python -m qwen_trt.bench.qkernel_sweep --out - --print-tables sweep.json
 
 For each Qwen3-4B projection (qkv, o, gate/up, down, with the decode step's fusions) it times
 
@@ -292,6 +293,25 @@ def tables(sweep: dict, shape_set: str = "4b") -> tuple[dict, dict]:
     return gemv, gemm
 
 
+def table_source(sweep: dict, shape_set: str = "4b") -> str:
+    """The entries of :func:`tables` as the Python lines of ``qkernels``' tables."""
+    from qwen_trt.fast import qkernels as Q
+
+    names = {Q.FMT_FP8: "FMT_FP8", Q.FMT_INT4: "FMT_INT4", Q.FMT_DENSE: "FMT_DENSE"}
+    gemv, gemm = tables(sweep, shape_set)
+    lines = ["GEMV_TABLE = {"]
+    for (f, n, k, gu), c in gemv.items():
+        asm = ", asm=True" if c.asm else ""
+        lines.append(f"    ({names[f]}, {n}, {k}, {gu}): QConfig({c.block_n}, {c.warps}, "
+                     f"{c.ctas_per_sm}, ahead={c.ahead}{asm}),")
+    lines += ["}", "GEMM_TABLE = {"]
+    for (f, n, k, bm), c in gemm.items():
+        pre = ", prefetch=True" if c.prefetch else ""
+        lines.append(f"    ({names[f]}, {n}, {k}, {bm}): QConfig({c.block_n}, {c.warps}, "
+                     f"stages={c.stages}, split={c.split}{pre}),")
+    return "\n".join(lines + ["}"])
+
+
 def apply(path: str, shape_set: str = "4b") -> tuple[dict, dict]:
     """Fill :mod:`qwen_trt.fast.qkernels`' tables from a sweep's JSON (before any launch)."""
     from qwen_trt.fast import qkernels as Q
@@ -329,7 +349,12 @@ def main(argv=None) -> int:
     p.add_argument("--part", default=None, help=argparse.SUPPRESS)   # i/n: a compile worker
     p.add_argument("--copies-mb", type=int, default=300)
     p.add_argument("--compile-timeout", type=int, default=150)
+    p.add_argument("--print-tables", metavar="SWEEP_JSON",
+                   help="print a finished sweep's winners as qkernels' table entries, then exit")
     args = p.parse_args(argv)
+    if args.print_tables:
+        print(table_source(json.loads(Path(args.print_tables).read_text()), args.shape))
+        return 0
     if args.part:
         i, n = (int(v) for v in args.part.split("/"))
         compile_part(args.shape, i, n, args.device)
