@@ -26,7 +26,7 @@ SHAPES = [(6144, 2560, {"ln": True}), (19456, 2560, {"gate_up": True, "ln": True
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_packed_kernels_match_dequantized_weights(fmt, shape):
     from qwen_trt.fast.bgemm import bgemm
-    from qwen_trt.fast.qkernels import dequantize
+    from qwen_trt.fast.qkernels import QConfig, dequantize, qgemv
 
     n, k, f = shape
     torch.manual_seed(0)
@@ -41,6 +41,11 @@ def test_packed_kernels_match_dequantized_weights(fmt, shape):
     ref = gemv_ref(wd, x, **kw).float()
     got = gemv(w, x, **kw).float()
     assert ((got - ref).norm() / ref.norm()).item() < 1e-2
+    # the inline-PTX forms (FP8 word loads and in-register converts; INT4 one lop3 a nibble)
+    for cfg in (QConfig(block_n=2, warps=8, ctas_per_sm=2, asm=True),
+                QConfig(block_n=1, warps=4, ctas_per_sm=4, ahead=2, asm=True)):
+        got = qgemv(w, x, config=cfg, **kw).float()
+        assert ((got - ref).norm() / ref.norm()).item() < 1e-2, cfg
     for m in (2, 8, 32):
         xm = torch.randn(m, k, device="cuda").bfloat16()
         res = torch.randn(m, rows, device="cuda").bfloat16() if f.get("residual") else None

@@ -139,7 +139,9 @@ def rms_rows(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
 def bgemm(w: torch.Tensor, x: torch.Tensor, *, residual: torch.Tensor | None = None,
           gate_up: bool = False, config: BgemmConfig | None = None) -> torch.Tensor:
     """``x [M, K]`` (M <= 64) times ``w.T``, with the fusions of the module docstring. A
-    packed weight (:mod:`qwen_trt.fast.qformats`) runs :func:`qwen_trt.fast.qkernels.qbgemm`."""
+    packed weight (:mod:`qwen_trt.fast.qformats`) runs :func:`qwen_trt.fast.qkernels.qbgemm`,
+    and so does a dense one whose shape and row bucket ``qkernels.GEMM_TABLE`` lists (the
+    split-K form, where it measured faster than this kernel)."""
     if not isinstance(w, torch.Tensor):
         from qwen_trt.fast.qkernels import qbgemm
 
@@ -147,6 +149,12 @@ def bgemm(w: torch.Tensor, x: torch.Tensor, *, residual: torch.Tensor | None = N
     rows, k = w.shape
     n = rows // 2 if gate_up else rows
     m = x.shape[0]
+    if config is None and x.device.type == "cuda":
+        from qwen_trt.fast.qkernels import FMT_DENSE, GEMM_TABLE, qbgemm
+
+        split = GEMM_TABLE.get((FMT_DENSE, n, k, max(16, triton.next_power_of_2(m))))
+        if split is not None:       # the split-K GEMM measured faster for this shape
+            return qbgemm(w, x, residual=residual, gate_up=gate_up, config=split)
     if not (x.is_contiguous() and w.is_contiguous()) or x.shape[1] != k:
         raise ValueError("bgemm needs contiguous w [N, K] and x [M, K]")
     cfg = config or bgemm_config(n, k)

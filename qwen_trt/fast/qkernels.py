@@ -3,24 +3,35 @@ scales) and INT4 (group scales and zero points), dequantized in registers (W8A16
 activations stay in the model dtype, no FP8 tensor cores needed).
 
 * :func:`qgemv` -- batch 1, with the fusions of :func:`qwen_trt.fast.gemv.gemv` (RMSNorm
-  prologue, residual, ``silu(gate) * up``). Each program owns ``BLOCK_N`` rows and walks K
-  ``BK`` columns at a time (several scale blocks / groups: each column's scale is gathered;
-  the loop is unrolled so the loads are in flight together), accumulating products
-  elementwise and reducing once at the end.
-* :func:`qbgemm` -- 2..64 rows, the fusions of :func:`qwen_trt.fast.bgemm.bgemm`: each program
-  dequantizes a ``BLOCK_N x BK`` strip of the weight to the model dtype once and multiplies all
-  M rows with it (``tl.dot``).
+  prologue, residual, ``silu(gate) * up``). Built like the bf16 persistent GEMV: a fixed grid
+  of programs, each loading whole rows of ``BLOCK_N`` weight rows with the next row block's
+  loads in flight while the current one is reduced. A row is held as ``[blocks, SK]`` tiles
+  (FP8 bytes; INT4 ``[groups, SK / 8]`` int32 words), in at most two pieces whose block counts
+  are powers of two (2560 columns = 16 + 4 blocks of 128), so no lanes are spent on padding.
+  Products are reduced per scale block / group first and scaled once per block (the scales
+  are a ``[rows, blocks]`` tile, loaded once per row block). INT4 nibbles become floats
+  without an int-to-float conversion: nibble ``j`` of a 16-bit half, masked in place and OR-ed
+  into the bits of ``2**23``, is the float ``2**23 + q * 16**j`` exactly; subtracting ``2**23``
+  leaves ``q * 16**j``, which multiplies the activation pre-scaled by ``16**-j`` (exact: a
+  power of two). The zero point comes in per group as ``s * (sum(q * x) - z * sum(x))``.
+* :func:`qbgemm` -- 2..64 rows, the fusions of :func:`qwen_trt.fast.bgemm.bgemm`, for FP8,
+  INT4 and dense weights: each program multiplies all M rows with a ``BLOCK_N``-row strip over
+  its share of K (split-K: ``SPLIT`` programs per strip write float32 partials that one small
+  kernel sums and finishes), one scale block / group per step with ``tl.dot``: FP8 values are
+  exact in bf16 and the block's scale multiplies the float32 product; INT4 runs one 16-column
+  dot per nibble position (the columns ``8c + i`` of the group), so the packed words are never
+  reshaped, and applies ``s * (dot - z * sum(x))`` per group.
 * :func:`dequantize` -- the whole matrix back to the model dtype (prefill: dequantize, then
   the bf16 GEMM).
 
 ``gemv``/``bgemm`` call these when handed a :class:`~qwen_trt.fast.qformats.PackedLinear`. INT4
-values of a row are 8 to an int32 word (column ``8j + i`` in bits ``4i``); the kernels unpack a
-group's 16 words as a ``[rows, 16, 8]`` tile. GEMV products are float32 on the float32
-dequantized weight; the GEMM rounds the dequantized strip to the model dtype before ``tl.dot``,
-as the reference (dequantize, then ``F.linear``) does.
+values of a row are 8 to an int32 word (column ``8j + i`` in bits ``4i``). Both kernels compute
+on the exact float32 dequantized weights (the reference rounds them to the model dtype first:
+the results agree to that rounding).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,324 +49,706 @@ except ImportError:  # pragma: no cover - depends on the install
 
 @dataclass(frozen=True)
 class QConfig:
+    """GEMV: ``block_n`` rows per row block, ``warps``, ``ctas_per_sm`` programs per SM (or
+    exactly ``programs``). GEMM: ``block_n`` rows per strip, ``warps``, ``stages`` (software
+    pipelining of the plain loop), ``split`` programs along K, ``prefetch`` (the next step's
+    weights loaded by hand before the current step's dot, instead of ``stages``)."""
+
     block_n: int = 4
     warps: int = 4
+    ctas_per_sm: int = 2
+    programs: int = 0
     stages: int = 3
-    bk: int = 0           # columns per step (0: one scale block / group)
-    unroll: bool = False  # GEMV: the K loop unrolled instead of pipelined
-    blocked: bool = False  # GEMV: steps of whole scale blocks (bk a multiple of the block)
+    split: int = 1
+    prefetch: bool = False
+    bk: int = 128         # dense GEMM: columns per step
+    ahead: int = 1        # GEMV: row blocks whose loads are in flight (1 or 2)
+    asm: bool = False     # GEMV: inline PTX on CUDA (FP8: int32 word loads, four bytes
+                          # converted in place, by shifts elsewhere; INT4: one lop3 a nibble);
+                          # not yet timed on a GPU
 
 
-def _fmt_args(w: PackedLinear):
-    """(q, scale, zero, SN, SK, FMT, scale columns) of a packed weight for the kernels."""
+FMT_FP8, FMT_INT4, FMT_DENSE = 0, 1, 2
+
+
+def _fmt_args(w):
+    """(q, scale, zero, SN, SK, FMT, scale columns) of a weight for the kernels."""
     if isinstance(w, Fp8Linear):
         q = w.weight.view(torch.uint8)     # bit patterns; the kernels bitcast to float8e4nv
-        return q, w.scale, w.scale, w.block[0], w.block[1], 0, w.scale.shape[1]
+        return q, w.scale, w.scale, w.block[0], w.block[1], FMT_FP8, w.scale.shape[1]
     if isinstance(w, Int4Linear):
-        return w.qweight, w.scales, w.zeros, 1, w.group, 1, w.scales.shape[1]
+        return w.qweight, w.scales, w.zeros, 1, w.group, FMT_INT4, w.scales.shape[1]
+    if isinstance(w, torch.Tensor):
+        return w, w, w, 1, 1, FMT_DENSE, 1
     raise TypeError(f"no kernels for weight format {type(w).__name__}")
 
 
-def _bk(w: PackedLinear) -> int:
-    """Columns per step: one scale block / group (FP8 weights narrower than a block: K
-    rounded up to a power of two)."""
-    _, _, _, _, sk, fmt, _ = _fmt_args(w)
-    return sk if fmt == 1 else min(sk, triton.next_power_of_2(w.k))
+def _pieces(blocks: int) -> tuple[int, int]:
+    """A row of ``blocks`` scale blocks / groups as two power-of-two pieces ``(a, b)`` with
+    ``a + b >= blocks`` (``b`` covers the rest; 1 and empty when ``a`` covers all)."""
+    a = 1 << (blocks.bit_length() - 1)
+    rest = blocks - a
+    return a, (triton.next_power_of_2(rest) if rest else 1)
+
+
+# The fastest configuration per Qwen3-4B projection in a sweep on an H200
+# (``python -m qwen_trt.bench.qkernel_sweep``; docs/measurements/qkernel-sweep-h200.json):
+# (fmt, n, k, gate_up) -> GEMV config (block_n, warps, ctas_per_sm, ahead), µs per call and
+# TB/s of packed bytes. Shapes not listed use :func:`_gemv_default`.
+GEMV_TABLE: dict[tuple[int, int, int, bool], QConfig] = {
+    (FMT_FP8, 6144, 2560, False): QConfig(2, 4, 4, ahead=1),  # 8.13 us, 1.934 TB/s
+    (FMT_INT4, 6144, 2560, False): QConfig(4, 8, 2, ahead=2),  # 10.73 us, 0.767 TB/s
+    (FMT_FP8, 2560, 4096, False): QConfig(2, 4, 3, ahead=1),  # 6.08 us, 1.724 TB/s
+    (FMT_INT4, 2560, 4096, False): QConfig(8, 8, 1, ahead=2),  # 8.49 us, 0.646 TB/s
+    (FMT_FP8, 9728, 2560, True): QConfig(2, 4, 3, ahead=1),  # 20.62 us, 2.416 TB/s
+    (FMT_INT4, 9728, 2560, True): QConfig(4, 4, 2, ahead=2),  # 20.88 us, 1.248 TB/s
+    (FMT_FP8, 2560, 9728, False): QConfig(1, 8, 2, ahead=1),  # 12.32 us, 2.022 TB/s
+    (FMT_INT4, 2560, 9728, False): QConfig(2, 4, 2, ahead=2),  # 18.62 us, 0.7 TB/s
+}
+
+
+def _gemv_default(fmt: int, n: int, k: int) -> QConfig:
+    """About 16 KB of packed weights per row block, two programs per SM."""
+    row_bytes = k if fmt == FMT_FP8 else k // 2
+    bn = max(1, min(16, 1 << max(0, (16384 // row_bytes).bit_length() - 1)))
+    return QConfig(block_n=bn, warps=4, ctas_per_sm=2)
+
+
+def gemv_config(fmt: int, n: int, k: int, gate_up: bool) -> QConfig:
+    return GEMV_TABLE.get((fmt, n, k, gate_up)) or _gemv_default(fmt, n, k)
+
+
+# (fmt, n, k, block_m) -> GEMM config, from the same sweep (block_m 16 timed at 8 rows, 32 at
+# 32; µs per call). Dense shapes are listed only where the split-K form beat ``bgemm.bgemm``.
+GEMM_TABLE: dict[tuple[int, int, int, int], QConfig] = {
+    (FMT_FP8, 6144, 2560, 16): QConfig(64, 4, stages=3, split=4),  # 10.73 us
+    (FMT_INT4, 6144, 2560, 16): QConfig(64, 4, stages=1, split=4, prefetch=True),  # 27.71 us
+    (FMT_DENSE, 6144, 2560, 16): QConfig(64, 4, stages=4, split=4),  # 11.22 us
+    (FMT_FP8, 6144, 2560, 32): QConfig(64, 4, stages=4, split=4),  # 13.59 us
+    (FMT_INT4, 6144, 2560, 32): QConfig(64, 4, stages=1, split=4, prefetch=True),  # 81.75 us
+    (FMT_FP8, 2560, 4096, 16): QConfig(64, 4, stages=3, split=8),  # 11.17 us
+    (FMT_INT4, 2560, 4096, 16): QConfig(64, 4, stages=3, split=8),  # 22.24 us
+    (FMT_DENSE, 2560, 4096, 16): QConfig(64, 4, stages=4, split=8),  # 9.25 us
+    (FMT_FP8, 2560, 4096, 32): QConfig(64, 4, stages=4, split=8),  # 11.78 us
+    (FMT_INT4, 2560, 4096, 32): QConfig(64, 4, stages=1, split=8, prefetch=True),  # 66.75 us
+    (FMT_DENSE, 2560, 4096, 32): QConfig(64, 4, stages=4, split=8),  # 10.78 us
+    (FMT_FP8, 9728, 2560, 16): QConfig(64, 4, stages=4, split=2),  # 27.17 us
+    (FMT_INT4, 9728, 2560, 16): QConfig(64, 4, stages=1, split=2, prefetch=True),  # 44.21 us
+    (FMT_FP8, 9728, 2560, 32): QConfig(64, 4, stages=3, split=2),  # 35.67 us
+    (FMT_INT4, 9728, 2560, 32): QConfig(64, 4, stages=4, split=2),  # 107.79 us
+    (FMT_FP8, 2560, 9728, 16): QConfig(64, 4, stages=3, split=8),  # 19.94 us
+    (FMT_INT4, 2560, 9728, 16): QConfig(64, 4, stages=3, split=8),  # 52.77 us
+    (FMT_DENSE, 2560, 9728, 16): QConfig(64, 4, stages=3, split=8),  # 17.61 us
+    (FMT_FP8, 2560, 9728, 32): QConfig(64, 4, stages=4, split=8),  # 21.47 us
+    (FMT_INT4, 2560, 9728, 32): QConfig(64, 4, stages=1, split=8, prefetch=True),  # 157.17 us
+    (FMT_DENSE, 2560, 9728, 32): QConfig(64, 4, stages=3, split=8),  # 20.45 us
+}
+
+
+def gemm_config(fmt: int, n: int, k: int, block_m: int) -> QConfig:
+    cfg = GEMM_TABLE.get((fmt, n, k, block_m))
+    if cfg:
+        return cfg
+    bn = 64 if n >= 4096 else 32
+    strips = -(-n // bn)
+    steps = -(-k // 128)
+    split = 1
+    while strips * split < 264 and steps // (split * 2) >= 4:
+        split *= 2
+    return QConfig(block_n=bn, warps=4, stages=3, split=split)
 
 
 if triton is not None:
-    @triton.jit
-    def _int4_tile3(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K: tl.constexpr, KS: tl.constexpr,
-                    SK: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr):
-        """float32 INT4 weights ``[BLOCK_N, BK / 8, 8]`` (word, nibble) of ``rows`` at columns
-        ``k0 .. k0 + BK``: one scale / zero per row when the step lies in one group
-        (``BK <= SK``), else gathered per word."""
-        j = k0 // 8 + tl.arange(0, BK // 8)          # words of the row
-        m = row_ok[:, None] & (j < K // 8)[None, :]
-        wq = tl.load(q_ptr + rows[:, None] * (K // 8) + j[None, :], mask=m, other=0)
-        qv = ((wq[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 15).to(tl.float32)
-        if BK <= SK:
-            s = tl.load(s_ptr + rows * KS + k0 // SK, mask=row_ok, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + rows * KS + k0 // SK, mask=row_ok, other=0).to(tl.float32)
-            return qv * s[:, None, None] - (z * s)[:, None, None]    # exact: (q - z) * s
-        else:
-            g = rows[:, None] * KS + (j * 8 // SK)[None, :]
-            s = tl.load(s_ptr + g, mask=m, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + g, mask=m, other=0).to(tl.float32)
-            return qv * s[:, :, None] - (z * s)[:, :, None]
-
-    @triton.jit
-    def _dequant_tile(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K: tl.constexpr,
-                      KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BK: tl.constexpr, FMT: tl.constexpr):
-        """float32 weights ``[BLOCK_N, BK]`` of ``rows`` at columns ``k0 .. k0 + BK``. A step
-        inside one scale block / group (``BK <= SK``) loads one scale per row; a wider one
-        gathers each column's scale (from L1). Rows outside ``row_ok`` and columns past K
-        are 0."""
-        if FMT == 0:
-            kk = k0 + tl.arange(0, BK)
-            m = row_ok[:, None] & (kk < K)[None, :]
-            raw = tl.load(q_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0)
-            w = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            if BK <= SK:
-                s = tl.load(s_ptr + (rows // SN) * KS + k0 // SK, mask=row_ok, other=0.0)
-                return w * s[:, None]
-            else:
-                s = tl.load(s_ptr + (rows // SN)[:, None] * KS + (kk // SK)[None, :], mask=m,
-                            other=0.0)
-                return w * s
-        else:
-            w = _int4_tile3(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, KS, SK, BLOCK_N, BK)
-            return tl.reshape(w, (BLOCK_N, BK))
+    # four float8_e4m3fn bytes of one 32-bit register (byte i = element i) -> four float32
+    _FP8X4_TO_F32 = tl.constexpr("""{
+.reg .b16 lo, hi;
+.reg .b32 h0, h1;
+.reg .f16 e0, e1, e2, e3;
+mov.b32 {lo, hi}, $4;
+cvt.rn.f16x2.e4m3x2 h0, lo;
+cvt.rn.f16x2.e4m3x2 h1, hi;
+mov.b32 {e0, e1}, h0;
+mov.b32 {e2, e3}, h1;
+cvt.f32.f16 $0, e0;
+cvt.f32.f16 $1, e1;
+cvt.f32.f16 $2, e2;
+cvt.f32.f16 $3, e3;
+}""")
+    # one int32 word of eight nibbles -> eight float32 q * 16**(i % 4): nibble i masked in
+    # place (in the high half for i >= 4) and OR-ed into 2**23 by one lop3, minus 2**23
+    _I4X8_TO_F32 = tl.constexpr("""{
+.reg .b32 hi, t;
+shr.u32 hi, $8, 16;
+lop3.b32 t, $8, 0xF, 0x4B000000, 0xEA;
+sub.f32 $0, t, 0f4B000000;
+lop3.b32 t, $8, 0xF0, 0x4B000000, 0xEA;
+sub.f32 $1, t, 0f4B000000;
+lop3.b32 t, $8, 0xF00, 0x4B000000, 0xEA;
+sub.f32 $2, t, 0f4B000000;
+lop3.b32 t, $8, 0xF000, 0x4B000000, 0xEA;
+sub.f32 $3, t, 0f4B000000;
+lop3.b32 t, hi, 0xF, 0x4B000000, 0xEA;
+sub.f32 $4, t, 0f4B000000;
+lop3.b32 t, hi, 0xF0, 0x4B000000, 0xEA;
+sub.f32 $5, t, 0f4B000000;
+lop3.b32 t, hi, 0xF00, 0x4B000000, 0xEA;
+sub.f32 $6, t, 0f4B000000;
+lop3.b32 t, hi, 0xF000, 0x4B000000, 0xEA;
+sub.f32 $7, t, 0f4B000000;
+}""")
 
     @triton.jit
     def _norm_x(x_ptr, ln_ptr, offs, ok, rstd, dt: tl.constexpr, NORM: tl.constexpr):
-        """Activations at ``offs`` (any shape), RMSNorm-ed like the unfused op when NORM."""
+        """Activations at ``offs`` (any shape) in float32, RMSNorm-ed like the unfused op
+        when NORM."""
         xv = tl.load(x_ptr + offs, mask=ok, other=0.0)
         if NORM:
             g = tl.load(ln_ptr + offs, mask=ok, other=0.0)
             xv = (g.to(tl.float32) * (xv.to(tl.float32) * rstd).to(dt).to(tl.float32)).to(dt)
         return xv.to(tl.float32)
 
+    # ---- batch 1: FP8 ------------------------------------------------------------------
+
     @triton.jit
-    def _blocked_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0, rstd, acc,
-                      K: tl.constexpr, KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr,
-                      BK: tl.constexpr, FMT: tl.constexpr, NORM: tl.constexpr,
-                      dt: tl.constexpr):
-        """A ``BK``-column GEMV step over ``BK / SK`` whole scale blocks / groups as a tile
-        ``[rows, blocks, SK]`` (INT4: ``[rows, groups, SK / 8, 8]``): one scale (and zero)
-        per row and block, loaded as a ``[rows, blocks]`` tile and broadcast."""
-        NB: tl.constexpr = BK // SK
-        b = tl.arange(0, NB)
-        kb = k0 // SK + b
-        sm = row_ok[:, None] & (kb < KS)[None, :]
-        if FMT == 0:
-            kk = k0 + b[:, None] * SK + tl.arange(0, SK)[None, :]            # [NB, SK]
+    def _fp8_raw(q_ptr, rows, row_ok, B0: tl.constexpr, NB: tl.constexpr, K: tl.constexpr,
+                 SK: tl.constexpr, EVICT: tl.constexpr, WORDS: tl.constexpr = False):
+        """The bytes ``[BLOCK_N, NB, SK]`` of ``rows`` in scale blocks ``B0 .. B0 + NB``
+        (``WORDS``: as int32 words ``[BLOCK_N, NB, SK / 4]``, byte ``i`` of word ``c`` being
+        column ``4c + i``)."""
+        if WORDS:
+            j = (B0 + tl.arange(0, NB))[:, None] * (SK // 4) + tl.arange(0, SK // 4)[None, :]
+            m = row_ok[:, None, None] & (j < K // 4)[None, :, :]
+            q32 = q_ptr.to(tl.pointer_type(tl.int32))
+            out = tl.load(q32 + rows[:, None, None] * (K // 4) + j[None, :, :], mask=m,
+                          other=0, eviction_policy=EVICT)
+        else:
+            kk = (B0 + tl.arange(0, NB))[:, None] * SK + tl.arange(0, SK)[None, :]
             m = row_ok[:, None, None] & (kk < K)[None, :, :]
-            raw = tl.load(q_ptr + rows[:, None, None] * K + kk[None, :, :], mask=m, other=0)
-            w = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            sc = tl.load(s_ptr + (rows // SN)[:, None] * KS + kb[None, :], mask=sm, other=0.0)
-            xf = _norm_x(x_ptr, ln_ptr, kk, kk < K, rstd, dt, NORM)[None, :, :]
-            acc += w * sc[:, :, None] * xf
-        else:
-            W: tl.constexpr = SK // 8
-            c = tl.arange(0, W)
-            i = tl.arange(0, 8)
-            jw = k0 // 8 + b[:, None] * W + c[None, :]                        # [NB, W]
-            m = row_ok[:, None, None] & (jw < K // 8)[None, :, :]
-            wq = tl.load(q_ptr + rows[:, None, None] * (K // 8) + jw[None, :, :], mask=m,
-                         other=0)
-            qv = ((wq[:, :, :, None] >> (i * 4)[None, None, None, :]) & 15).to(tl.float32)
-            goff = rows[:, None] * KS + kb[None, :]
-            sc = tl.load(s_ptr + goff, mask=sm, other=0.0).to(tl.float32)
-            zp = tl.load(z_ptr + goff, mask=sm, other=0).to(tl.float32)
-            xoff = k0 + b[:, None, None] * SK + c[None, :, None] * 8 + i[None, None, :]
-            xf = _norm_x(x_ptr, ln_ptr, xoff, xoff < K, rstd, dt, NORM)[None, :, :, :]
-            acc += (qv * sc[:, :, None, None] - (zp * sc)[:, :, None, None]) * xf
-        return acc
+            # 8-byte loads: the activations' bf16 tiles load 8 to a thread too, so the
+            # products are formed in the weights' own register layout (16-byte loads made
+            # Triton convert every weight tile to the activations' layout through shared
+            # memory)
+            offs = tl.max_contiguous(rows[:, None, None] * K + kk[None, :, :], [1, 1, 8])
+            out = tl.load(q_ptr + offs, mask=m, other=0, eviction_policy=EVICT)
+        return out
 
     @triton.jit
-    def _qgemv_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0, rstd, acc, acc2,
-                    N: tl.constexpr, K: tl.constexpr, KS: tl.constexpr, SN: tl.constexpr,
-                    SK: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr,
-                    FMT: tl.constexpr, NORM: tl.constexpr, GATE_UP: tl.constexpr,
-                    dt: tl.constexpr, BLOCKED: tl.constexpr):
-        """One ``BK``-column step of the GEMV: products accumulate elementwise (FP8
-        ``[BLOCK_N, BK]``, INT4 ``[BLOCK_N, BK / 8, 8]``; ``BLOCKED``: by scale block, see
-        :func:`_blocked_step`)."""
-        if BLOCKED:
-            acc = _blocked_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0, rstd, acc,
-                                K, KS, SN, SK, BK, FMT, NORM, dt)
-            if GATE_UP:
-                acc2 = _blocked_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows + N, row_ok, k0,
-                                     rstd, acc2, K, KS, SN, SK, BK, FMT, NORM, dt)
-        elif FMT == 0:
-            kk = k0 + tl.arange(0, BK)
-            xf = _norm_x(x_ptr, ln_ptr, kk, kk < K, rstd, dt, NORM)[None, :]
-            acc += _dequant_tile(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, KS, SN, SK,
-                                 BLOCK_N, BK, FMT) * xf
-            if GATE_UP:
-                acc2 += _dequant_tile(q_ptr, s_ptr, z_ptr, rows + N, row_ok, k0, K, KS, SN, SK,
-                                      BLOCK_N, BK, FMT) * xf
-        else:
-            xoff = k0 + tl.arange(0, BK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
-            xf = _norm_x(x_ptr, ln_ptr, xoff, xoff < K, rstd, dt, NORM)[None, :, :]
-            acc += _int4_tile3(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, KS, SK, BLOCK_N,
-                               BK) * xf
-            if GATE_UP:
-                acc2 += _int4_tile3(q_ptr, s_ptr, z_ptr, rows + N, row_ok, k0, K, KS, SK,
-                                    BLOCK_N, BK) * xf
-        return acc, acc2
+    def _fp8_scales(s_ptr, rows, row_ok, B0: tl.constexpr, NB: tl.constexpr,
+                    KS: tl.constexpr, SN: tl.constexpr):
+        """The scales ``[BLOCK_N, NB]`` of ``rows`` in blocks ``B0 .. B0 + NB``."""
+        b = B0 + tl.arange(0, NB)
+        return tl.load(s_ptr + (rows // SN)[:, None] * KS + b[None, :],
+                       mask=row_ok[:, None] & (b < KS)[None, :], other=0.0)
 
     @triton.jit
-    def _qgemv_kernel(q_ptr, s_ptr, z_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
-                      N: tl.constexpr, K: tl.constexpr, KS: tl.constexpr, SN: tl.constexpr,
-                      SK: tl.constexpr, BLOCK_N: tl.constexpr, BK: tl.constexpr,
-                      FMT: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-                      GATE_UP: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr = False,
-                      BLOCKED: tl.constexpr = False):
-        """``UNROLL``: the K loop unrolled (every step's loads issued together; for wide
-        steps), else a pipelined loop (``num_stages``; for one-block steps). ``BLOCKED``:
-        steps of whole scale blocks with their scales as a small tile (``BK`` a multiple of
-        the block / group), else per-row scales (``BK <= SK``) or gathered ones."""
-        pid = tl.program_id(0)
-        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < N
-        dt = x_ptr.dtype.element_ty
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
-        rstd = 0.0
-        if NORM:
-            ss = tl.zeros([BK], tl.float32)
-            for k0 in range(0, K, BK):
-                kk = k0 + tl.arange(0, BK)
-                xv = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-                ss += xv * xv
-            rstd = tl.rsqrt(tl.sum(ss, 0) / K + eps)
-        if BLOCKED and FMT == 0:
-            acc = tl.zeros([BLOCK_N, BK // SK, SK], tl.float32)
-            acc2 = tl.zeros([BLOCK_N, BK // SK, SK], tl.float32)
-        elif BLOCKED:
-            acc = tl.zeros([BLOCK_N, BK // SK, SK // 8, 8], tl.float32)
-            acc2 = tl.zeros([BLOCK_N, BK // SK, SK // 8, 8], tl.float32)
-        elif FMT == 0:
-            acc = tl.zeros([BLOCK_N, BK], tl.float32)
-            acc2 = tl.zeros([BLOCK_N, BK], tl.float32)
+    def _byte(w, i: tl.constexpr):
+        """Byte ``i`` of int32 words as float8_e4m3fn -> float32."""
+        return ((w >> (8 * i)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(
+            tl.float32)
+
+    @triton.jit
+    def _fp8_dot(raw, sc, xa, xb, xc, xd, WORDS: tl.constexpr = False,
+                 ASM: tl.constexpr = False):
+        """Row sums of ``raw`` times the activations, reduced per block, then scaled: bytes
+        times ``xa [NB, SK]``, or (``WORDS``) words times ``xa .. xd [NB, SK / 4]``, the
+        activations of byte positions 0..3. ``ASM``: a word's four bytes convert in the
+        register they were loaded into (two ``cvt.rn.f16x2.e4m3x2``, four ``cvt.f32.f16``);
+        Triton's own conversion first splits the bytes into a register each and packs them
+        back in pairs (about two instructions per weight more, in the SASS for sm_90)."""
+        if WORDS:
+            if ASM:
+                b0, b1, b2, b3 = tl.inline_asm_elementwise(
+                    _FP8X4_TO_F32, "=r,=r,=r,=r,r", [raw],
+                    dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
+                    pack=1)
+            else:
+                b0, b1, b2, b3 = _byte(raw, 0), _byte(raw, 1), _byte(raw, 2), _byte(raw, 3)
+            prod = (b0 * xa[None, :, :] + b1 * xb[None, :, :] + b2 * xc[None, :, :]
+                    + b3 * xd[None, :, :])
         else:
-            acc = tl.zeros([BLOCK_N, BK // 8, 8], tl.float32)
-            acc2 = tl.zeros([BLOCK_N, BK // 8, 8], tl.float32)
-        if UNROLL:
-            for k0 in tl.static_range(0, K, BK):
-                acc, acc2 = _qgemv_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0,
-                                        rstd, acc, acc2, N, K, KS, SN, SK, BLOCK_N, BK, FMT,
-                                        NORM, GATE_UP, dt, BLOCKED)
+            prod = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * xa[None, :, :]
+        return tl.sum(tl.sum(prod, 2) * sc, 1)
+
+    @triton.jit
+    def _fp8_x(x_ptr, ln_ptr, B0: tl.constexpr, NB: tl.constexpr, SK: tl.constexpr,
+               K: tl.constexpr, rstd, dt: tl.constexpr, NORM: tl.constexpr,
+               WORDS: tl.constexpr):
+        """The activations of blocks ``B0 .. B0 + NB`` for :func:`_fp8_dot`: one
+        ``[NB, SK]`` tile (repeated), or (``WORDS``) one ``[NB, SK / 4]`` tile per byte
+        position."""
+        if WORDS:
+            col = ((B0 + tl.arange(0, NB))[:, None] * (SK // 4)
+                   + tl.arange(0, SK // 4)[None, :]) * 4
+            ok = col < K
+            xa = _norm_x(x_ptr, ln_ptr, col, ok, rstd, dt, NORM)
+            xb = _norm_x(x_ptr, ln_ptr, col + 1, ok, rstd, dt, NORM)
+            xc = _norm_x(x_ptr, ln_ptr, col + 2, ok, rstd, dt, NORM)
+            xd = _norm_x(x_ptr, ln_ptr, col + 3, ok, rstd, dt, NORM)
         else:
-            for k0 in range(0, K, BK):
-                acc, acc2 = _qgemv_step(q_ptr, s_ptr, z_ptr, x_ptr, ln_ptr, rows, row_ok, k0,
-                                        rstd, acc, acc2, N, K, KS, SN, SK, BLOCK_N, BK, FMT,
-                                        NORM, GATE_UP, dt, BLOCKED)
-        y_acc = tl.sum(tl.reshape(acc, (BLOCK_N, BK)), 1)
-        u_acc = tl.sum(tl.reshape(acc2, (BLOCK_N, BK)), 1)
-        y = y_acc.to(dt)
+            kk = B0 * SK + tl.arange(0, NB)[:, None] * SK + tl.arange(0, SK)[None, :]
+            xa = _norm_x(x_ptr, ln_ptr, kk, kk < K, rstd, dt, NORM)
+            xb, xc, xd = xa, xa, xa
+        return xa, xb, xc, xd
+
+    @triton.jit
+    def _x_rstd(x_ptr, K: tl.constexpr, KP: tl.constexpr, eps):
+        cols = tl.arange(0, KP)
+        xv = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+        return tl.rsqrt(tl.sum(xv * xv, 0) / K + eps)
+
+    @triton.jit
+    def _finish_row(y, u, rows, row_ok, res_ptr, out_ptr, dt: tl.constexpr,
+                    GATE_UP: tl.constexpr, RESIDUAL: tl.constexpr):
+        y = y.to(dt)
         if GATE_UP:
-            y = silu_mul(y, u_acc.to(dt), dt)
+            y = silu_mul(y, u.to(dt), dt)
         if RESIDUAL:
             r = tl.load(res_ptr + rows, mask=row_ok, other=0.0)
             y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
         tl.store(out_ptr + rows, y, mask=row_ok)
 
     @triton.jit
-    def _qbgemm_kernel(q_ptr, s_ptr, z_ptr, x_ptr, out_ptr, res_ptr, M,
-                       N: tl.constexpr, K: tl.constexpr, KS: tl.constexpr, SN: tl.constexpr,
-                       SK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BK: tl.constexpr, FMT: tl.constexpr, RESIDUAL: tl.constexpr,
-                       GATE_UP: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+    def _fp8_block(q_ptr, s_ptr, rows, ok, N: tl.constexpr, K: tl.constexpr,
+                   KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr, NB0: tl.constexpr,
+                   NB1: tl.constexpr, TWO: tl.constexpr, GATE_UP: tl.constexpr,
+                   EVICT: tl.constexpr, WORDS: tl.constexpr):
+        """One row block's weights and scales: both pieces (``TWO``), gate and up rows
+        (``GATE_UP``); what a form lacks is a copy of what it has."""
+        a0 = _fp8_raw(q_ptr, rows, ok, 0, NB0, K, SK, EVICT, WORDS)
+        sa0 = _fp8_scales(s_ptr, rows, ok, 0, NB0, KS, SN)
+        a1, sa1 = a0, sa0
+        if TWO:
+            a1 = _fp8_raw(q_ptr, rows, ok, NB0, NB1, K, SK, EVICT, WORDS)
+            sa1 = _fp8_scales(s_ptr, rows, ok, NB0, NB1, KS, SN)
+        g0, g1, sg0, sg1 = a0, a1, sa0, sa1
+        if GATE_UP:
+            g0 = _fp8_raw(q_ptr, rows + N, ok, 0, NB0, K, SK, EVICT, WORDS)
+            sg0 = _fp8_scales(s_ptr, rows + N, ok, 0, NB0, KS, SN)
+            g1, sg1 = g0, sg0
+            if TWO:
+                g1 = _fp8_raw(q_ptr, rows + N, ok, NB0, NB1, K, SK, EVICT, WORDS)
+                sg1 = _fp8_scales(s_ptr, rows + N, ok, NB0, NB1, KS, SN)
+        return a0, a1, sa0, sa1, g0, g1, sg0, sg1
+
+    @triton.jit
+    def _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0a, x0b, x0c, x0d, x1a, x1b, x1c,
+                  x1d, TWO: tl.constexpr, GATE_UP: tl.constexpr, WORDS: tl.constexpr,
+                  ASM: tl.constexpr):
+        """Row sums ``(y, u)`` of one row block (``u``: the up rows, with ``GATE_UP``)."""
+        y = _fp8_dot(a0, sa0, x0a, x0b, x0c, x0d, WORDS, ASM)
+        if TWO:
+            y += _fp8_dot(a1, sa1, x1a, x1b, x1c, x1d, WORDS, ASM)
+        u = y
+        if GATE_UP:
+            u = _fp8_dot(g0, sg0, x0a, x0b, x0c, x0d, WORDS, ASM)
+            if TWO:
+                u += _fp8_dot(g1, sg1, x1a, x1b, x1c, x1d, WORDS, ASM)
+        return y, u
+
+    @triton.jit
+    def _fp8_gemv_kernel(q_ptr, s_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
+                         N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, KS: tl.constexpr,
+                         SN: tl.constexpr, SK: tl.constexpr, NB0: tl.constexpr,
+                         NB1: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr,
+                         RESIDUAL: tl.constexpr, GATE_UP: tl.constexpr, PDL: tl.constexpr,
+                         P: tl.constexpr, AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = "",
+                         WORDS: tl.constexpr = False, ASM: tl.constexpr = False):
+        """Program ``pid`` reduces row blocks ``pid, pid + P, ...`` with the next ``AHEAD``
+        (1 or 2) blocks' loads in flight; a row is a piece of ``NB0`` scale blocks and, where
+        that does not cover K, one of ``NB1``. ``WORDS``, ``ASM``: see :func:`_fp8_dot`."""
+        TWO: tl.constexpr = NB0 * SK < K
         pid = tl.program_id(0)
+        n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+        iters: tl.constexpr = (n_blocks + P - 1) // P
+        dt = x_ptr.dtype.element_ty
+        r = tl.arange(0, BLOCK_N)
+        rows = pid * BLOCK_N + r
+        a0, a1, sa0, sa1, g0, g1, sg0, sg1 = _fp8_block(
+            q_ptr, s_ptr, rows, rows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP, EVICT,
+            WORDS)
+        if AHEAD == 2:
+            rows = rows + P * BLOCK_N
+            b0, b1, sb0, sb1, h0, h1, sh0, sh1 = _fp8_block(
+                q_ptr, s_ptr, rows, rows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP, EVICT,
+            WORDS)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        rstd = 0.0
+        if NORM:
+            rstd = _x_rstd(x_ptr, K, KP, eps)
+        x0a, x0b, x0c, x0d = _fp8_x(x_ptr, ln_ptr, 0, NB0, SK, K, rstd, dt, NORM, WORDS)
+        x1a, x1b, x1c, x1d = x0a, x0b, x0c, x0d
+        if TWO:
+            x1a, x1b, x1c, x1d = _fp8_x(x_ptr, ln_ptr, NB0, NB1, SK, K, rstd, dt, NORM, WORDS)
+        for it in range(iters):
+            rows = (pid + it * P) * BLOCK_N + r
+            nrows = rows + AHEAD * P * BLOCK_N
+            c0, c1, sc0, sc1, e0, e1, se0, se1 = _fp8_block(
+                q_ptr, s_ptr, nrows, nrows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP,
+                EVICT, WORDS)
+            y, u = _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0a, x0b, x0c, x0d, x1a, x1b,
+                             x1c, x1d, TWO, GATE_UP, WORDS, ASM)
+            _finish_row(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
+            if AHEAD == 2:
+                a0, a1, sa0, sa1, g0, g1, sg0, sg1 = b0, b1, sb0, sb1, h0, h1, sh0, sh1
+                b0, b1, sb0, sb1, h0, h1, sh0, sh1 = c0, c1, sc0, sc1, e0, e1, se0, se1
+            else:
+                a0, a1, sa0, sa1, g0, g1, sg0, sg1 = c0, c1, sc0, sc1, e0, e1, se0, se1
+
+    # ---- batch 1: INT4 -----------------------------------------------------------------
+
+    @triton.jit
+    def _i4_raw(q_ptr, rows, row_ok, G0: tl.constexpr, NG: tl.constexpr, K: tl.constexpr,
+                W: tl.constexpr, EVICT: tl.constexpr):
+        """The words ``[BLOCK_N, NG, W]`` of ``rows`` in groups ``G0 .. G0 + NG``."""
+        j = (G0 + tl.arange(0, NG))[:, None] * W + tl.arange(0, W)[None, :]
+        m = row_ok[:, None, None] & (j < K // 8)[None, :, :]
+        return tl.load(q_ptr + rows[:, None, None] * (K // 8) + j[None, :, :], mask=m, other=0,
+                       eviction_policy=EVICT)
+
+    @triton.jit
+    def _i4_sz(s_ptr, z_ptr, rows, row_ok, G0: tl.constexpr, NG: tl.constexpr,
+               KS: tl.constexpr):
+        """Scales and zero points ``[BLOCK_N, NG]`` (float32) of ``rows``."""
+        g = G0 + tl.arange(0, NG)
+        off = rows[:, None] * KS + g[None, :]
+        m = row_ok[:, None] & (g < KS)[None, :]
+        s = tl.load(s_ptr + off, mask=m, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + off, mask=m, other=0).to(tl.float32)
+        return s, z
+
+    @triton.jit
+    def _nib(w, MASK: tl.constexpr):
+        """The nibble under ``MASK`` (bits ``4j .. 4j + 3``, j < 4) as the float ``q * 16**j``."""
+        return ((w & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+    @triton.jit
+    def _i4_x(x_ptr, ln_ptr, G0: tl.constexpr, NG: tl.constexpr, W: tl.constexpr,
+              K: tl.constexpr, rstd, dt: tl.constexpr, NORM: tl.constexpr):
+        """The activations of groups ``G0 .. G0 + NG`` as eight ``[NG, W]`` tiles, one per
+        nibble position ``i`` (column ``8c + i`` of the group), pre-scaled by
+        ``16 ** -(i % 4)``, and their sums per group ``[NG]``."""
+        col = ((G0 + tl.arange(0, NG))[:, None] * W + tl.arange(0, W)[None, :]) * 8
+        ok = col < K
+        x0 = _norm_x(x_ptr, ln_ptr, col, ok, rstd, dt, NORM)
+        x1 = _norm_x(x_ptr, ln_ptr, col + 1, ok, rstd, dt, NORM)
+        x2 = _norm_x(x_ptr, ln_ptr, col + 2, ok, rstd, dt, NORM)
+        x3 = _norm_x(x_ptr, ln_ptr, col + 3, ok, rstd, dt, NORM)
+        x4 = _norm_x(x_ptr, ln_ptr, col + 4, ok, rstd, dt, NORM)
+        x5 = _norm_x(x_ptr, ln_ptr, col + 5, ok, rstd, dt, NORM)
+        x6 = _norm_x(x_ptr, ln_ptr, col + 6, ok, rstd, dt, NORM)
+        x7 = _norm_x(x_ptr, ln_ptr, col + 7, ok, rstd, dt, NORM)
+        xsum = tl.sum(((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), 1)
+        return (x0, x1 * 0.0625, x2 * 0.00390625, x3 * 0.000244140625,
+                x4, x5 * 0.0625, x6 * 0.00390625, x7 * 0.000244140625, xsum)
+
+    @triton.jit
+    def _i4_dot(wq, s, z, x0, x1, x2, x3, x4, x5, x6, x7, xsum, ASM: tl.constexpr = False):
+        """Row sums of the INT4 words ``wq [BLOCK_N, NG, W]`` times the activations:
+        ``sum_g s * (sum(q * x) - z * sum(x))``. ``ASM``: each nibble's mask-and-OR is one
+        ``lop3`` (Triton's code spends two logic instructions on it, in the SASS for sm_90)."""
+        if ASM:
+            n0, n1, n2, n3, n4, n5, n6, n7 = tl.inline_asm_elementwise(
+                _I4X8_TO_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [wq],
+                dtype=(tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
+                       tl.float32, tl.float32), is_pure=True, pack=1)
+        else:
+            hi = wq >> 16
+            n0, n1, n2, n3 = _nib(wq, 0xF), _nib(wq, 0xF0), _nib(wq, 0xF00), _nib(wq, 0xF000)
+            n4, n5, n6, n7 = _nib(hi, 0xF), _nib(hi, 0xF0), _nib(hi, 0xF00), _nib(hi, 0xF000)
+        acc = n0 * x0[None, :, :]
+        acc += n1 * x1[None, :, :]
+        acc += n2 * x2[None, :, :]
+        acc += n3 * x3[None, :, :]
+        acc += n4 * x4[None, :, :]
+        acc += n5 * x5[None, :, :]
+        acc += n6 * x6[None, :, :]
+        acc += n7 * x7[None, :, :]
+        return tl.sum(s * (tl.sum(acc, 2) - z * xsum[None, :]), 1)
+
+    @triton.jit
+    def _i4_block(q_ptr, s_ptr, z_ptr, rows, ok, N: tl.constexpr, K: tl.constexpr,
+                  KS: tl.constexpr, W: tl.constexpr, NB0: tl.constexpr, NB1: tl.constexpr,
+                  TWO: tl.constexpr, GATE_UP: tl.constexpr, EVICT: tl.constexpr):
+        """:func:`_fp8_block` for INT4: words, scales and zero points."""
+        a0 = _i4_raw(q_ptr, rows, ok, 0, NB0, K, W, EVICT)
+        sa0, za0 = _i4_sz(s_ptr, z_ptr, rows, ok, 0, NB0, KS)
+        a1, sa1, za1 = a0, sa0, za0
+        if TWO:
+            a1 = _i4_raw(q_ptr, rows, ok, NB0, NB1, K, W, EVICT)
+            sa1, za1 = _i4_sz(s_ptr, z_ptr, rows, ok, NB0, NB1, KS)
+        g0, g1, sg0, zg0, sg1, zg1 = a0, a1, sa0, za0, sa1, za1
+        if GATE_UP:
+            g0 = _i4_raw(q_ptr, rows + N, ok, 0, NB0, K, W, EVICT)
+            sg0, zg0 = _i4_sz(s_ptr, z_ptr, rows + N, ok, 0, NB0, KS)
+            g1, sg1, zg1 = g0, sg0, zg0
+            if TWO:
+                g1 = _i4_raw(q_ptr, rows + N, ok, NB0, NB1, K, W, EVICT)
+                sg1, zg1 = _i4_sz(s_ptr, z_ptr, rows + N, ok, NB0, NB1, KS)
+        return a0, a1, sa0, za0, sa1, za1, g0, g1, sg0, zg0, sg1, zg1
+
+    @triton.jit
+    def _i4_gemv_kernel(q_ptr, s_ptr, z_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
+                        N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, KS: tl.constexpr,
+                        SK: tl.constexpr, NB0: tl.constexpr, NB1: tl.constexpr,
+                        BLOCK_N: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+                        GATE_UP: tl.constexpr, PDL: tl.constexpr, P: tl.constexpr,
+                        AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = "",
+                        ASM: tl.constexpr = False):
+        """:func:`_fp8_gemv_kernel` for INT4: the pieces are ``NB0`` and ``NB1`` groups.
+        ``ASM``: see :func:`_i4_dot`."""
+        W: tl.constexpr = SK // 8
+        TWO: tl.constexpr = NB0 * SK < K
+        pid = tl.program_id(0)
+        n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+        iters: tl.constexpr = (n_blocks + P - 1) // P
+        dt = x_ptr.dtype.element_ty
+        r = tl.arange(0, BLOCK_N)
+        rows = pid * BLOCK_N + r
+        a0, a1, sa0, za0, sa1, za1, g0, g1, sg0, zg0, sg1, zg1 = _i4_block(
+            q_ptr, s_ptr, z_ptr, rows, rows < N, N, K, KS, W, NB0, NB1, TWO, GATE_UP, EVICT)
+        if AHEAD == 2:
+            rows = rows + P * BLOCK_N
+            b0, b1, sb0, zb0, sb1, zb1, h0, h1, sh0, zh0, sh1, zh1 = _i4_block(
+                q_ptr, s_ptr, z_ptr, rows, rows < N, N, K, KS, W, NB0, NB1, TWO, GATE_UP,
+                EVICT)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        rstd = 0.0
+        if NORM:
+            rstd = _x_rstd(x_ptr, K, KP, eps)
+        p0, p1, p2, p3, p4, p5, p6, p7, ps = _i4_x(x_ptr, ln_ptr, 0, NB0, W, K, rstd, dt, NORM)
+        q0, q1, q2, q3, q4, q5, q6, q7, qs = p0, p1, p2, p3, p4, p5, p6, p7, ps
+        if TWO:
+            q0, q1, q2, q3, q4, q5, q6, q7, qs = _i4_x(x_ptr, ln_ptr, NB0, NB1, W, K, rstd, dt,
+                                                       NORM)
+        for it in range(iters):
+            rows = (pid + it * P) * BLOCK_N + r
+            nrows = rows + AHEAD * P * BLOCK_N
+            c0, c1, sc0, zc0, sc1, zc1, e0, e1, se0, ze0, se1, ze1 = _i4_block(
+                q_ptr, s_ptr, z_ptr, nrows, nrows < N, N, K, KS, W, NB0, NB1, TWO, GATE_UP,
+                EVICT)
+            y = _i4_dot(a0, sa0, za0, p0, p1, p2, p3, p4, p5, p6, p7, ps, ASM)
+            if TWO:
+                y += _i4_dot(a1, sa1, za1, q0, q1, q2, q3, q4, q5, q6, q7, qs, ASM)
+            u = y
+            if GATE_UP:
+                u = _i4_dot(g0, sg0, zg0, p0, p1, p2, p3, p4, p5, p6, p7, ps, ASM)
+                if TWO:
+                    u += _i4_dot(g1, sg1, zg1, q0, q1, q2, q3, q4, q5, q6, q7, qs,
+                                    ASM)
+            _finish_row(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
+            if AHEAD == 2:
+                a0, a1, sa0, za0, sa1, za1, g0, g1, sg0, zg0, sg1, zg1 = (
+                    b0, b1, sb0, zb0, sb1, zb1, h0, h1, sh0, zh0, sh1, zh1)
+                b0, b1, sb0, zb0, sb1, zb1, h0, h1, sh0, zh0, sh1, zh1 = (
+                    c0, c1, sc0, zc0, sc1, zc1, e0, e1, se0, ze0, se1, ze1)
+            else:
+                a0, a1, sa0, za0, sa1, za1, g0, g1, sg0, zg0, sg1, zg1 = (
+                    c0, c1, sc0, zc0, sc1, zc1, e0, e1, se0, ze0, se1, ze1)
+
+    # ---- 2..64 rows: split-K GEMM for every format ---------------------------------------
+
+    @triton.jit
+    def _mm_raw(w_ptr, rn, n_ok, t, ok, K: tl.constexpr, SK: tl.constexpr,
+                BK: tl.constexpr, FMT: tl.constexpr):
+        """Step ``t``'s weights of rows ``rn``: FP8 bytes ``[BLOCK_N, SK]`` (one scale block),
+        INT4 words ``[BLOCK_N, SK / 8]`` (one group), dense ``[BLOCK_N, BK]``."""
+        if FMT == 0:
+            kk = t * SK + tl.arange(0, SK)
+            return tl.load(w_ptr + rn[:, None] * K + kk[None, :],
+                           mask=n_ok[:, None] & ((kk < K) & ok)[None, :], other=0)
+        elif FMT == 1:
+            j = t * (SK // 8) + tl.arange(0, SK // 8)
+            return tl.load(w_ptr + rn[:, None] * (K // 8) + j[None, :],
+                           mask=n_ok[:, None] & ((j < K // 8) & ok)[None, :], other=0)
+        else:
+            kk = t * BK + tl.arange(0, BK)
+            return tl.load(w_ptr + rn[:, None] * K + kk[None, :],
+                           mask=n_ok[:, None] & ((kk < K) & ok)[None, :], other=0.0)
+
+    @triton.jit
+    def _dot(x, w, IEEE: tl.constexpr):
+        """``x [BM, k] @ w[BN, k].T`` in float32."""
+        if IEEE:
+            return tl.dot(x, tl.trans(w), input_precision="ieee")
+        else:
+            return tl.dot(x, tl.trans(w))
+
+    @triton.jit
+    def _mm_step(raw, s_ptr, z_ptr, x_ptr, rm, m_ok, rn, n_ok, t, ok, acc,
+                 K: tl.constexpr, KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr,
+                 BK: tl.constexpr, FMT: tl.constexpr, IEEE: tl.constexpr, dt: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr):
+        """``acc [BM, BN]`` plus step ``t``'s products (``raw`` from :func:`_mm_raw`)."""
+        if FMT == 0:
+            kk = t * SK + tl.arange(0, SK)
+            x = tl.load(x_ptr + rm[:, None] * K + kk[None, :],
+                        mask=m_ok[:, None] & ((kk < K) & ok)[None, :], other=0.0)
+            w = raw.to(tl.float8e4nv, bitcast=True).to(dt)      # exact in bf16 / fp32
+            s = tl.load(s_ptr + (rn // SN) * KS + t, mask=n_ok & ok, other=0.0)
+            acc += _dot(x, w, IEEE) * s[None, :]
+        elif FMT == 1:
+            W: tl.constexpr = SK // 8
+            col = (t * W + tl.arange(0, W)) * 8
+            xm = m_ok[:, None] & ((col < K) & ok)[None, :]
+            xo = x_ptr + rm[:, None] * K + col[None, :]
+            d = tl.zeros([BM, BN], tl.float32)
+            xs = tl.zeros([BM], tl.float32)
+            for i in tl.static_range(8):
+                xi = tl.load(xo + i, mask=xm, other=0.0)
+                qi = ((((raw >> (4 * i)) & 15) | 0x4B000000).to(tl.float32, bitcast=True)
+                      - 8388608.0)
+                if W >= 16:
+                    d += _dot(xi, qi.to(dt), IEEE)
+                else:    # too narrow for tl.dot (groups < 128 columns: small test models)
+                    d += tl.sum(xi.to(tl.float32)[:, None, :] * qi[None, :, :], 2)
+                xs += tl.sum(xi.to(tl.float32), 1)
+            g = rn * KS + t
+            s = tl.load(s_ptr + g, mask=n_ok & ok, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + g, mask=n_ok & ok, other=0).to(tl.float32)
+            acc += (d - xs[:, None] * z[None, :]) * s[None, :]
+        else:
+            kk = t * BK + tl.arange(0, BK)
+            x = tl.load(x_ptr + rm[:, None] * K + kk[None, :],
+                        mask=m_ok[:, None] & ((kk < K) & ok)[None, :], other=0.0)
+            acc += _dot(x, raw, IEEE)
+        return acc
+
+    @triton.jit
+    def _mm_kernel(w_ptr, s_ptr, z_ptr, x_ptr, out_ptr, part_ptr, res_ptr, M,
+                   N: tl.constexpr, K: tl.constexpr, KS: tl.constexpr, SN: tl.constexpr,
+                   SK: tl.constexpr, BK: tl.constexpr, FMT: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                   PREFETCH: tl.constexpr, RESIDUAL: tl.constexpr, GATE_UP: tl.constexpr,
+                   IEEE: tl.constexpr, PDL: tl.constexpr):
+        """Strip ``program_id(0)`` of the output, K share ``program_id(1)`` of ``SPLIT``.
+        ``SPLIT > 1``: float32 partials ``[SPLIT, M, N]`` (gate_up: ``[SPLIT, M, 2N]``) for
+        :func:`_mm_finish_kernel`; else the finished rows."""
+        STEP: tl.constexpr = BK if FMT == 2 else SK
+        T: tl.constexpr = (K + STEP - 1) // STEP            # steps along K
+        TS: tl.constexpr = (T + SPLIT - 1) // SPLIT         # steps per program
+        pid = tl.program_id(0)
+        t0 = tl.program_id(1) * TS
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < N
         rm = tl.arange(0, BLOCK_M)
         m_ok = rm < M
         dt = x_ptr.dtype.element_ty
+        if PREFETCH:     # weights are constant: the first step loads before the PDL wait
+            cur = _mm_raw(w_ptr, rn, n_ok, t0, t0 < T, K, SK, BK, FMT)
+            cur2 = cur
+            if GATE_UP:
+                cur2 = _mm_raw(w_ptr, rn + N, n_ok, t0, t0 < T, K, SK, BK, FMT)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, K, BK):
-            kk = k0 + tl.arange(0, BK)
-            x = tl.load(x_ptr + rm[:, None] * K + kk[None, :],
-                        mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
-            w = _dequant_tile(q_ptr, s_ptr, z_ptr, rn, n_ok, k0, K, KS, SN, SK, BLOCK_N, BK,
-                              FMT).to(dt)
-            if IEEE:
-                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+        for i in range(TS):
+            t = t0 + i
+            ok = t < T
+            more = (i + 1 < TS) & (t + 1 < T)
+            if PREFETCH:
+                w1 = cur
+                cur = _mm_raw(w_ptr, rn, n_ok, t + 1, more, K, SK, BK, FMT)
             else:
-                acc += tl.dot(x, tl.trans(w))
+                w1 = _mm_raw(w_ptr, rn, n_ok, t, ok, K, SK, BK, FMT)
+            acc = _mm_step(w1, s_ptr, z_ptr, x_ptr, rm, m_ok, rn, n_ok, t, ok, acc,
+                           K, KS, SN, SK, BK, FMT, IEEE, dt, BLOCK_M, BLOCK_N)
             if GATE_UP:
-                w2 = _dequant_tile(q_ptr, s_ptr, z_ptr, rn + N, n_ok, k0, K, KS, SN, SK,
-                                   BLOCK_N, BK, FMT).to(dt)
-                if IEEE:
-                    acc2 += tl.dot(x, tl.trans(w2), input_precision="ieee")
+                if PREFETCH:
+                    w2 = cur2
+                    cur2 = _mm_raw(w_ptr, rn + N, n_ok, t + 1, more, K, SK, BK, FMT)
                 else:
-                    acc2 += tl.dot(x, tl.trans(w2))
-        y = acc.to(dt)
-        if GATE_UP:
-            y = silu_mul(y, acc2.to(dt), dt)
+                    w2 = _mm_raw(w_ptr, rn + N, n_ok, t, ok, K, SK, BK, FMT)
+                acc2 = _mm_step(w2, s_ptr, z_ptr, x_ptr, rm, m_ok, rn + N, n_ok, t, ok,
+                                acc2, K, KS, SN, SK, BK, FMT, IEEE, dt, BLOCK_M, BLOCK_N)
         om = m_ok[:, None] & n_ok[None, :]
-        offs = rm[:, None] * N + rn[None, :]
+        if SPLIT > 1:
+            NOUT: tl.constexpr = 2 * N if GATE_UP else N
+            po = part_ptr + tl.program_id(1) * M * NOUT + rm[:, None] * NOUT + rn[None, :]
+            tl.store(po, acc, mask=om)
+            if GATE_UP:
+                tl.store(po + N, acc2, mask=om)
+        else:
+            y = acc.to(dt)
+            if GATE_UP:
+                y = silu_mul(y, acc2.to(dt), dt)
+            offs = rm[:, None] * N + rn[None, :]
+            if RESIDUAL:
+                r = tl.load(res_ptr + offs, mask=om, other=0.0)
+                y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
+            tl.store(out_ptr + offs, y, mask=om)
+
+    @triton.jit
+    def _mm_finish_kernel(part_ptr, out_ptr, res_ptr, M, N: tl.constexpr,
+                          SPLIT: tl.constexpr, BLOCK: tl.constexpr, RESIDUAL: tl.constexpr,
+                          GATE_UP: tl.constexpr, PDL: tl.constexpr):
+        """``out [M, N]`` from the split partials: summed, rounded, the epilogue."""
+        NOUT: tl.constexpr = 2 * N if GATE_UP else N
+        idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = idx < M * N
+        m = idx // N
+        n = idx % N
+        dt = out_ptr.dtype.element_ty
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        y = tl.zeros([BLOCK], tl.float32)
+        u = tl.zeros([BLOCK], tl.float32)
+        for s in tl.static_range(SPLIT):
+            y += tl.load(part_ptr + s * M * NOUT + m * NOUT + n, mask=ok, other=0.0)
+            if GATE_UP:
+                u += tl.load(part_ptr + s * M * NOUT + m * NOUT + N + n, mask=ok, other=0.0)
+        y = y.to(dt)
+        if GATE_UP:
+            y = silu_mul(y, u.to(dt), dt)
         if RESIDUAL:
-            r = tl.load(res_ptr + offs, mask=om, other=0.0)
+            r = tl.load(res_ptr + idx, mask=ok, other=0.0)
             y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
-        tl.store(out_ptr + offs, y, mask=om)
+        tl.store(out_ptr + idx, y, mask=ok)
+
+    # ---- dequantize (prefill) ------------------------------------------------------------
 
     @triton.jit
     def _dequant_kernel(q_ptr, s_ptr, z_ptr, out_ptr, N: tl.constexpr, K: tl.constexpr,
                         KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BK: tl.constexpr, FMT: tl.constexpr):
+                        BLOCK_N: tl.constexpr, FMT: tl.constexpr):
+        """Rows ``program_id(0)``, scale block / group ``program_id(1)`` in the model dtype."""
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
-        k0 = tl.program_id(1) * BK
-        w = _dequant_tile(q_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, KS, SN, SK, BLOCK_N, BK, FMT)
-        kk = k0 + tl.arange(0, BK)
+        t = tl.program_id(1)
+        kk = t * SK + tl.arange(0, SK)
+        m = row_ok[:, None] & (kk < K)[None, :]
+        if FMT == 0:
+            raw = tl.load(q_ptr + rows[:, None] * K + kk[None, :], mask=m, other=0)
+            s = tl.load(s_ptr + (rows // SN) * KS + t, mask=row_ok, other=0.0)
+            w = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s[:, None]
+        else:   # the group's words as [rows, words, 8 nibbles], flattened to its columns
+            j = t * (SK // 8) + tl.arange(0, SK // 8)
+            wq = tl.load(q_ptr + rows[:, None] * (K // 8) + j[None, :],
+                         mask=row_ok[:, None] & (j < K // 8)[None, :], other=0)
+            q = ((wq[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 15).to(tl.float32)
+            s = tl.load(s_ptr + rows * KS + t, mask=row_ok, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + rows * KS + t, mask=row_ok, other=0).to(tl.float32)
+            w = tl.reshape(q * s[:, None, None] - (z * s)[:, None, None], (BLOCK_N, SK))
         tl.store(out_ptr + rows[:, None] * K + kk[None, :], w.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & (kk < K)[None, :])
-
-    # GEMV forms: one scale block / group per step in a pipelined loop (per-row scales; the
-    # fastest measured for qkv and gate_up on an H200), wide unrolled steps with gathered
-    # scales (fastest measured for o and down), and wide steps by whole blocks with a small
-    # scale tile (not yet measured). (meta, warps, stages)
-    GEMV_CONFIGS = (
-        [({"BLOCK_N": bn, "BK": 128}, w, st)
-         for bn, w, st in ((2, 4, 3), (4, 4, 3), (4, 8, 3), (8, 8, 2))]
-        + [({"BLOCK_N": bn, "BK": bk, "UNROLL": True}, w, 1)
-           for bn, bk, w in ((2, 1024, 4), (4, 1024, 8))]
-        + [({"BLOCK_N": bn, "BK": bk, "UNROLL": True, "BLOCKED": True}, w, 1)
-           for bn, bk, w in ((2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 512, 8))])
-    # GEMM: one block per step (faster than wider gathered steps on an H200)
-    BGEMM_CONFIGS = [({"BLOCK_N": bn, "BK": 128}, w, st)
-                     for bn, w, st in ((16, 4, 4), (32, 4, 4), (64, 4, 3), (32, 8, 3),
-                                       (128, 4, 3))]
+                 mask=m)
 
 
-class _Tuner:
-    """Picks a kernel's fastest configuration per key at its first call (the decoder's
-    self-check and warm-up, before any graph capture) and launches it from then on. A
-    configuration that fails to build or launch here is skipped, so a form that a GPU or
-    Triton version cannot compile costs only its own candidacy."""
-
-    def __init__(self, kernel, configs) -> None:
-        self.kernel, self.configs = kernel, configs
-        self.best: dict = {}
-        self.timed: dict = {}
-
-    def _launch(self, cfg, grid, args, kw) -> None:
-        meta, warps, stages = cfg
-        self.kernel[grid(meta)](*args, **meta, num_warps=warps, num_stages=stages, **kw)
-
-    def __call__(self, key, grid, args, kw) -> None:
-        cfg = self.best.get(key)
-        if cfg is None:
-            timed = {}
-            for i, c in enumerate(self.configs):
-                try:
-                    self._launch(c, grid, args, kw)
-                    timed[i] = triton.testing.do_bench(
-                        lambda c=c: self._launch(c, grid, args, kw), warmup=5, rep=25)
-                except Exception:  # noqa: BLE001 - not buildable here: not a candidate
-                    continue
-            if not timed:
-                raise RuntimeError(f"no configuration of {self.kernel.fn.__name__} builds "
-                                   f"for {key}")
-            cfg = self.best[key] = self.configs[min(timed, key=timed.get)]
-            self.timed[key] = {str(self.configs[i][0]): round(t * 1e3, 2)
-                               for i, t in timed.items()}
-        self._launch(cfg, grid, args, kw)
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-if triton is not None:
-    _qgemv_tuned = _Tuner(_qgemv_kernel, GEMV_CONFIGS)
-    _qbgemm_tuned = _Tuner(_qbgemm_kernel, BGEMM_CONFIGS)
+def _programs(device: torch.device, n_blocks: int, cfg: QConfig) -> int:
+    if device.type != "cuda":            # the interpreter: a few programs, each looping
+        return min(n_blocks, cfg.programs or 3)
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return min(n_blocks, cfg.programs or sms * cfg.ctas_per_sm)
 
 
 def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
@@ -364,51 +757,65 @@ def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
     """:func:`qwen_trt.fast.gemv.gemv` for a packed weight: ``[N]`` (``N`` = rows / 2 with
     ``gate_up``)."""
     q, s, z, sn, sk, fmt, ks = _fmt_args(w)
+    if fmt == FMT_DENSE:
+        raise TypeError("qgemv takes packed weights (dense ones: gemv)")
     n = w.n // 2 if gate_up else w.n
     k = w.k
     x = x.reshape(k)
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     res = residual.reshape(n) if residual is not None else out
     pdl = pdl_enabled(x.device)
-    args = (q, s, z, x, out, ln if ln is not None else x, res, eps)
-    kw = dict(N=n, K=k, KS=ks, SN=sn, SK=sk, FMT=fmt, NORM=ln is not None,
-              RESIDUAL=residual is not None, GATE_UP=gate_up, PDL=pdl, **launch_kwargs(pdl))
-    if config is None and x.device.type == "cuda":
-        key = (n, k, fmt, sn, sk, ln is not None, residual is not None, gate_up, x.dtype, pdl)
-        _qgemv_tuned(key, lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),), args, kw)
-        return out
-    cfg = config or QConfig()
-    _qgemv_kernel[(triton.cdiv(n, cfg.block_n),)](*args, BLOCK_N=cfg.block_n,
-                                                  BK=cfg.bk or _bk(w), UNROLL=cfg.unroll,
-                                                  BLOCKED=cfg.blocked, num_warps=cfg.warps,
-                                                  num_stages=cfg.stages, **kw)
+    cfg = config or gemv_config(fmt, n, k, gate_up)
+    nb0, nb1 = _pieces(ks)
+    grid = _programs(x.device, triton.cdiv(n, cfg.block_n), cfg)
+    kw = dict(N=n, K=k, KP=triton.next_power_of_2(k), KS=ks, SK=sk, NB0=nb0, NB1=nb1,
+              BLOCK_N=cfg.block_n, NORM=ln is not None, RESIDUAL=residual is not None,
+              GATE_UP=gate_up, PDL=pdl, P=grid, AHEAD=cfg.ahead,
+              EVICT="evict_first" if x.device.type == "cuda" else "",
+              num_warps=cfg.warps, **launch_kwargs(pdl))
+    lnp = ln if ln is not None else x
+    if fmt == FMT_FP8:
+        words = cfg.asm and k % 16 == 0     # int32 words (the rows stay 16-byte aligned)
+        _fp8_gemv_kernel[(grid,)](q, s, x, out, lnp, res, eps, SN=sn, WORDS=words,
+                                  ASM=words and x.device.type == "cuda", **kw)
+    else:
+        _i4_gemv_kernel[(grid,)](q, s, z, x, out, lnp, res, eps,
+                                 ASM=cfg.asm and x.device.type == "cuda", **kw)
     return out
 
 
-def qbgemm(w: PackedLinear, x: torch.Tensor, *, residual: torch.Tensor | None = None,
+def qbgemm(w, x: torch.Tensor, *, residual: torch.Tensor | None = None,
            gate_up: bool = False, config: QConfig | None = None) -> torch.Tensor:
-    """:func:`qwen_trt.fast.bgemm.bgemm` for a packed weight: ``x [M, K]`` -> ``[M, N]``."""
+    """:func:`qwen_trt.fast.bgemm.bgemm` for a packed (or dense) weight: ``x [M, K]`` ->
+    ``[M, N]``."""
     q, s, z, sn, sk, fmt, ks = _fmt_args(w)
-    n = w.n // 2 if gate_up else w.n
-    k = w.k
+    rows_w, k = (w.n, w.k) if fmt != FMT_DENSE else tuple(w.shape)
+    n = rows_w // 2 if gate_up else rows_w
     m = x.shape[0]
     if not x.is_contiguous() or x.shape[1] != k:
         raise ValueError("qbgemm needs a contiguous x [M, K]")
+    if residual is not None and not residual.is_contiguous():
+        raise ValueError("qbgemm needs a contiguous residual")
+    block_m = max(16, triton.next_power_of_2(m))
+    cfg = config or gemm_config(fmt, n, k, block_m)
+    bk = min(cfg.bk, triton.next_power_of_2(k)) if fmt == FMT_DENSE else sk
+    steps = triton.cdiv(k, bk)
+    split = max(1, min(cfg.split, steps))
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     res = residual if residual is not None else out
+    part = (torch.empty(split, m, 2 * n if gate_up else n, dtype=torch.float32,
+                        device=x.device) if split > 1 else out)
     pdl = pdl_enabled(x.device)
-    args = (q, s, z, x, out, res, m)
-    kw = dict(N=n, K=k, KS=ks, SN=sn, SK=sk, BLOCK_M=max(16, triton.next_power_of_2(m)),
-              FMT=fmt, RESIDUAL=residual is not None, GATE_UP=gate_up,
-              IEEE=x.dtype == torch.float32, PDL=pdl, **launch_kwargs(pdl))
-    if config is None and x.device.type == "cuda":
-        key = (n, k, fmt, sn, sk, kw["BLOCK_M"], residual is not None, gate_up, x.dtype, pdl)
-        _qbgemm_tuned(key, lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),), args, kw)
-        return out
-    cfg = config or QConfig(block_n=16)
-    _qbgemm_kernel[(triton.cdiv(n, cfg.block_n),)](*args, BLOCK_N=cfg.block_n,
-                                                   BK=cfg.bk or _bk(w), num_warps=cfg.warps,
-                                                   num_stages=cfg.stages, **kw)
+    _mm_kernel[(triton.cdiv(n, cfg.block_n), split)](
+        q, s, z, x, out, part, res, m, N=n, K=k, KS=ks, SN=sn, SK=sk, BK=bk, FMT=fmt,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, SPLIT=split, PREFETCH=cfg.prefetch,
+        RESIDUAL=residual is not None, GATE_UP=gate_up, IEEE=x.dtype == torch.float32,
+        PDL=pdl, num_warps=cfg.warps, num_stages=cfg.stages, **launch_kwargs(pdl))
+    if split > 1:
+        block = 1024
+        _mm_finish_kernel[(triton.cdiv(m * n, block),)](
+            part, out, res, m, N=n, SPLIT=split, BLOCK=block, RESIDUAL=residual is not None,
+            GATE_UP=gate_up, PDL=pdl, num_warps=4, **launch_kwargs(pdl))
     return out
 
 
@@ -417,8 +824,7 @@ def dequantize(w: PackedLinear, dtype: torch.dtype, block_n: int = 32) -> torch.
     :meth:`PackedLinear.dequantize`)."""
     q, s, z, sn, sk, fmt, ks = _fmt_args(w)
     out = torch.empty(w.n, w.k, dtype=dtype, device=q.device)
-    bk = _bk(w)
-    _dequant_kernel[(triton.cdiv(w.n, block_n), triton.cdiv(w.k, bk))](
-        q, s, z, out, N=w.n, K=w.k, KS=ks, SN=sn, SK=sk, BLOCK_N=block_n, BK=bk, FMT=fmt,
+    _dequant_kernel[(triton.cdiv(w.n, block_n), triton.cdiv(w.k, sk))](
+        q, s, z, out, N=w.n, K=w.k, KS=ks, SN=sn, SK=sk, BLOCK_N=block_n, FMT=fmt,
         num_warps=4)
     return out

@@ -1,0 +1,439 @@
+"""Sweep the packed-weight kernels' configurations on one GPU, against the bf16 kernels and
+``torch._scaled_mm`` in the same process:
+
+    python -m qwen_trt.bench.qkernel_sweep --out sweep.json [--jobs 12] [--shape tiny]
+    python -m qwen_trt.bench.qkernel_sweep --out - --print-tables sweep.json
+
+For each Qwen3-4B projection (qkv, o, gate/up, down, with the decode step's fusions) it times
+
+* the batch-1 GEMV (M = 1): :func:`qwen_trt.fast.qkernels.qgemv` for FP8 and INT4 in every
+  candidate configuration, the bf16 :func:`qwen_trt.fast.gemv.gemv`, cuBLAS (``F.linear``);
+* the small-batch GEMM (M = 2, 8, 32): :func:`qwen_trt.fast.qkernels.qbgemm` for FP8, INT4 and
+  dense bf16 in every candidate, the bf16 :func:`qwen_trt.fast.bgemm.bgemm` (autotuned), cuBLAS,
+  and ``torch._scaled_mm`` with FP8 activations and row-wise scales (the stock FP8 GEMM, x
+  quantized outside the timing);
+
+in CUDA graphs over enough weight copies that none is read from L2, as µs per call and TB/s of
+the bytes each format stores, each with its relative error against the dequantized weights
+times the same activations. ``--jobs`` compiles every configuration in that many worker
+processes first (Triton's disk cache), so the timed pass does not wait on compiles. The JSON is
+written after each shape, so a run cut short keeps what it measured; ``best`` lists the fastest
+configuration per (format, shape, rows).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+# name: (N, K, gate_up, residual, ln)
+SHAPES = {
+    "4b": {"qkv": (6144, 2560, False, False, True), "o": (2560, 4096, False, True, False),
+           "gate_up": (19456, 2560, True, False, True), "down": (2560, 9728, False, True, False)},
+    "tiny": {"qkv": (384, 256, False, False, True), "o": (256, 256, False, True, False),
+             "gate_up": (1024, 256, True, False, True), "down": (256, 512, False, True, False)},
+}
+GEMM_ROWS = (8, 32)        # tuned row counts (block_m 16 and 32: M <= 16 uses M = 8's winner)
+
+
+# (rows per block, warps, programs per SM, row blocks in flight) per format and shape: chosen
+# from the registers ptxas reports for sm_90 (no spills; the programs that fit on an SM at
+# that count, times the bytes of the blocks in flight, 20-60 KB per SM)
+GEMV_CANDIDATES = {
+    ("fp8", "qkv"): [(2, 4, 4, 2), (4, 8, 2, 2), (2, 4, 4, 1), (8, 8, 1, 2), (1, 4, 8, 2)],
+    ("fp8", "o"): [(2, 4, 2, 2), (1, 4, 4, 2), (2, 4, 3, 1), (4, 8, 1, 2), (1, 4, 8, 1)],
+    ("fp8", "gate_up"): [(2, 4, 2, 2), (1, 4, 4, 2), (2, 4, 3, 1), (4, 8, 1, 2), (1, 8, 2, 2)],
+    ("fp8", "down"): [(1, 8, 2, 2), (1, 8, 2, 1), (1, 4, 2, 1), (2, 8, 1, 2), (1, 4, 4, 1)],
+    # the inline-PTX forms (QConfig.asm; FP8 loads int32 words): fewer instructions per
+    # weight and, for FP8, fewer registers (qkv 2 rows x 8 warps: 64), so more programs fit
+    ("fp8-asm", "qkv"): [(2, 8, 4, 1), (2, 8, 4, 2), (4, 8, 2, 1), (1, 4, 8, 2), (2, 4, 4, 2)],
+    ("fp8-asm", "o"): [(2, 8, 3, 2), (1, 4, 8, 2), (4, 8, 2, 1), (2, 8, 3, 1)],
+    ("fp8-asm", "gate_up"): [(2, 8, 3, 2), (1, 4, 6, 2), (4, 8, 2, 1), (2, 8, 3, 1)],
+    ("fp8-asm", "down"): [(1, 4, 3, 2), (2, 8, 1, 2), (1, 4, 3, 1), (2, 8, 1, 1)],
+    ("int4-asm", "qkv"): [(4, 8, 2, 2), (2, 4, 4, 2), (8, 8, 1, 2), (4, 8, 2, 1)],
+    ("int4-asm", "o"): [(4, 8, 2, 2), (16, 8, 2, 1), (2, 4, 4, 2)],
+    ("int4-asm", "gate_up"): [(4, 8, 2, 2), (2, 4, 4, 2), (8, 8, 1, 2)],
+    ("int4-asm", "down"): [(2, 8, 1, 2), (1, 4, 3, 2), (2, 4, 2, 2)],
+    ("int4", "qkv"): [(4, 4, 3, 2), (2, 4, 4, 2), (8, 8, 1, 2), (4, 8, 2, 2), (4, 4, 4, 1)],
+    ("int4", "o"): [(16, 8, 2, 1), (16, 8, 2, 2), (8, 8, 1, 2), (4, 4, 2, 2), (2, 4, 4, 2)],
+    ("int4", "gate_up"): [(4, 4, 2, 2), (2, 4, 4, 2), (8, 8, 1, 2), (4, 8, 1, 2), (2, 4, 3, 1)],
+    ("int4", "down"): [(1, 4, 3, 2), (2, 8, 1, 2), (1, 8, 2, 2), (2, 4, 2, 2), (1, 4, 4, 1)],
+}
+
+
+def gemv_candidates(fmt: str, shape: str) -> list[dict]:
+    cands = [(c, False) for c in GEMV_CANDIDATES.get((fmt, shape), [(2, 4, 2, 1), (1, 4, 4, 2)])]
+    cands += [(c, True) for c in GEMV_CANDIDATES.get((fmt + "-asm", shape), [])]
+    return [dict({"block_n": bn, "warps": w, "ctas_per_sm": c, "ahead": a},
+                 **({"asm": True} if asm else {})) for (bn, w, c, a), asm in cands]
+
+
+def auto_split(n: int, k: int, bn: int, step: int = 128, target: int = 264) -> int:
+    strips = -(-n // bn)
+    steps = -(-k // step)
+    split = 1
+    while strips * split < target and steps // (split * 2) >= 4:
+        split *= 2
+    return split
+
+
+def gemm_candidates(fmt: str, n: int, k: int) -> list[dict]:
+    out = []
+    for bn, warps, stages, prefetch, split in ((64, 4, 3, False, None), (64, 4, 4, False, None),
+                                               (32, 4, 3, False, None), (64, 4, 1, True, None)):
+        c = {"block_n": bn, "warps": warps, "stages": stages, "prefetch": prefetch,
+             "split": split if split is not None else auto_split(n, k, bn)}
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def items(shape_set: str) -> list[dict]:
+    """Every (kind, format, shape, rows, config) the sweep times, in a fixed order."""
+    out = []
+    for name, (n, k, gate_up, residual, ln) in SHAPES[shape_set].items():
+        nout = n // 2 if gate_up else n
+        for fmt in ("fp8", "int4"):
+            for c in gemv_candidates(fmt, name):
+                out.append({"shape": name, "kind": "qgemv", "fmt": fmt, "m": 1, "cfg": c})
+        out.append({"shape": name, "kind": "gemv", "fmt": "none", "m": 1})
+        out.append({"shape": name, "kind": "cublas", "fmt": "none", "m": 1})
+        for m in GEMM_ROWS:
+            for fmt in ("fp8", "int4", "none"):
+                for c in gemm_candidates(fmt, nout, k):
+                    out.append({"shape": name, "kind": "qbgemm", "fmt": fmt, "m": m, "cfg": c})
+        for m in GEMM_ROWS:
+            out.append({"shape": name, "kind": "bgemm", "fmt": "none", "m": m})
+            out.append({"shape": name, "kind": "cublas", "fmt": "none", "m": m})
+            out.append({"shape": name, "kind": "scaled_mm", "fmt": "fp8-rowwise", "m": m})
+        out.append({"shape": name, "kind": "scaled_mm", "fmt": "fp8-rowwise", "m": 1})
+    return out
+
+
+class Shape:
+    """One projection's weights in every format (``copies`` of each for the timed pass)."""
+
+    def __init__(self, spec, device, copies_bytes: int):
+        import torch
+
+        from qwen_trt.fast.qformats import QuantSpec, quantize
+
+        self.n, self.k, self.gate_up, self.residual, self.ln = spec
+        n, k = self.n, self.k
+        torch.manual_seed(0)
+        self.w0 = (torch.randn(n, k, device=device) * 0.02).to(torch.bfloat16)
+        self.group = 128 if k % 128 == 0 else 64
+        self.packed = {"fp8": quantize(self.w0, QuantSpec("fp8")),
+                       "int4": quantize(self.w0, QuantSpec("int4", group=self.group)),
+                       "none": self.w0}
+        self.copies_bytes = copies_bytes
+        self._copies: dict = {}
+        self.device = device
+
+    def copies(self, fmt: str) -> list:
+        from qwen_trt.fast.qformats import QuantSpec, packed_bytes, quantize
+
+        if fmt not in self._copies:
+            w = self.packed[fmt]
+            count = max(2, -(-self.copies_bytes // packed_bytes(w)))
+            self._copies[fmt] = [w] + [
+                (self.w0.clone() if fmt == "none"
+                 else quantize(self.w0, QuantSpec(fmt, group=self.group)))
+                for _ in range(count - 1)]
+        return self._copies[fmt]
+
+    def drop(self) -> None:
+        self._copies.clear()
+
+
+def _scaled_mm_setup(sh, m):
+    """FP8 activations and weights with row-wise scales for ``torch._scaled_mm``."""
+    import torch
+
+    x = torch.randn(m, sh.k, device=sh.device).to(torch.bfloat16)
+    xs = (x.float().abs().amax(1, keepdim=True) / 448.0).clamp_min(1e-12)
+    xq = (x.float() / xs).to(torch.float8_e4m3fn)
+    w = sh.w0.float()
+    ws = (w.abs().amax(1, keepdim=True) / 448.0).clamp_min(1e-12)
+    wq = (w / ws).to(torch.float8_e4m3fn)
+    return x, xq, xs, wq, ws
+
+
+def run_item(it: dict, sh: Shape, timed: bool) -> dict:
+    """Launch (and with ``timed`` time) one item; returns µs, TB/s and the error."""
+    import torch
+    import torch.nn.functional as F
+
+    from qwen_trt.fast import qkernels as Q
+    from qwen_trt.fast.bgemm import bgemm
+    from qwen_trt.fast.gemv import gemv
+    from qwen_trt.fast.qformats import dense, packed_bytes
+
+    m, kind, fmt = it["m"], it["kind"], it["fmt"]
+    n, k, gate_up = sh.n, sh.k, sh.gate_up
+    nout = n // 2 if gate_up else n
+    g = torch.Generator(device=sh.device).manual_seed(1)
+    x = torch.randn(m, k, device=sh.device, generator=g).to(torch.bfloat16)
+    r = (torch.randn(m, nout, device=sh.device, generator=g).to(torch.bfloat16)
+         if sh.residual else None)
+    ln = ((1 + 0.1 * torch.randn(k, device=sh.device, generator=g)).to(torch.bfloat16)
+          if sh.ln and m == 1 else None)
+    fused = kind in ("qgemv", "gemv", "qbgemm", "bgemm")
+    if kind == "scaled_mm":
+        if sh.device.type != "cuda":
+            return {"skipped": "no cuda"}
+        x, xq, xs, wq, ws = _scaled_mm_setup(sh, m)
+        ws_t = ws.t().contiguous()
+        copies = [wq] + [wq.clone() for _ in range(max(1, -(-sh.copies_bytes // wq.numel())) - 1)]
+        nbytes = wq.numel()
+
+        def call(i):
+            return torch._scaled_mm(xq, copies[i].t(), scale_a=xs, scale_b=ws_t,
+                                    out_dtype=torch.bfloat16)
+        wd = (wq.float() * ws)
+        fused = False
+    else:
+        cfg = Q.QConfig(**it["cfg"]) if "cfg" in it else None
+        ws_ = sh.copies(fmt if kind != "cublas" else "none") if timed else [sh.packed[fmt]]
+        nbytes = packed_bytes(ws_[0])
+        wd = dense(sh.packed[fmt], torch.bfloat16).float()
+        xv, rv = x.view(k) if m == 1 else x, (r.view(nout) if (r is not None and m == 1) else r)
+        if kind == "qgemv":
+            def call(i):
+                return Q.qgemv(ws_[i], xv, ln=ln, eps=1e-6, residual=rv, gate_up=gate_up,
+                               config=cfg)
+        elif kind == "gemv":
+            def call(i):
+                return gemv(ws_[i], xv, ln=ln, eps=1e-6, residual=rv, gate_up=gate_up)
+        elif kind == "qbgemm":
+            def call(i):
+                return Q.qbgemm(ws_[i], x, residual=r, gate_up=gate_up, config=cfg)
+        elif kind == "bgemm":
+            def call(i):
+                return bgemm(ws_[i], x, residual=r, gate_up=gate_up)
+        else:   # cuBLAS, the plain projection (no fusions)
+            def call(i):
+                return F.linear(x, ws_[i])
+    got = call(0).float().reshape(m, -1)
+    res = {"bytes": nbytes}
+    if fused:
+        xr = x.float()
+        if ln is not None:
+            from qwen_trt.fast.reference import rms_norm
+            xr = rms_norm(x, ln, 1e-6).float()
+        ref = F.linear(xr, wd)
+        if gate_up:
+            a, b = ref.chunk(2, dim=-1)
+            ref = F.silu(a) * b
+        if r is not None:
+            ref = ref + r.float()
+    else:
+        ref = F.linear(x.float(), wd)
+    res["rel_err"] = round(((got - ref).norm() / ref.norm()).item(), 6)
+    if timed and sh.device.type == "cuda":
+        from qwen_trt.bench.quant_bench import _graph_us
+
+        n_calls = len(copies) if kind == "scaled_mm" else len(ws_)
+        us = _graph_us(call, n_calls)
+        res.update(us=round(us, 2), TBps=round(nbytes / us / 1e6, 3))
+    return res
+
+
+def _key(it: dict) -> str:
+    cfg = it.get("cfg")
+    c = "" if cfg is None else ":" + ",".join(f"{a}={b}" for a, b in cfg.items())
+    return f"{it['shape']}|{it['kind']}|{it['fmt']}|M{it['m']}{c}"
+
+
+def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """TB/s of a device-to-device copy (bytes read + written), the roofline's bandwidth."""
+    import torch
+
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        b.copy_(a)
+    e.record()
+    e.synchronize()
+    return round(2 * nbytes * reps / (s.elapsed_time(e) * 1e-3) / 1e12, 3)
+
+
+def tables(sweep: dict, shape_set: str = "4b") -> tuple[dict, dict]:
+    """The fastest configurations of a sweep's ``best`` as ``(GEMV_TABLE, GEMM_TABLE)``
+    entries of :mod:`qwen_trt.fast.qkernels`; a dense shape enters the GEMM table only where
+    the split-K form beat the bf16 ``bgemm``."""
+    from qwen_trt.fast import qkernels as Q
+
+    fmts = {"fp8": Q.FMT_FP8, "int4": Q.FMT_INT4, "none": Q.FMT_DENSE}
+    best = sweep.get("best", {})
+    gemv, gemm = {}, {}
+    for name, (n, k, gate_up, _res, _ln) in SHAPES[shape_set].items():
+        nout = n // 2 if gate_up else n
+        for fmt in ("fp8", "int4"):
+            b = best.get(f"{name}|qgemv|{fmt}|M1")
+            if b and b.get("cfg"):
+                gemv[(fmts[fmt], nout, k, gate_up)] = Q.QConfig(**b["cfg"])
+        for m in GEMM_ROWS:
+            for fmt in ("fp8", "int4", "none"):
+                b = best.get(f"{name}|qbgemm|{fmt}|M{m}")
+                if not (b and b.get("cfg")):
+                    continue
+                if fmt == "none":
+                    base = best.get(f"{name}|bgemm|none|M{m}")
+                    if base and base["us"] <= b["us"]:
+                        continue
+                gemm[(fmts[fmt], nout, k, max(16, m))] = Q.QConfig(**b["cfg"])
+    return gemv, gemm
+
+
+def table_source(sweep: dict, shape_set: str = "4b") -> str:
+    """The entries of :func:`tables` as the Python lines of ``qkernels``' tables."""
+    from qwen_trt.fast import qkernels as Q
+
+    names = {Q.FMT_FP8: "FMT_FP8", Q.FMT_INT4: "FMT_INT4", Q.FMT_DENSE: "FMT_DENSE"}
+    gemv, gemm = tables(sweep, shape_set)
+    lines = ["GEMV_TABLE = {"]
+    for (f, n, k, gu), c in gemv.items():
+        asm = ", asm=True" if c.asm else ""
+        lines.append(f"    ({names[f]}, {n}, {k}, {gu}): QConfig({c.block_n}, {c.warps}, "
+                     f"{c.ctas_per_sm}, ahead={c.ahead}{asm}),")
+    lines += ["}", "GEMM_TABLE = {"]
+    for (f, n, k, bm), c in gemm.items():
+        pre = ", prefetch=True" if c.prefetch else ""
+        lines.append(f"    ({names[f]}, {n}, {k}, {bm}): QConfig({c.block_n}, {c.warps}, "
+                     f"stages={c.stages}, split={c.split}{pre}),")
+    return "\n".join(lines + ["}"])
+
+
+def apply(path: str, shape_set: str = "4b") -> tuple[dict, dict]:
+    """Fill :mod:`qwen_trt.fast.qkernels`' tables from a sweep's JSON (before any launch)."""
+    from qwen_trt.fast import qkernels as Q
+
+    gemv, gemm = tables(json.loads(Path(path).read_text()), shape_set)
+    Q.GEMV_TABLE.update(gemv)
+    Q.GEMM_TABLE.update(gemm)
+    print(f"[sweep] applied {len(gemv)} GEMV and {len(gemm)} GEMM configurations",
+          file=sys.stderr, flush=True)
+    return gemv, gemm
+
+
+def compile_part(shape_set: str, part: int, parts: int, device: str) -> None:
+    """Worker: launch every ``parts``-th item once (compiles into Triton's cache)."""
+    import torch
+
+    its = [it for i, it in enumerate(items(shape_set)) if i % parts == part]
+    shapes = {}
+    for it in its:
+        if it["shape"] not in shapes:
+            shapes[it["shape"]] = Shape(SHAPES[shape_set][it["shape"]], torch.device(device),
+                                        0)
+        try:
+            run_item(it, shapes[it["shape"]], timed=False)
+        except Exception as e:  # noqa: BLE001 - the timed pass records the error
+            print(f"[sweep] compile {_key(it)}: {type(e).__name__}: {e}"[:300], file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qwen_trt.bench.qkernel_sweep")
+    p.add_argument("--out", required=True)
+    p.add_argument("--shape", default="4b", choices=sorted(SHAPES))
+    p.add_argument("--jobs", type=int, default=0, help="compile in this many processes first")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--part", default=None, help=argparse.SUPPRESS)   # i/n: a compile worker
+    p.add_argument("--copies-mb", type=int, default=300)
+    p.add_argument("--compile-timeout", type=int, default=150)
+    p.add_argument("--print-tables", metavar="SWEEP_JSON",
+                   help="print a finished sweep's winners as qkernels' table entries, then exit")
+    args = p.parse_args(argv)
+    if args.print_tables:
+        print(table_source(json.loads(Path(args.print_tables).read_text()), args.shape))
+        return 0
+    if args.part:
+        i, n = (int(v) for v in args.part.split("/"))
+        compile_part(args.shape, i, n, args.device)
+        return 0
+    import torch
+
+    dev = torch.device(args.device)
+    out = {"command": "python -m qwen_trt.bench.qkernel_sweep " + " ".join(argv or sys.argv[1:]),
+           "results": {}, "best": {}}
+    if dev.type == "cuda":
+        out.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                   gpu_uuid=str(getattr(torch.cuda.get_device_properties(0), "uuid", "")))
+    path = Path(args.out)
+
+    def save():
+        path.write_text(json.dumps(out, indent=1) + "\n")
+
+    t0 = time.perf_counter()
+    if dev.type == "cuda":
+        out["copy_TBps"] = copy_bandwidth()
+    if args.jobs > 0:
+        procs = [subprocess.Popen([sys.executable, "-m", "qwen_trt.bench.qkernel_sweep",
+                                   "--out", "/dev/null", "--shape", args.shape, "--device",
+                                   args.device, "--part", f"{i}/{args.jobs}"])
+                 for i in range(args.jobs)]
+        deadline = time.monotonic() + args.compile_timeout
+        for pr in procs:
+            try:
+                pr.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pr.kill()
+        out["compile_s"] = round(time.perf_counter() - t0, 1)
+        print(f"[sweep] compiled in {out['compile_s']} s", file=sys.stderr, flush=True)
+    by_shape: dict[str, list] = {}
+    for it in items(args.shape):
+        by_shape.setdefault(it["shape"], []).append(it)
+    for name, its in by_shape.items():
+        sh = Shape(SHAPES[args.shape][name], dev, args.copies_mb * 1_000_000)
+        for it in its:
+            try:
+                r = run_item(it, sh, timed=True)
+            except Exception as e:  # noqa: BLE001 - keep the other configurations
+                r = {"error": f"{type(e).__name__}: {e}"[:300]}
+            out["results"][_key(it)] = r
+            b = out["best"].setdefault(f"{name}|{it['kind']}|{it['fmt']}|M{it['m']}", None)
+            if "us" in r and r.get("rel_err", 1) < 2e-2 and (b is None or r["us"] < b["us"]):
+                out["best"][f"{name}|{it['kind']}|{it['fmt']}|M{it['m']}"] = dict(
+                    us=r["us"], TBps=r["TBps"], cfg=it.get("cfg"))
+        sh.drop()
+        del sh
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        out["elapsed_s"] = round(time.perf_counter() - t0, 1)
+        save()
+        print(f"[sweep] {name} done at {out['elapsed_s']} s", file=sys.stderr, flush=True)
+    if dev.type == "cuda":
+        out["registers"] = compiled_registers()
+    save()
+    return 0
+
+
+def compiled_registers() -> list:
+    """Registers and spills of every compiled packed kernel (best effort: Triton internals)."""
+    from qwen_trt.fast import qkernels as Q
+
+    rows = []
+    for fn in (Q._fp8_gemv_kernel, Q._i4_gemv_kernel, Q._mm_kernel):
+        try:
+            for cache in fn.device_caches.values():
+                for key, k in cache[0].items():
+                    meta = getattr(k, "metadata", None)
+                    rows.append({"kernel": fn.fn.__name__, "key": str(key)[-400:],
+                                 "regs": getattr(k, "n_regs", None),
+                                 "spills": getattr(k, "n_spills", None),
+                                 "warps": getattr(meta, "num_warps", None)})
+        except Exception as e:  # noqa: BLE001 - internals differ between Triton versions
+            rows.append({"kernel": fn.fn.__name__, "error": f"{type(e).__name__}: {e}"[:200]})
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

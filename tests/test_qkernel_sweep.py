@@ -1,0 +1,72 @@
+"""The packed-kernel sweep's bookkeeping (no GPU): which configurations its results put in the
+kernel tables, and the items it times."""
+from __future__ import annotations
+
+from qwen_trt.bench import qkernel_sweep as S
+from qwen_trt.fast import qkernels as Q
+
+
+def _best(us: float, cfg: dict | None) -> dict:
+    return {"us": us, "TBps": 1.0, "cfg": cfg}
+
+
+def test_tables_take_the_fastest_packed_configs_and_dense_only_where_split_k_won():
+    gemv = {"block_n": 2, "warps": 4, "ctas_per_sm": 3, "ahead": 1}
+    mm = {"block_n": 64, "warps": 4, "stages": 3, "prefetch": False, "split": 8}
+    sweep = {"best": {
+        "qkv|qgemv|fp8|M1": _best(8.1, gemv),
+        "gate_up|qgemv|int4|M1": _best(20.0, dict(gemv, block_n=4, ahead=2)),
+        "o|qbgemm|fp8|M8": _best(11.0, mm),
+        "o|qbgemm|none|M8": _best(9.3, mm),          # beats bgemm: listed
+        "o|bgemm|none|M8": _best(11.3, None),
+        "qkv|qbgemm|none|M32": _best(13.1, dict(mm, split=4)),   # loses to bgemm: not listed
+        "qkv|bgemm|none|M32": _best(11.2, None),
+        "down|scaled_mm|fp8-rowwise|M8": None,       # over the error bound: no entry
+    }}
+    gemv_t, gemm_t = S.tables(sweep)
+    assert gemv_t == {(Q.FMT_FP8, 6144, 2560, False): Q.QConfig(**gemv),
+                      (Q.FMT_INT4, 9728, 2560, True): Q.QConfig(**dict(gemv, block_n=4,
+                                                                         ahead=2))}
+    assert gemm_t == {(Q.FMT_FP8, 2560, 4096, 16): Q.QConfig(**mm),
+                      (Q.FMT_DENSE, 2560, 4096, 16): Q.QConfig(**mm)}
+
+
+def test_committed_tables_cover_every_projection_and_defaults_fill_the_rest():
+    for name, (n, k, gate_up, _r, _ln) in S.SHAPES["4b"].items():
+        nout = n // 2 if gate_up else n
+        for fmt in (Q.FMT_FP8, Q.FMT_INT4):
+            assert (fmt, nout, k, gate_up) in Q.GEMV_TABLE, name
+            assert Q.gemv_config(fmt, nout, k, gate_up) is Q.GEMV_TABLE[(fmt, nout, k, gate_up)]
+            for bm in (16, 32):
+                assert (fmt, nout, k, bm) in Q.GEMM_TABLE, (name, bm)
+    small = Q.gemm_config(Q.FMT_FP8, 256, 512, 16)       # a tiny model: split while K allows
+    assert small.split == 1 and small.block_n == 32
+    assert Q.gemm_config(Q.FMT_FP8, 2560, 9728, 64).split > 1       # few strips: split-K
+    assert Q.gemv_config(Q.FMT_FP8, 300, 640, False).block_n == 16
+
+
+def test_sweep_items_time_every_kind_once_per_configuration():
+    items = S.items("4b")
+    keys = [S._key(it) for it in items]
+    assert len(keys) == len(set(keys))
+    kinds = {(it["kind"], it["fmt"], it["m"]) for it in items if it["shape"] == "o"}
+    for m in S.GEMM_ROWS:
+        for fmt in ("fp8", "int4", "none"):
+            assert ("qbgemm", fmt, m) in kinds
+        assert {("bgemm", "none", m), ("cublas", "none", m),
+                ("scaled_mm", "fp8-rowwise", m)} <= kinds
+    assert {("qgemv", "fp8", 1), ("qgemv", "int4", 1), ("gemv", "none", 1)} <= kinds
+
+
+def test_printed_tables_reproduce_the_committed_ones():
+    """``--print-tables`` on the committed sweep gives back the tables in qkernels.py."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sweep = json.loads((root / "docs/measurements/qkernel-sweep-h200.json").read_text())
+    ns = {"QConfig": Q.QConfig, "FMT_FP8": Q.FMT_FP8, "FMT_INT4": Q.FMT_INT4,
+          "FMT_DENSE": Q.FMT_DENSE}
+    exec(S.table_source(sweep), ns)      # noqa: S102 - our own generated source
+    assert ns["GEMV_TABLE"] == Q.GEMV_TABLE
+    assert ns["GEMM_TABLE"] == Q.GEMM_TABLE
