@@ -133,9 +133,15 @@ def prompt(i: int, words: int) -> str:
 
 
 def _cpu_s(pid: int) -> float:
-    """utime + stime of ``pid`` (Linux /proc), seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of ``pid``'s threads now (Linux: the scheduler's nanosecond run time per
+    thread, /proc/PID/task/*/schedstat; the 10 ms ticks of /proc/PID/stat are too coarse)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass                    # the thread ended meanwhile
+    return total / 1e9
 
 
 # -- the three paths -------------------------------------------------------------------------
