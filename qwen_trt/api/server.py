@@ -331,7 +331,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"},
-                                     background=BackgroundTask(release, handles))
+                                     background=BackgroundTask(release_async, handles))
         results: list = [None] * req.n
         try:
             async for i, item in merge([_generate(h, req, len(ids), t0, request, trace)
@@ -381,6 +381,11 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             ticket = tickets.get(h)
             if ticket is not None:
                 ticket.release()
+
+    async def release_async(handles) -> None:
+        """:func:`release` on the event loop (a response's background task: a plain function
+        there would be run in a worker thread)."""
+        release(handles)
 
     async def encode_chat(messages, tools, add_generation_prompt: bool = True) -> list[int]:
         def run():
@@ -503,11 +508,14 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             return _data(w.chunk(delta, reason, index=c.index, logprobs=c.take_logprobs(),
                                  usage=live))
 
-        for c in choices:
-            yield _data(w.chunk({"role": "assistant", "content": ""}, index=c.index,
-                                logprobs=None, usage=usage(n_prompt, 0)
-                                if req.continuous_usage else None))
+        # Events that are ready together leave in one write (one socket send, one loop pass):
+        # the role chunks; a piece's deltas; a finished choice's last chunks wait for the
+        # next write (the next piece, or the end: usage and [DONE]).
+        yield "".join(_data(w.chunk({"role": "assistant", "content": ""}, index=c.index,
+                                    logprobs=None, usage=usage(n_prompt, 0)
+                                    if req.continuous_usage else None)) for c in choices)
         results: list = [None] * len(choices)
+        held: list[str] = []
         try:
             async for i, item in merge([_generate(h, req, n_prompt, t0, None, trace,
                                                   keep.beat_s) for h in handles]):
@@ -515,29 +523,31 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                 if item is None:
                     if keep.due():
                         keep.sent()
-                        yield KEEPALIVE
+                        yield "".join(held) + KEEPALIVE
+                        held.clear()
                     continue
                 keep.sent()
                 if isinstance(item, Piece):
                     running[i] += item.tokens
-                    for delta in c.feed(item):
-                        yield chunk(c, delta)
+                    held += [chunk(c, delta) for delta in c.feed(item)]
+                    if held:
+                        yield "".join(held)
+                        held.clear()
                     if trace is not None:
                         trace.framed(time.perf_counter())
                 else:
                     results[i] = item
                     running[i] = item.completion_tokens
-                    for delta in c.finish():
-                        yield chunk(c, delta)
-                    yield chunk(c, {}, c.finish_reason(item.finish_reason))
+                    held += [chunk(c, delta) for delta in c.finish()]
+                    held.append(chunk(c, {}, c.finish_reason(item.finish_reason)))
             if req.include_usage:
                 u = _usage(results)
-                yield _data(w.usage_chunk(u["prompt_tokens"], u["completion_tokens"],
-                                          (u.get("prompt_tokens_details") or {}).get(
-                                              "cached_tokens")))
+                held.append(_data(w.usage_chunk(u["prompt_tokens"], u["completion_tokens"],
+                                                (u.get("prompt_tokens_details") or {}).get(
+                                                    "cached_tokens"))))
         except _RequestError as e:
-            yield _data(error_body(str(e), e.status))
-        yield "data: [DONE]\n\n"
+            held.append(_data(error_body(str(e), e.status)))
+        yield "".join(held) + "data: [DONE]\n\n"
 
     add_routes(app, ApiContext(name=name, created=created, service=service,
                                check_auth=check_auth, submit=submit, generate=_generate,
