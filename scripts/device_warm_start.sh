@@ -53,6 +53,8 @@ PY
   for _ in $(seq 1 30); do kill -0 "$spid" 2>/dev/null || break; sleep 0.5; done
   kill -KILL "$spid" 2>/dev/null
   wait "$spid" 2>/dev/null
+  # the engine process exits once its parent has gone; the next start must find its GPU memory free
+  for _ in $(seq 1 20); do pgrep -f "qwen_trt.serving.worker import main" >/dev/null || break; sleep 0.5; done
   tr '\r' '\n' <"$log" | grep -v '%|' \
     | grep -E "qwen-trt engine|compile cache|qwen-trt batched|qwen-trt fast path|Error|error" \
     | tail -25 | tee "$OUT/serve-$i.log"
