@@ -134,11 +134,11 @@ def _room(n: int, max_tokens: int, info) -> None:
                        param="prompt", code="context_length_exceeded")
 
 
-
 async def _release_async(release, handles) -> None:
     """``release(handles)`` on the event loop (a response's background task: a plain function
     there would be run in a worker thread)."""
     release(handles)
+
 
 def add_routes(app: FastAPI, ctx: ApiContext) -> None:
     info = ctx.service.info
