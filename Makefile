@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-constrained bench-http bench-ui bench-health bench-sanitize onnx serve loadtest check-clients clean
+.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-constrained bench-http bench-ui bench-health bench-front-door bench-sanitize onnx serve loadtest check-clients clean
 
 setup: $(VENV)/.installed
 
@@ -130,6 +130,11 @@ bench-ui: setup
 # /health latency while the API handles one 10 MB request (tiny model, CPU): docs/deploy.md.
 bench-health: setup
 	$(PY) -m qwen_trt.bench.health_latency --mb 10 --out bench-results/health-latency.json $(BENCH_HEALTH_ARGS)
+
+# The API's cost per request and per token against a paced fake engine (CPU): docs/benchmarks.md.
+# make bench-front-door [MODEL=DIR with a tokenizer] [BENCH_FRONT_DOOR_ARGS="--words 400"]
+bench-front-door: setup
+	$(PY) -m qwen_trt.bench.front_door $(if $(MODEL),--model $(MODEL)) --out bench-results/front-door.json $(BENCH_FRONT_DOOR_ARGS)
 
 # CPU time of the app's Markdown sanitiser per streamed chunk and per reply (seconds to run).
 bench-sanitize: setup

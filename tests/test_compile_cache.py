@@ -86,3 +86,78 @@ def test_no_cache_on_cpu(tmp_path):
     assert open_for_fast_path(object(), "float32", "cpu", cache_dir=str(tmp_path),
                               buckets="") is None
     assert not any(tmp_path.iterdir())
+
+
+def test_warmup_picks_round_trip_and_only_known_values_are_used(tmp_path):
+    lines: list[str] = []
+    c = CompileCache(tmp_path, KEY, lines.append).open(set_env=False)
+    c.remember("bucket_impl", 8, "bgemm")
+    c.remember("varlen_tile", 64, [32, 8])
+    assert c.save_choices({"bgemm": Tuner()}) == 2
+    c.seal()
+    again = CompileCache(tmp_path, KEY, lines.append).open(set_env=False)
+    assert again.load_choices({"bgemm": Tuner()}) == 2
+    assert again.pick("bucket_impl", 8, ("bgemm", "torch")) == "bgemm"
+    assert again.pick("varlen_tile", 64, ((16, 4), (32, 8))) == (32, 8)    # JSON list -> tuple
+    assert again.pick("bucket_impl", 8, ("torch",)) is None          # no longer an option
+    assert again.pick("bucket_impl", 16, ("bgemm", "torch")) is None   # never timed
+    assert again.picked == 2 and not lines
+    (again.folder / "autotune.json").write_text(json.dumps({"_picks": ["not", "a", "dict"]}))
+    third = CompileCache(tmp_path, KEY, lines.append).open(set_env=False)
+    assert third.load_choices({}) == 0 and third.picks == {}
+
+
+class _FakeGraph:
+    def __init__(self, impl: str) -> None:
+        self.impl = impl
+
+
+def _cpu_batched(monkeypatch, cache):
+    torch = pytest.importorskip("torch")
+    from qwen_trt.fast import batched, compile_cache
+    from qwen_trt.fast.config import FastConfig
+    from qwen_trt.fast.model import Qwen3Fast
+
+    cfg = FastConfig(vocab_size=64, hidden=32, intermediate=64, layers=1, heads=2, kv_heads=1,
+                     head_dim=16, rope_theta=1e4, rms_eps=1e-6, tie_embeddings=True,
+                     max_position_embeddings=4096)
+    bm = batched.BatchedModel(Qwen3Fast(cfg, 2048, torch.float32, "cpu"), num_blocks=200,
+                              block_size=16)
+    monkeypatch.setattr(compile_cache, "_ACTIVE", cache)
+    return bm, batched
+
+
+def test_a_warm_start_captures_only_the_cached_projection_kernel(tmp_path, monkeypatch):
+    cache = CompileCache(tmp_path, KEY, print).open(set_env=False)
+    bm, batched = _cpu_batched(monkeypatch, cache)
+    captured: list[tuple[int, str]] = []
+    monkeypatch.setattr(bm, "_impls", lambda b: ("bgemm", "torch"))
+    monkeypatch.setattr(bm, "_capture", lambda b, impl, feedback=False, width=None:
+                        captured.append((b, impl)) or _FakeGraph(impl))
+    monkeypatch.setattr(batched, "replay_ms", lambda g, n, warmup=1:
+                        1.0 if g.impl == "torch" else 2.0)
+    assert bm._graph(8).impl == "torch"               # cold: both captured and timed
+    assert captured == [(8, "bgemm"), (8, "torch")]
+    assert cache.picks["bucket_impl"] == {"8": "torch"}
+    bm2, _ = _cpu_batched(monkeypatch, cache)
+    monkeypatch.setattr(bm2, "_impls", lambda b: ("bgemm", "torch"))
+    monkeypatch.setattr(bm2, "_capture", lambda b, impl, feedback=False, width=None:
+                        captured.append((b, impl)) or _FakeGraph(impl))
+    captured.clear()
+    assert bm2._graph(8).impl == "torch"              # warm: the cached choice alone
+    assert captured == [(8, "torch")] and bm2.stats.bucket_impl[8] == "torch"
+
+
+def test_a_warm_start_skips_the_varlen_tile_timing(tmp_path, monkeypatch):
+    cache = CompileCache(tmp_path, KEY, print).open(set_env=False)
+    bm, batched = _cpu_batched(monkeypatch, cache)
+    wanted = {n: [32, 8] for n in batched.STEP_TOKEN_BUCKETS}
+    cache.picks["varlen_tile"] = {str(n): v for n, v in wanted.items()}
+
+    def never(*a, **kw):
+        raise AssertionError("a cached tile was timed again")
+    monkeypatch.setattr(batched, "paged_varlen_attention", never)
+    bm._pick_varlen_tile()
+    need = {n: -(-(n + 1536) // 16) for n in batched.STEP_TOKEN_BUCKETS}
+    fits = [n for n, k in need.items() if k < 200 and k <= bm.max_blocks]
+    assert fits and bm.varlen_tile == {n: (32, 8) for n in fits}

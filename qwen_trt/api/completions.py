@@ -134,6 +134,12 @@ def _room(n: int, max_tokens: int, info) -> None:
                        param="prompt", code="context_length_exceeded")
 
 
+async def _release_async(release, handles) -> None:
+    """``release(handles)`` on the event loop (a response's background task: a plain function
+    there would be run in a worker thread)."""
+    release(handles)
+
+
 def add_routes(app: FastAPI, ctx: ApiContext) -> None:
     info = ctx.service.info
 
@@ -198,7 +204,8 @@ def add_routes(app: FastAPI, ctx: ApiContext) -> None:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"},
-                                     background=BackgroundTask(ctx.release, handles))
+                                     background=BackgroundTask(_release_async, ctx.release,
+                                                               handles))
         parts: list[list[str]] = [[] for _ in handles]
         got: list[list] = [[] for _ in handles]
         results: list = [None] * len(handles)

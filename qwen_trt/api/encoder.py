@@ -27,15 +27,21 @@ from qwen_trt.api.prompt import encode_messages
 from qwen_trt.serving.session import MessageEncoder
 
 TEXT_CACHE = 4096          # stretches of text kept
+TEXT_CACHE_IDS = 1 << 21   # ... holding at most this many token ids in all
 LAYOUT_CACHE = 512         # template layouts kept
 REPLY_CACHE = 2048         # recent replies kept (text -> generated ids)
 QUICK_CHARS = 16384        # below this much content, encode on the event loop (no thread hop)
 
 
 class _LRU:
-    def __init__(self, size: int) -> None:
+    """At most ``size`` entries (and, with ``max_weight``, values of at most that total
+    ``len``)."""
+
+    def __init__(self, size: int, max_weight: int | None = None) -> None:
         self._d: OrderedDict = OrderedDict()
         self._size = size
+        self._max_weight = max_weight
+        self._weight = 0
         self._lock = threading.Lock()
 
     def get(self, key):
@@ -46,11 +52,18 @@ class _LRU:
             return v
 
     def put(self, key, value) -> None:
+        weigh = self._max_weight is not None
+        if weigh and len(value) > self._max_weight:
+            return
         with self._lock:
+            old = self._d.pop(key, None)
+            if weigh:
+                self._weight += len(value) - (len(old) if old is not None else 0)
             self._d[key] = value
-            self._d.move_to_end(key)
-            while len(self._d) > self._size:
-                self._d.popitem(last=False)
+            while len(self._d) > self._size or (weigh and self._weight > self._max_weight):
+                _, gone = self._d.popitem(last=False)
+                if weigh:
+                    self._weight -= len(gone)
 
     def __len__(self) -> int:
         return len(self._d)
@@ -94,6 +107,15 @@ class _CachedEncoder(MessageEncoder):
             self._texts.put(text, ids)
         return list(ids)
 
+    def _text_within(self, text: str, room: int) -> list[int] | int:
+        ids = self._texts.get(text)
+        if ids is None:
+            got = self._codec.ids_within(text, room)
+            if not isinstance(got, int):
+                self._texts.put(text, tuple(got))
+            return got
+        return len(ids) if len(ids) > room else list(ids)
+
 
 class PromptEncoder:
     """The server's encoder (module docstring); ``encode`` raises ``ApiError`` (400) as
@@ -106,7 +128,7 @@ class PromptEncoder:
         """Start over for ``tokenizer`` (the engine came back with another one)."""
         self.tokenizer = tokenizer
         self._layouts = _LRU(LAYOUT_CACHE)
-        self._texts = _LRU(TEXT_CACHE)
+        self._texts = _LRU(TEXT_CACHE, TEXT_CACHE_IDS)
         self._replies = _LRU(REPLY_CACHE)
         self._tok = _CachingTokenizer(tokenizer, self._layouts) if tokenizer is not None else None
         self._encoder = _CachedEncoder(self._tok, self._texts) if tokenizer is not None else None

@@ -1,45 +1,31 @@
 """SSE comment heartbeats: a stream that stays silent (a client queued behind others, a long
 prefill) gets ``: keep-alive`` lines, which every SSE client ignores, so proxies and load
-balancers with an idle timeout do not cut it."""
+balancers with an idle timeout do not cut it.
+
+The stream keeps its own clock (:class:`KeepAlive`) and learns that time passed from the
+request's own heartbeats (its event reader wakes every :attr:`KeepAlive.beat_s` while nothing
+arrives), so a chunk costs no extra task or timer.
+"""
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
+import time
 
 KEEPALIVE = ": keep-alive\n\n"
 DEFAULT_KEEPALIVE_S = 10.0
+MAX_BEAT_S = 0.25         # how late a keep-alive may come at most
 
 
-async def with_keepalive(items: AsyncIterator[str], every_s: float) -> AsyncIterator[str]:
-    """``items``, plus :data:`KEEPALIVE` whenever ``every_s`` seconds pass without one (never
-    with ``every_s`` 0). Leaving early (the client went away) cancels the pending item, so
-    ``items`` runs its own clean-up (which cancels the request)."""
-    it = items.__aiter__()
-    if not every_s or every_s <= 0:
-        async for item in it:
-            yield item
-        return
-    pending: asyncio.Future | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=every_s)
-            if not done:
-                yield KEEPALIVE
-                continue
-            task, pending = pending, None
-            try:
-                item = task.result()
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(BaseException):   # its CancelledError, or its own error
-                await pending
-        aclose = getattr(it, "aclose", None)
-        if aclose is not None:
-            await aclose()
+class KeepAlive:
+    """When a stream owes its client a keep-alive: ``every_s`` seconds since it last sent
+    anything (never with ``every_s`` 0)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s if every_s and every_s > 0 else 0.0
+        self.beat_s = min(MAX_BEAT_S, self.every_s) if self.every_s else None
+        self.last = time.monotonic()
+
+    def sent(self) -> None:
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        return bool(self.every_s) and time.monotonic() - self.last >= self.every_s

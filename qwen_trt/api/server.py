@@ -36,7 +36,7 @@ from qwen_trt.api.admission import Admission, Ticket
 from qwen_trt.api.choices import ChatChoice, Piece, merge
 from qwen_trt.api.completions import ApiContext, add_routes, model_card
 from qwen_trt.api.errors import ApiError, error_body, excerpt
-from qwen_trt.api.keepalive import DEFAULT_KEEPALIVE_S, with_keepalive
+from qwen_trt.api.keepalive import DEFAULT_KEEPALIVE_S, KEEPALIVE, KeepAlive
 from qwen_trt.api.limits import MIB, BodyLimit, chars_per_token, decode_json, min_prompt_tokens
 from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
@@ -327,13 +327,11 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                  if hops is not None and req.n == 1 else None)
         if req.stream:
             # the background task frees the places when the body never ran (client gone first)
-            return StreamingResponse(with_keepalive(_sse(handles, choices, req, len(ids), t0,
-                                                         trace),
-                                                    settings.sse_keepalive_s),
+            return StreamingResponse(_sse(handles, choices, req, len(ids), t0, trace),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"},
-                                     background=BackgroundTask(release, handles))
+                                     background=BackgroundTask(release_async, handles))
         results: list = [None] * req.n
         try:
             async for i, item in merge([_generate(h, req, len(ids), t0, request, trace)
@@ -384,6 +382,11 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             if ticket is not None:
                 ticket.release()
 
+    async def release_async(handles) -> None:
+        """:func:`release` on the event loop (a response's background task: a plain function
+        there would be run in a worker thread)."""
+        release(handles)
+
     async def encode_chat(messages, tools, add_generation_prompt: bool = True) -> list[int]:
         def run():
             return encode_messages(service.tokenizer, messages, tools=tools,
@@ -420,10 +423,13 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             raise
 
     async def _generate(handle, req, n_prompt: int, t0: float, request: Request | None = None,
-                        trace: RequestTrace | None = None) -> AsyncIterator[Piece | _Result]:
+                        trace: RequestTrace | None = None, beat_s: float | None = None,
+                        ) -> AsyncIterator[Piece | _Result | None]:
         """Text to send (with its tokens' logprobs), then one :class:`_Result`; raises
         :class:`_RequestError`. ``req``: anything with ``stop`` (chat or completions).
-        ``handle`` came from :func:`submit`, which holds its place in the queue."""
+        ``handle`` came from :func:`submit`, which holds its place in the queue. With
+        ``beat_s``, also ``None`` every ``beat_s`` seconds while nothing arrives (the caller's
+        keep-alive clock)."""
         scanner = StopScanner(req.stop)
         ticket = tickets.get(handle)
         lps: list = []          # logprobs of tokens whose text the stop scanner holds back
@@ -432,7 +438,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         outcome = "cancelled"
         checked = time.monotonic()
         try:
-            async for ev in _events(handle, trace=trace):
+            async for ev in _events(handle, beat_s or 0.25, trace=trace):
                 # A whole-reply client that leaves is noticed within DISCONNECT_CHECK_S (a
                 # streaming one at once: Starlette cancels its response task).
                 if request is not None and time.monotonic() - checked >= DISCONNECT_CHECK_S:
@@ -440,7 +446,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                     if await request.is_disconnected():
                         return
                 if ev is None or isinstance(ev, Waiting):
-                    pass
+                    if beat_s:
+                        yield None
                 elif isinstance(ev, Started):
                     if ticket is not None:
                         ticket.started()
@@ -494,41 +501,53 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                    t0: float, trace: RequestTrace | None = None) -> AsyncIterator[str]:
         w = ChunkWriter(name, include_usage=req.include_usage)
         running = [0] * len(choices)        # completion tokens so far, per choice
+        keep = KeepAlive(settings.sse_keepalive_s)
 
         def chunk(c: ChatChoice, delta: dict, reason: str | None = None) -> str:
             live = (usage(n_prompt, sum(running)) if req.continuous_usage else None)
             return _data(w.chunk(delta, reason, index=c.index, logprobs=c.take_logprobs(),
                                  usage=live))
 
-        for c in choices:
-            yield _data(w.chunk({"role": "assistant", "content": ""}, index=c.index,
-                                logprobs=None, usage=usage(n_prompt, 0)
-                                if req.continuous_usage else None))
+        # Events that are ready together leave in one write (one socket send, one loop pass):
+        # the role chunks; a piece's deltas; a finished choice's last chunks wait for the
+        # next write (the next piece, or the end: usage and [DONE]).
+        yield "".join(_data(w.chunk({"role": "assistant", "content": ""}, index=c.index,
+                                    logprobs=None, usage=usage(n_prompt, 0)
+                                    if req.continuous_usage else None)) for c in choices)
         results: list = [None] * len(choices)
+        held: list[str] = []
         try:
-            async for i, item in merge([_generate(h, req, n_prompt, t0, None, trace)
-                                        for h in handles]):
+            async for i, item in merge([_generate(h, req, n_prompt, t0, None, trace,
+                                                  keep.beat_s) for h in handles]):
                 c = choices[i]
+                if item is None:
+                    if keep.due():
+                        keep.sent()
+                        yield "".join(held) + KEEPALIVE
+                        held.clear()
+                    continue
+                keep.sent()
                 if isinstance(item, Piece):
                     running[i] += item.tokens
-                    for delta in c.feed(item):
-                        yield chunk(c, delta)
+                    held += [chunk(c, delta) for delta in c.feed(item)]
+                    if held:
+                        yield "".join(held)
+                        held.clear()
                     if trace is not None:
                         trace.framed(time.perf_counter())
                 else:
                     results[i] = item
                     running[i] = item.completion_tokens
-                    for delta in c.finish():
-                        yield chunk(c, delta)
-                    yield chunk(c, {}, c.finish_reason(item.finish_reason))
+                    held += [chunk(c, delta) for delta in c.finish()]
+                    held.append(chunk(c, {}, c.finish_reason(item.finish_reason)))
             if req.include_usage:
                 u = _usage(results)
-                yield _data(w.usage_chunk(u["prompt_tokens"], u["completion_tokens"],
-                                          (u.get("prompt_tokens_details") or {}).get(
-                                              "cached_tokens")))
+                held.append(_data(w.usage_chunk(u["prompt_tokens"], u["completion_tokens"],
+                                                (u.get("prompt_tokens_details") or {}).get(
+                                                    "cached_tokens"))))
         except _RequestError as e:
-            yield _data(error_body(str(e), e.status))
-        yield "data: [DONE]\n\n"
+            held.append(_data(error_body(str(e), e.status)))
+        yield "".join(held) + "data: [DONE]\n\n"
 
     add_routes(app, ApiContext(name=name, created=created, service=service,
                                check_auth=check_auth, submit=submit, generate=_generate,

@@ -75,6 +75,9 @@ class FastBackend(Backend):
                                     quantization=quantization)
         backend = cls(p.source, decoder, p.tokenizer)
         backend._compile_cache = cache
+        st = decoder.stats
+        _say(f"weights on {p.device} in {st.load_s:.1f} s, kernel self-checks {st.checks_s:.1f} s"
+             + (f", decoder warm-up {st.warmup_s:.1f} s" if st.warmup_s else ""))
         if warmup and not for_runner:
             close_after_warmup(cache, say=_say)
         return backend
@@ -93,6 +96,10 @@ class FastBackend(Backend):
         from qwen_trt.fast.compile_cache import close_after_warmup
 
         self._runner = runner
+        stats = getattr(getattr(runner, "model", None), "stats", None)
+        phases = getattr(stats, "phases_s", None)
+        if phases:
+            _say("batched warm-up " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
         close_after_warmup(getattr(self, "_compile_cache", None), say=_say)
 
     @property

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from qwen_trt.errors import first_line
+from qwen_trt.fast import compile_cache
 from qwen_trt.fast.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK, LayerKVCache
 from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
 from qwen_trt.fast.qformats import dense, linear
@@ -611,6 +612,11 @@ class BatchedModel:
             self._graphs[(bucket, width)] = graph
         if graph is None:
             impls = self._impls(bucket)
+            cache = compile_cache.active()
+            known = (cache.pick("bucket_impl", bucket, impls) if cache is not None
+                     and len(impls) > 1 else None)
+            if known is not None:               # timed by an earlier start: capture it alone
+                impls = (known,)
             if len(impls) == 1:
                 best, graph = impls[0], self._capture(bucket, impls[0], width=width)
             else:   # keep the faster of the Triton and cuBLAS projections for this bucket
@@ -626,6 +632,8 @@ class BatchedModel:
                 best = min(timed, key=lambda k: timed[k][0])
                 graph = timed[best][1]
                 self.stats.bucket_ms[bucket] = {k: round(v[0], 4) for k, v in timed.items()}
+                if cache is not None and len(timed) > 1:
+                    cache.remember("bucket_impl", bucket, best)
             self.stats.bucket_impl[bucket] = best
             self._graphs[(bucket, width)] = graph
         return graph
@@ -672,9 +680,14 @@ class BatchedModel:
         cfg, bs, dev = self.cfg, self.block_size, self.device
         kc, vc = self.cache.kv(0)
         i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)  # noqa: E731
+        cache = compile_cache.active()
         for n in STEP_TOKEN_BUCKETS:
             ctx = n + 1536
             if self.cache.num_blocks <= -(-ctx // bs) or self.max_blocks < -(-ctx // bs):
+                continue
+            known = cache.pick("varlen_tile", n, VARLEN_TILES) if cache is not None else None
+            if known is not None:
+                self.varlen_tile[n] = known             # timed by an earlier start
                 continue
             q = torch.randn(n, cfg.heads, cfg.head_dim, dtype=kc.dtype, device=dev)
             tables = torch.zeros(1, self.max_blocks, dtype=torch.int32, device=dev)
@@ -700,6 +713,8 @@ class BatchedModel:
                                             f"{type(e).__name__}"[:200])
             if timed:
                 self.varlen_tile[n] = min(timed, key=timed.get)
+                if cache is not None:
+                    cache.remember("varlen_tile", n, list(self.varlen_tile[n]))
                 self.stats.varlen_ms[n] = {f"{k[0]}x{k[1]}": round(v, 4)
                                            for k, v in timed.items()}
 

@@ -9,12 +9,20 @@ shapes, the weight format, the batch buckets and a hash of our kernel sources)::
     <root>/<digest>/triton/        TRITON_CACHE_DIR: compiled kernels (and Triton's own
                                    autotune results where it keeps them)
     <root>/<digest>/inductor/      TORCHINDUCTOR_CACHE_DIR: torch.compile's graphs and kernels
-    <root>/<digest>/autotune.json  our tuners' choices: {tuner: {repr(key): config index}}
+    <root>/<digest>/autotune.json  our tuners' choices: {tuner: {repr(key): config index}},
+                                   and under "_picks" the warm-up's own timed choices:
+                                   {name: {key: value}} (:meth:`CompileCache.pick`)
 
 ``root`` is ``--cache-dir`` / ``$QWEN_TRT_CACHE_DIR``, default ``~/.cache/qwen-trt``. A folder
 whose ``key.json`` does not match, or a choices file that does not parse, is reported in one
 line and rebuilt; a choice that names no known configuration is ignored (tuned again). The
 engine process's restart after a crash opens the same folder, so it starts warm too.
+
+The warm-up's timings that are not Triton autotuners (the batched model's projection kernel per
+batch bucket, its varlen attention tile per token bucket) go through :func:`active`: the cache
+the current load opened, whose :meth:`~CompileCache.pick` gives the choice a previous start
+timed (when it is still one of the caller's options) and :meth:`~CompileCache.remember`
+keeps a new one for the next start.
 """
 from __future__ import annotations
 
@@ -29,6 +37,7 @@ from pathlib import Path
 
 ENV_CACHE_DIR = "QWEN_TRT_CACHE_DIR"
 DEFAULT_ROOT = Path("~/.cache/qwen-trt")
+PICKS = "_picks"            # autotune.json's section of named choices (never a tuner's name)
 KERNEL_SOURCES = ("attention.py", "batched.py", "bgemm.py", "decoder.py", "gemv.py", "graphs.py",
                   "kernel_parts.py", "kv_cache.py", "model.py", "paged_kernels.py", "pdl.py",
                   "rope_cache.py")
@@ -114,6 +123,8 @@ class CompileCache:
         self._say = say
         self.warm = False          # the folder was complete when opened
         self.loaded_choices = 0
+        self.picks: dict[str, dict[str, object]] = {}   # name -> {key: value}
+        self.picked = 0            # choices served by pick() (timings skipped)
 
     def open(self, *, set_env: bool = True) -> "CompileCache":
         """Make the folder usable (rebuilding a stale or broken one) and point Triton and
@@ -161,9 +172,14 @@ class CompileCache:
             path.unlink(missing_ok=True)
             return 0
         n = 0
+        picks = data.get(PICKS)
+        if isinstance(picks, dict):
+            self.picks = {str(k): dict(v) for k, v in picks.items() if isinstance(v, dict)}
+            n += sum(len(v) for v in self.picks.values())
         for name, tuner in tuners.items():
             configs = list(getattr(tuner, "configs", ()))
-            for raw_key, index in (data.get(name) or {}).items():
+            rows = data.get(name)
+            for raw_key, index in (rows if isinstance(rows, dict) else {}).items():
                 try:
                     key = ast.literal_eval(raw_key)
                 except (ValueError, SyntaxError):
@@ -187,8 +203,36 @@ class CompileCache:
                     rows[repr(key)] = idx
             data[name] = rows
             n += len(rows)
+        if self.picks:
+            data[PICKS] = self.picks
+            n += sum(len(v) for v in self.picks.values())
         _write_atomic(self.folder / "autotune.json", json.dumps(data, indent=1, sort_keys=True))
         return n
+
+
+    # -- the warm-up's own timed choices -------------------------------------------------------
+    def pick(self, name: str, key, allowed):
+        """The value a previous start timed for ``(name, key)`` if it is one of ``allowed``
+        (a list from JSON matches a tuple); None: time it."""
+        value = self.picks.get(name, {}).get(str(key))
+        if isinstance(value, list):
+            value = tuple(value)
+        if value is None or value not in allowed:
+            return None
+        self.picked += 1
+        return value
+
+    def remember(self, name: str, key, value) -> None:
+        """Keep ``value`` (JSON: a string, a number, a list) for the next start."""
+        self.picks.setdefault(name, {})[str(key)] = value
+
+
+_ACTIVE: CompileCache | None = None
+
+
+def active() -> CompileCache | None:
+    """The cache the current fast-path load opened (None: no cache, e.g. on CPU)."""
+    return _ACTIVE
 
 
 def _same(a, b) -> bool:
@@ -230,6 +274,8 @@ def open_for_fast_path(cfg, dtype, device, *, cache_dir: str | None, buckets: st
         say(f"compile cache under {root} is not usable ({e}); starting without it")
         return None
     n = cache.load_choices(tuners())
+    global _ACTIVE
+    _ACTIVE = cache
     say(f"compile cache {cache.folder} ({'warm' if cache.warm else 'new'}"
         f"{f', {n} tuned choices' if n else ''})")
     return cache
@@ -239,6 +285,8 @@ def close_after_warmup(cache: CompileCache | None, say=print) -> None:
     """Save the tuners' choices and seal the folder (after the warm-up captured the graphs)."""
     if cache is None:
         return
+    if cache.picked:
+        say(f"compile cache: {cache.picked} warm-up timings skipped (choices from the cache)")
     try:
         cache.save_choices(tuners())
         cache.seal()

@@ -67,6 +67,8 @@ class DecoderStats:
     attention: str = "math"     # decode attention: "triton" kernels or "math" (masked matmuls)
     kernels: str = "torch"      # decode step: "triton" (fused kernels, no compile) or "torch"
     warmup_s: float = 0.0
+    load_s: float = 0.0         # the weights read onto the device
+    checks_s: float = 0.0       # the Triton self-checks of the constructor
     prefill_graphs: int = 0
     decode_graphs: int = 0
     notes: list[str] = field(default_factory=list)

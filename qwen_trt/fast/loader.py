@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -88,6 +89,7 @@ def load_fast_decoder(cfg: FastConfig, *, weights: str | Path | dict | None, max
     if quant.method == "int4" and quantization == "int4" and quant.group == INT4_GROUP:
         quant = QuantSpec("int4", group=group_for([cfg.hidden, cfg.intermediate, cfg.q_size]))
     notes = fp8_notes(torch.device(device)) if quant.method == "fp8" else []
+    t = time.perf_counter()
     model = build_model(cfg, max_seq_len=max_seq_len, dtype=dtype, device=device, quant=quant)
     if weights is None:
         init_random(model, seed=seed)
@@ -95,7 +97,12 @@ def load_fast_decoder(cfg: FastConfig, *, weights: str | Path | dict | None, max
         load_state_dict(model, weights)
     else:
         load_safetensors(model, weights)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    t1 = time.perf_counter()
     decoder = FastDecoder(model, compile=compile, graphs=graphs, kernels=kernels)
+    decoder.stats.load_s = round(t1 - t, 3)
+    decoder.stats.checks_s = round(time.perf_counter() - t1, 3)
     decoder.stats.notes[:0] = notes
     report_fallbacks(decoder)
     if warmup:

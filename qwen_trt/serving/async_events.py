@@ -44,14 +44,18 @@ def batch() -> Iterator[None]:
 
 
 class Inbox:
-    """One request's events on the loop (loop-confined)."""
+    """One request's events on the loop (loop-confined). :meth:`take`'s timeout needs no timer
+    per call: one timer per wait period is armed, and moved on when it fires early (events
+    arrived meanwhile), so a request that gets a token every step costs no timer per token."""
 
-    __slots__ = ("items", "_waiter", "stamps")
+    __slots__ = ("items", "_waiter", "stamps", "_deadline", "_timer")
 
     def __init__(self) -> None:
         self.items: list = []
         self._waiter: asyncio.Future | None = None
         self.stamps: list[tuple[float, float]] | None = None   # (emitted, on the loop), if kept
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
 
     def _push(self, ev, emitted: float) -> None:
         self.items.append(ev)
@@ -65,20 +69,26 @@ class Inbox:
         """All events that have arrived (waits up to ``timeout`` s for one; [] on timeout)."""
         if not self.items:
             loop = asyncio.get_running_loop()
+            self._deadline = loop.time() + timeout
             fut = self._waiter = loop.create_future()
-            timer = loop.call_later(timeout, _wake, fut)
+            if self._timer is None:
+                self._timer = loop.call_at(self._deadline, self._tick, loop)
             try:
                 await fut
             finally:
-                timer.cancel()
                 self._waiter = None
         items, self.items = self.items, []
         return items
 
-
-def _wake(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        w = self._waiter
+        if w is None or w.done():
+            return                   # nobody waits: the next take arms a timer again
+        if loop.time() >= self._deadline:
+            w.set_result(None)
+        else:
+            self._timer = loop.call_at(self._deadline, self._tick, loop)
 
 
 class LoopSink:

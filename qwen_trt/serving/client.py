@@ -3,8 +3,10 @@
 :class:`WorkerClient` starts the worker (:mod:`qwen_trt.serving.worker`, a fresh interpreter),
 sends it requests and turns the token ids that come back into text and metrics here, with the
 same code as in process (:class:`qwen_trt.serving.generation.ReplyBuilder`). One reader thread blocks on the
-pipe (no polling) and one sender thread writes to it, so no thread ever blocks on the pipe while
-holding the lock (a full pipe both ways cannot deadlock: the reader always drains).
+pipe (no polling); messages to the worker go through an :class:`~qwen_trt.serving.ipc.Outbox`,
+written at once by the calling thread when the pipe takes them without blocking, else by a
+sender thread, so no thread ever blocks on the pipe while holding the lock (a full pipe both
+ways cannot deadlock: the reader always drains).
 
 * Admission: up to the runner's ``max_concurrency`` requests are in the worker at once; the
   rest wait here in FIFO order and report their position (:class:`Waiting`).
@@ -20,7 +22,6 @@ import atexit
 import itertools
 import logging
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -39,7 +40,7 @@ from qwen_trt.serving.events import (Delta, RequestFailedError, ModelLoadError, 
                                      WorkerStoppedError, Failed, Finished, RequestHandle,
                                      ServiceClosedError, ServiceStatus, Started, cancelled_reply,
                                      queue_position)
-from qwen_trt.serving.ipc import pair
+from qwen_trt.serving.ipc import Outbox, pair
 from qwen_trt.serving.liveness import Watchdog
 from qwen_trt.serving.worker import Ready, WorkerSpec, worker_command
 
@@ -247,26 +248,9 @@ class WorkerClient:
         self._state, self._stage = state, stage
 
     def _send(self, msg) -> None:
-        """Hand ``msg`` to the sender thread (never blocks)."""
+        """Write ``msg`` to the worker (never blocks: see :class:`~qwen_trt.serving.ipc.Outbox`)."""
         if self._conn is not None:
             self._outbox.put(msg)
-
-    @staticmethod
-    def _write(conn, outbox: queue.SimpleQueue) -> None:
-        """The sender thread of one worker incarnation; it closes the pipe when the reader has
-        seen the worker go (``None``), so no thread ever uses a closed socket."""
-        broken = False
-        while True:
-            msg = outbox.get()
-            if msg is None:
-                conn.close()
-                return
-            if broken:
-                continue
-            try:
-                conn.send(msg)
-            except (OSError, ValueError):
-                broken = True   # the worker is gone: its reader thread reports it
 
     def _spawn(self) -> None:
         self._gen += 1
@@ -285,9 +269,7 @@ class WorkerClient:
             child.close()
         parent.send(("init", self.spec, os.getpid()))
         self._conn, self._proc, self.pid = parent, proc, proc.pid
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._write, args=(parent, self._outbox), daemon=True,
-                         name=f"{self._name}-sender").start()
+        self._outbox = Outbox(parent, name=f"{self._name}-sender")
         threading.Thread(target=self._read, args=(self._gen, parent, proc, self._outbox),
                          daemon=True, name=f"{self._name}-reader").start()
 
@@ -332,7 +314,7 @@ class WorkerClient:
             pass
 
     # -- the reader thread ---------------------------------------------------------------------
-    def _read(self, gen: int, conn, proc, outbox: queue.SimpleQueue) -> None:
+    def _read(self, gen: int, conn, proc, outbox: Outbox) -> None:
         fatal = None
         load_error: QwenTrtError | None = None
         try:
@@ -365,7 +347,7 @@ class WorkerClient:
         if not _wait(proc, 10.0):
             proc.kill()
             _wait(proc, 2.0)
-        outbox.put(None)          # the sender closes the pipe
+        outbox.close()            # the sender closes the pipe
         self._on_exit(gen, proc.returncode, fatal, load_error)
 
     def _on_stage(self, gen: int, line: str, t: float) -> None:

@@ -234,6 +234,10 @@ class MessageEncoder:
             self._used[text] = ids
         return ids
 
+    def _text_within(self, text: str, room: int) -> list[int] | int:
+        """The ids of ``text``, or only their number when there are more than ``room``."""
+        return self._codec.ids_within(text, room)
+
     def keep_used_only(self) -> None:
         if self._cache is not None:
             self._cache, self._used = self._used, {}
@@ -284,7 +288,7 @@ class MessageEncoder:
                 got = codec.ids_within(text, 0)
                 over += got if isinstance(got, int) else len(got)
             else:
-                got = codec.ids_within(text, limit - len(ids))
+                got = self._text_within(text, limit - len(ids))
                 if isinstance(got, int):
                     over = got
                 else:
