@@ -25,7 +25,7 @@ ensure_model
 phase_end $?
 
 phase_begin cuda-tests
-timeout --kill-after=10 "$(bound ${TESTS_S:-150})" "$PY" -m pytest -q -p no:cacheprovider -m cuda \
+timeout --kill-after=10 "$(bound ${TESTS_S:-150})" "$PY" -m pytest -q -rfE -p no:cacheprovider -m cuda \
   ${TESTS:-tests/test_batched_cuda.py tests/test_constrained_cuda.py} ${TEST_K:+-k "$TEST_K"} 2>&1 \
   | tr '\r' '\n' | grep -v '%|' >"$WORK/cuda-tests.log"
 rc=${PIPESTATUS[0]}

@@ -223,7 +223,9 @@ def test_decode_graphs_by_width_agree_and_a_chain_crosses_into_the_wider_one(big
     bm.decode_meta(toks, pos, tabs, 4)
     bm._graph(4, bm.widths[-1]).replay()
     b = bm.g_logits[:3].float()
-    assert ((a - b).norm() / b.norm()).item() < 1e-2
+    # the merge adds the splits in chunks sized by the width: the batch-1 decoder's bf16 bound
+    # for another accumulation order over 36 layers of random weights (fast/decoder.py)
+    assert ((a - b).norm() / b.norm()).item() < 1e-1
     # a 1010-token prompt decoding 30 tokens crosses 1024 (chained vs step by step)
     long = prompts(1, QWEN3_4B.vocab_size, seed=11, lo=1010, hi=1011)[0]
     short = prompts(1, QWEN3_4B.vocab_size, seed=12, lo=50, hi=51)[0]
@@ -237,10 +239,20 @@ def test_decode_graphs_by_width_agree_and_a_chain_crosses_into_the_wider_one(big
     assert bm.width_for(bm._chain_ctx) > bm.widths[0]     # the chain ended past 1024
 
 
-def test_sampled_and_logprob_rows_chain_like_step_by_step(big):
+def test_sampled_and_logprob_rows_chain_like_step_by_step(big, monkeypatch):
     """Rows that sample (seeded) or want logprobs chain on the GPU (the sampler queued behind
-    each chained graph): tokens and logprobs equal those of step-by-step decoding."""
+    each chained graph, with no operation that waits for the stream: CUDA's sync debug mode
+    raises on one); tokens and logprobs equal those of step-by-step decoding."""
     from qwen_trt.fast.options import options, use
+
+    queue_only = BatchRunner._emit_step
+
+    def strict(self, seqs, rows):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return queue_only(self, seqs, rows)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
 
     ps = prompts(4, QWEN3_4B.vocab_size, seed=13, lo=50, hi=400)
     params = [SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=i,
@@ -260,7 +272,9 @@ def test_sampled_and_logprob_rows_chain_like_step_by_step(big):
                 lps[ev.request_id] += [(lp.token_id, round(lp.logprob, 3)) for lp in ev.logprobs]
         return runner, out, lps
 
+    monkeypatch.setattr(BatchRunner, "_emit_step", strict)
     chained, out_c, lp_c = run()
+    monkeypatch.undo()
     with use(options().replace(chain=False)):
         plain, out_p, lp_p = run()
     assert chained.chained_steps > 15 and plain.chained_steps == 0

@@ -274,6 +274,16 @@ class Picked:
         return out
 
 
+def device_index(values: Sequence[int], dev: torch.device) -> torch.Tensor:
+    """int64 ``values`` on ``dev`` without waiting for the stream: from pinned memory with an
+    asynchronous copy (``torch.tensor(values, device=cuda)`` copies from pageable memory and
+    waits for every queued kernel first, which would stall a chained step behind the one in
+    flight)."""
+    if dev.type != "cuda":
+        return torch.tensor(list(values), dtype=torch.long, device=dev)
+    return torch.tensor(list(values), dtype=torch.long, pin_memory=True).to(dev, non_blocking=True)
+
+
 def pick_rows_device(st: SamplerState, logits: torch.Tensor, rows: Sequence[int],
                      params: Sequence[SamplingParams], masks: torch.Tensor | None = None
                      ) -> Picked:
@@ -291,7 +301,7 @@ def pick_rows_device(st: SamplerState, logits: torch.Tensor, rows: Sequence[int]
         return Picked(torch.argmax(logits, dim=-1), params, [], None)
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
     dev = logits.device
-    idx = torch.tensor(list(rows), device=dev)
+    idx = device_index(rows, dev)
     kind = join_kinds(kinds).replace(LOGPROBS, "")
     if masks is None:
         kind = kind.replace(MASK, "")
@@ -307,7 +317,7 @@ def pick_rows_device(st: SamplerState, logits: torch.Tensor, rows: Sequence[int]
     st.step[idx] += 1
     lp = None
     if want:
-        sel = torch.tensor(want, device=dev)
+        sel = device_index(want, dev)
         k = max(params[i].logprobs for i in want)
         lp = token_logprobs(lf.index_select(0, sel), tokens.index_select(0, sel), max(k, 1))
     return Picked(tokens, params, want, lp)
