@@ -107,3 +107,16 @@ ensure_model() {
 gpu_count() {
   nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true
 }
+
+# What a device script needs from the ignored folders carried with the tree: the wheels in .whl
+# (installed into /tmp/site, added to PYTHONPATH) and Qwen's real tokenizer in .dev-tok (TOKENIZER
+# for ensure_model), where present.
+use_carried() {
+  if [ -d .whl ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+      >/dev/null 2>&1
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  fi
+  TOKENIZER=${TOKENIZER:-$( [ -f .dev-tok/tokenizer.json ] && echo "$PWD/.dev-tok" )}
+  export TOKENIZER
+}

@@ -11,13 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 DEADLINE_S=${DEADLINE_S:-540}
 source scripts/device_common.sh
-if [ -d .whl ]; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    >/dev/null 2>&1
-  export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-TOKENIZER=${TOKENIZER:-$( [ -f .dev-tok/tokenizer.json ] && echo "$PWD/.dev-tok" )}
-export TOKENIZER
+use_carried
 
 phase_begin model
 ensure_model

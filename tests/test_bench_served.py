@@ -40,3 +40,23 @@ def test_level_stats_from_closed_loop_rows():
     s = _level_stats(rows, wall=0.1, errors=1)
     assert s["output_tok_s"] == 80.0 and s["errors"] == 1 and s["requests"] == 2
     assert s["itl_ms_p50"] == pytest.approx(15.0) and s["ttft_ms_p50"] == pytest.approx(20.0)
+
+
+def test_timeline_records_steps_for_a_burst_and_a_closed_loop(tiny_model_dir):
+    """bench.timeline on CPU (the tiny model, the fast path's eager step): per-step records of
+    both workloads, the profiler window's summary, every request finished."""
+    from qwen_trt.bench.timeline import TimelineConfig, run
+
+    cfg = TimelineConfig(str(tiny_model_dir), device="cpu", fast="on", max_batch=4,
+                         concurrency=3, requests=6, input_words=8, output_tokens=5,
+                         profile_steps=3)
+    res = run(cfg, log=lambda m: None)
+    assert res["runner"] == "BatchRunner"
+    for part, n in (("burst", 3), ("closed_loop", 6)):
+        r = res[part]
+        assert r["requests"] == n and r["errors"] == 0, (part, r)
+        kinds = {k.split()[0] for k in r["steps"]}
+        assert kinds == {"prefill", "decode"}, r["steps"]
+        assert sum(v["steps"] for v in r["steps"].values()) >= 5
+    prof = res["closed_loop"]["profile"]
+    assert prof["steps"] == 3 and prof["host_wall_ms"] > 0

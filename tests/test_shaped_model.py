@@ -68,3 +68,41 @@ def test_shaped_checkpoint_with_qwens_real_vocabulary(tmp_path):
                                                    ignore_eos=True)))
     assert len(toks) == 12 and max(toks) < BPE_TOKENS          # text only, never a control
     backend.close()
+
+
+def test_tokenizer_from_a_written_folder_matches_the_gguf_conversion(tmp_path):
+    """``--tokenizer-from``: the tokenizer files `qwen_vocab` wrote, copied (a machine without
+    the gguf package), give the same checkpoint as converting the GGUF there."""
+    import os
+
+    import pytest
+
+    gguf = os.environ.get("QWEN_TRT_QWEN_VOCAB_GGUF")
+    if not gguf or not os.path.isfile(gguf):
+        pytest.skip("set QWEN_TRT_QWEN_VOCAB_GGUF to llama.cpp's ggml-vocab-qwen2.gguf")
+    pytest.importorskip("gguf")
+    from transformers import AutoTokenizer
+
+    from qwen_trt.bench.qwen_vocab import write_tokenizer
+
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    write_tokenizer(gguf, tok_dir)
+    shape = replace(SHAPES["tiny"], vocab_size=151936, layers=1, max_position_embeddings=512)
+    a = write_shaped_model(tmp_path / "a", shape, device="cpu", vocab_gguf=gguf)
+    b = write_shaped_model(tmp_path / "b", shape, device="cpu", tokenizer_from=tok_dir)
+    assert json.loads((a / "config.json").read_text()) == json.loads((b / "config.json").read_text())
+    ta, tb = AutoTokenizer.from_pretrained(a), AutoTokenizer.from_pretrained(b)
+    text = "Qwen3 says: héllo <|im_end|> 你好"
+    assert len(tb) == len(ta) == 151669 and tb.encode(text) == ta.encode(text)
+
+
+def test_tokenizer_from_a_folder_without_one_is_one_line(tmp_path):
+    import pytest
+
+    from qwen_trt.bench.qwen_vocab import copy_tokenizer
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError) as e:
+        copy_tokenizer(tmp_path / "empty", tmp_path)
+    assert "no tokenizer.json" in str(e.value) and "\n" not in str(e.value)

@@ -88,6 +88,30 @@ def _level_stats(rows: list[tuple[float, float, float, int]], wall: float, error
             "itl_ms_p50": p(itl, 50), "itl_ms_p90": p(itl, 90)}
 
 
+def stamp_events(live: dict, done: list, events, now: float) -> tuple[int, int]:
+    """A step's events stamped on their requests' rows in ``live`` (``[submitted, first token,
+    last token, tokens]``); a finished request's row moves to ``done`` (an error or a request
+    without tokens is counted instead). Returns (finished, errors)."""
+    finished = errors = 0
+    for ev in events:
+        row = live.get(ev.request_id)
+        if row is None:
+            continue
+        if ev.token_ids:
+            if row[1] is None:
+                row[1] = now
+            row[2] = now
+            row[3] += len(ev.token_ids)
+        if ev.finish is not None:
+            del live[ev.request_id]
+            finished += 1
+            if ev.finish == "error" or row[1] is None:
+                errors += 1
+            else:
+                done.append(tuple(row))
+    return finished, errors
+
+
 def closed_loop(runner, prompts: list[list[int]], params: SamplingParams, clients: int) -> dict:
     """``prompts`` through ``runner`` by ``clients`` closed-loop clients (module docstring)."""
     todo = iter(range(len(prompts)))
@@ -114,22 +138,10 @@ def closed_loop(runner, prompts: list[list[int]], params: SamplingParams, client
         now = time.perf_counter()
         steps += 1
         step_s += now - t
-        for ev in events:
-            row = live.get(ev.request_id)
-            if row is None:
-                continue
-            if ev.token_ids:
-                if row[1] is None:
-                    row[1] = now
-                row[2] = now
-                row[3] += len(ev.token_ids)
-            if ev.finish is not None:
-                del live[ev.request_id]
-                if ev.finish == "error" or row[1] is None:
-                    errors += 1
-                else:
-                    done.append(tuple(row))
-                send()
+        finished, failed = stamp_events(live, done, events, now)
+        errors += failed
+        for _ in range(finished):
+            send()
     out = _level_stats(done, time.perf_counter() - t0, errors)
     out["steps"], out["step_ms_mean"] = steps, round(step_s / max(steps, 1) * 1e3, 3)
     return out

@@ -31,6 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwen_trt.bench.served import stamp_events
 from qwen_trt.params import SamplingParams
 from qwen_trt.stats import percentile
 
@@ -117,22 +118,10 @@ def drive(runner, prompts: list[list[int]], params: SamplingParams, clients: int
             prof.__exit__(None, None, None)
             rec_window = (profile_window[0], k + 1)
             prof = (prof, rec_window)
-        for ev in events:
-            row = live.get(ev.request_id)
-            if row is None:
-                continue
-            if ev.token_ids:
-                row[1] = row[1] or now
-                row[2] = now
-                row[3] += len(ev.token_ids)
-            if ev.finish is not None:
-                del live[ev.request_id]
-                if ev.finish == "error" or row[1] is None:
-                    errors += 1
-                else:
-                    done.append(tuple(row))
-                if clients < len(prompts):
-                    send()
+        finished, failed = stamp_events(live, done, events, now)
+        errors += failed
+        for _ in range(finished):       # (a burst has sent everything already)
+            send()
     _sync()
     wall = time.perf_counter() - t0
     out = {"requests": len(done), "errors": errors, "wall_s": round(wall, 3),
