@@ -638,10 +638,11 @@ sub.f32 $7, t, 0f4B000000;
         m_ok = rm < M
         dt = x_ptr.dtype.element_ty
         if PREFETCH:     # weights are constant: the first step loads before the PDL wait
-            cur = _mm_raw(w_ptr, rn, n_ok, t0, t0 < T, K, SK, BK, FMT)
+            first = (tl.zeros([1], tl.int32) + t0) < T    # scalars as [1] masks
+            cur = _mm_raw(w_ptr, rn, n_ok, t0, first, K, SK, BK, FMT)
             cur2 = cur
             if GATE_UP:
-                cur2 = _mm_raw(w_ptr, rn + N, n_ok, t0, t0 < T, K, SK, BK, FMT)
+                cur2 = _mm_raw(w_ptr, rn + N, n_ok, t0, first, K, SK, BK, FMT)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -649,8 +650,11 @@ sub.f32 $7, t, 0f4B000000;
         acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for i in range(TS):
             t = t0 + i
-            ok = t < T
-            more = (i + 1 < TS) & (t + 1 < T)
+            # the step's validity as a [1] mask (a scalar bool in a tensor mask is an integer
+            # to Triton's interpreter)
+            at = tl.zeros([1], tl.int32) + t
+            ok = at < T
+            more = (at - t0 + 1 < TS) & (at + 1 < T)
             if PREFETCH:
                 w1 = cur
                 cur = _mm_raw(w_ptr, rn, n_ok, t + 1, more, K, SK, BK, FMT)
