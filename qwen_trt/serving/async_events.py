@@ -123,7 +123,10 @@ class LoopSink:
                 return
             self._scheduled = True
         try:
-            self._loop.call_soon_threadsafe(self._drain)
+            if getattr(self._loop, "_thread_id", None) == threading.get_ident():
+                self._loop.call_soon(self._drain)        # posted on the loop itself: no wake-up
+            else:
+                self._loop.call_soon_threadsafe(self._drain)
         except RuntimeError:      # the loop is closed (server shutting down)
             with self._lock:
                 self._scheduled = False
