@@ -208,8 +208,8 @@ def test_front_door_bench_smoke(tmp_path):
 
 def test_an_attached_event_loop_reads_the_engine_pipe(tiny_model_dir, tiny_tokenizer):
     """After attach_loop the worker's messages are read on that loop (no reader-thread hop);
-    a killed worker restarts and is read there again once ready; a closed loop hands the
-    pipe back to the reader thread."""
+    a killed worker restarts and is read there again once ready; a closed or stopped loop
+    hands the pipe back to the reader thread."""
     import io
     import os
     import signal
@@ -273,5 +273,10 @@ def test_an_attached_event_loop_reads_the_engine_pipe(tiny_model_dir, tiny_token
         assert client.status().restarts == 1
         stop(loop)
         read_by("qwen-trt-worker-reader")                        # the thread took over
+        loop2 = start_loop("loop-2")
+        read_by("loop-2")
+        loop2.call_soon_threadsafe(loop2.stop)                   # stopped, never closed
+        read_by("qwen-trt-worker-reader")
+        loop2.close()
     finally:
         client.close()

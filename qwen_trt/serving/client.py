@@ -398,8 +398,8 @@ class WorkerClient:
 
     def _read_on_loop(self, gen: int, conn, end: dict) -> bool:
         """Have the attached loop read ``conn`` (a reader callback: every message it holds,
-        in one pass) until the pipe ends (True) or the loop is closed (False: this thread reads
-        again; it checks once a second)."""
+        in one pass) until the pipe ends (True) or the loop is closed or stopped (False: this
+        thread reads again; it checks once a second)."""
         loop = self._loop
         ended = threading.Event()
         fd = conn.sock.fileno()
@@ -423,8 +423,15 @@ class WorkerClient:
         except RuntimeError:         # closed meanwhile
             self._detach(loop)
             return False
+        idle = 0
         while not ended.wait(1.0):
-            if loop.is_closed():
+            idle = 0 if loop.is_running() else idle + 1
+            if loop.is_closed() or idle >= 2:      # closed, or stopped for over a second
+                if not loop.is_closed():
+                    try:
+                        loop.remove_reader(fd)     # the loop runs nothing now
+                    except Exception:  # noqa: BLE001 - it is being torn down
+                        pass
                 self._detach(loop)
                 return False
         return True
