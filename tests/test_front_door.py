@@ -204,3 +204,79 @@ def test_front_door_bench_smoke(tmp_path):
     assert set(res["cpu_us"]) == {"api_per_request", "api_per_token", "engine_loop_per_request",
                                   "engine_loop_per_token"}
     assert res["hops_us"]["requests"] >= 6 and res["hops_us"]["encode"]["n"] >= 6
+
+
+def test_an_attached_event_loop_reads_the_engine_pipe(tiny_model_dir, tiny_tokenizer):
+    """After attach_loop the worker's messages are read on that loop (no reader-thread hop);
+    a killed worker restarts and is read there again once ready; a closed or stopped loop
+    hands the pipe back to the reader thread."""
+    import io
+    import os
+    import signal
+
+    from qwen_trt.backends import BackendConfig
+    from qwen_trt.params import SamplingParams
+    from qwen_trt.serving.client import WorkerClient
+    from qwen_trt.serving.worker import WorkerSpec
+
+    client = WorkerClient(WorkerSpec(BackendConfig(model=str(tiny_model_dir)),
+                                     loader="serving_fakes:load_echo",
+                                     runner="serving_fakes:RoundRobinRunner"), echo=io.StringIO())
+    read_on: list[str] = []
+    real = client._on_events
+
+    def on_events(gen, events, stats):
+        read_on.append(threading.current_thread().name)
+        return real(gen, events, stats)
+    client._on_events = on_events               # type: ignore[method-assign]
+    ids = tiny_tokenizer.encode("hello there", add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
+    want = client.submit(ids, params).result(60).text
+
+    def start_loop(name: str):
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, daemon=True, name=name).start()
+
+        async def attach():
+            client.attach_loop(asyncio.get_running_loop())
+        asyncio.run_coroutine_threadsafe(attach(), loop).result(10)
+        return loop
+
+    def read_by(name: str, tries: int = 100) -> None:
+        for _ in range(tries):                  # the hand-over is asynchronous: a few requests
+            read_on.clear()
+            assert client.submit(ids, params).result(60).text == want
+            if read_on and set(read_on) == {name}:
+                return
+        raise AssertionError(f"never read on {name}: {read_on}")
+
+    def stop(loop) -> None:
+        loop.call_soon_threadsafe(loop.stop)
+        deadline = time.monotonic() + 10
+        while loop.is_running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        loop.close()
+
+    try:
+        assert read_on and "the-loop" not in read_on            # the reader thread so far
+        loop = start_loop("the-loop")
+        read_by("the-loop")
+        for _ in range(5):                                       # and it stays there
+            read_on.clear()
+            assert client.submit(ids, params).result(60).text == want
+            assert set(read_on) == {"the-loop"}, read_on
+        os.kill(client.pid, signal.SIGKILL)                      # dies while read on the loop
+        deadline = time.monotonic() + 60
+        while client.status().state == "ready" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        read_by("the-loop")                                      # restarted, on the loop again
+        assert client.status().restarts == 1
+        stop(loop)
+        read_by("qwen-trt-worker-reader")                        # the thread took over
+        loop2 = start_loop("loop-2")
+        read_by("loop-2")
+        loop2.call_soon_threadsafe(loop2.stop)                   # stopped, never closed
+        read_by("qwen-trt-worker-reader")
+        loop2.close()
+    finally:
+        client.close()

@@ -212,6 +212,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     tok_lock = threading.Lock()   # /tokenize and /detokenize call the HF tokenizer itself
     tickets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # handle -> its Ticket
     encoder = PromptEncoder(service.tokenizer)
+    attach_loop = getattr(service, "attach_loop", None)
     hops = hops if hops is not None else HopClock.from_env()
     app = FastAPI(title="qwen-trt", version="1", docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")
@@ -356,6 +357,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         """Hand ``ids`` to the engine once per choice, each with its place in the queue (503
         when the queue is full or the server is closing)."""
         handles: list = []
+        if attach_loop is not None:        # the engine client reads its pipe on this loop
+            attach_loop(asyncio.get_running_loop())
         try:
             for params in params_list:
                 ticket = _take()          # the queue check and this place, at once

@@ -1,7 +1,9 @@
 """A request handle's events on an asyncio loop, without a thread per request.
 
 The engine side emits events on its own thread (the worker client's reader thread, once per
-engine step for all requests of that step). :class:`LoopSink` moves them onto the event loop:
+engine step for all requests of that step), or on the loop itself when the loop reads the
+engine pipe (``WorkerClient.attach_loop``: then no wake-up is needed at all, the drain is
+merely scheduled). :class:`LoopSink` moves them onto the event loop:
 each request gets an :class:`Inbox` (a list and a future, both touched on the loop only), and
 the emitting thread hands every event of a burst to the loop with **one**
 ``loop.call_soon_threadsafe`` — inside :func:`batch` (the worker client wraps each step's
@@ -123,7 +125,10 @@ class LoopSink:
                 return
             self._scheduled = True
         try:
-            self._loop.call_soon_threadsafe(self._drain)
+            if getattr(self._loop, "_thread_id", None) == threading.get_ident():
+                self._loop.call_soon(self._drain)        # posted on the loop itself: no wake-up
+            else:
+                self._loop.call_soon_threadsafe(self._drain)
         except RuntimeError:      # the loop is closed (server shutting down)
             with self._lock:
                 self._scheduled = False

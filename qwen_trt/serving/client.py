@@ -22,6 +22,7 @@ import atexit
 import itertools
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -68,6 +69,14 @@ def _import_tokenizers() -> None:
         from transformers import AutoTokenizer  # noqa: F401
     except Exception:  # noqa: BLE001 - reported when the tokenizer is loaded
         pass
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> bool:
@@ -119,6 +128,10 @@ class WorkerClient:
         self._heard = time.monotonic()     # the latest message from the worker (progress)
         self._hung_gen = 0                 # the worker generation the watchdog stopped
         self._watchdog: Watchdog | None = None
+        self._loop = None                  # an attached event loop reads the pipe (attach_loop)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
         self.timings: dict[str, float] = {}
         self.pid: int | None = None
         _LIVE.add(self)
@@ -210,6 +223,20 @@ class WorkerClient:
                             timeout)
                 proc.kill()
                 _wait(proc, 2.0)
+
+    def attach_loop(self, loop) -> None:
+        """Read the engine's messages on ``loop`` (an asyncio loop in this process, e.g. the
+        HTTP server's) from now on, instead of on the reader thread: each step's tokens then
+        reach that loop without a hand-off between threads. Call it from the loop; until the
+        loop is closed (then the reader thread takes over again)."""
+        with self._lock:
+            if self._loop is loop or self._closed:
+                return
+            self._loop = loop
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass                             # a wake-up is pending already
 
     # -- handles call these --------------------------------------------------------------------
     def _position(self, handle: RequestHandle) -> int:
@@ -315,33 +342,31 @@ class WorkerClient:
 
     # -- the reader thread ---------------------------------------------------------------------
     def _read(self, gen: int, conn, proc, outbox: Outbox) -> None:
-        fatal = None
-        load_error: QwenTrtError | None = None
+        """The reader thread of one worker incarnation. Once the worker is ready and an event
+        loop is attached (:meth:`attach_loop`), that loop reads the pipe instead (no hand-off
+        between threads per step) and this thread only waits for the end."""
+        end = {"fatal": None, "load_error": None}
         try:
             while True:
-                msg = conn.recv()
-                kind = msg[0]
-                if kind == "events":
-                    if msg[1]:              # tokens or finishes: progress (stats alone are not)
-                        self._heard = time.monotonic()
-                    self._on_events(gen, msg[1], msg[2])
-                elif kind == "beat":        # a long step still runs (serving.liveness)
-                    self._heard = time.monotonic()
-                elif kind == "stage":
-                    self._on_stage(gen, msg[1], msg[2])
-                elif kind == "ready":
-                    load_error = self._on_ready(gen, msg[1])
-                    if load_error is not None:
-                        break
-                elif kind == "load_error":
-                    load_error = msg[2] if msg[2] is not None else ModelLoadError(msg[1])
-                elif kind == "fatal":
-                    fatal = msg[1]
+                if self._loop is not None and self._state == "ready" and gen == self._gen \
+                        and not conn.has_message():
+                    if self._read_on_loop(gen, conn, end):
+                        break                # the pipe ended (seen on the loop)
+                    continue                 # the loop went away: read here again
+                if not conn.has_message():
+                    ready, _, _ = select.select([conn.sock, self._wake_r], [], [])
+                    if self._wake_r in ready:
+                        os.read(self._wake_r, 64)      # a loop was attached: look again
+                        if conn.sock not in ready:
+                            continue
+                if not self._handle_message(gen, conn.recv(), end):
+                    break
         except (EOFError, OSError):
             pass
         except Exception:  # noqa: BLE001 - a bug here must not leave callers hanging
             log.exception("engine client reader failed")
-            fatal = "the engine client lost its connection"
+            end["fatal"] = "the engine client lost its connection"
+        fatal, load_error = end["fatal"], end["load_error"]
         if load_error is not None and proc.poll() is None:
             proc.kill()
         if not _wait(proc, 10.0):
@@ -349,6 +374,72 @@ class WorkerClient:
             _wait(proc, 2.0)
         outbox.close()            # the sender closes the pipe
         self._on_exit(gen, proc.returncode, fatal, load_error)
+
+    def _handle_message(self, gen: int, msg, end: dict) -> bool:
+        """One message from the worker; False when reading should stop (a failed load)."""
+        kind = msg[0]
+        if kind == "events":
+            if msg[1]:              # tokens or finishes: progress (stats alone are not)
+                self._heard = time.monotonic()
+            self._on_events(gen, msg[1], msg[2])
+        elif kind == "beat":        # a long step still runs (serving.liveness)
+            self._heard = time.monotonic()
+        elif kind == "stage":
+            self._on_stage(gen, msg[1], msg[2])
+        elif kind == "ready":
+            end["load_error"] = self._on_ready(gen, msg[1])
+            if end["load_error"] is not None:
+                return False
+        elif kind == "load_error":
+            end["load_error"] = msg[2] if msg[2] is not None else ModelLoadError(msg[1])
+        elif kind == "fatal":
+            end["fatal"] = msg[1]
+        return True
+
+    def _read_on_loop(self, gen: int, conn, end: dict) -> bool:
+        """Have the attached loop read ``conn`` (a reader callback: every message it holds,
+        in one pass) until the pipe ends (True) or the loop is closed or stopped (False: this
+        thread reads again; it checks once a second)."""
+        loop = self._loop
+        ended = threading.Event()
+        fd = conn.sock.fileno()
+
+        def readable() -> None:
+            try:
+                for msg in conn.recv_ready():
+                    if not self._handle_message(gen, msg, end):
+                        raise EOFError
+            except (EOFError, OSError):
+                loop.remove_reader(fd)
+                ended.set()
+            except Exception:  # noqa: BLE001 - a bug here must not leave callers hanging
+                log.exception("engine client reader failed")
+                end["fatal"] = "the engine client lost its connection"
+                loop.remove_reader(fd)
+                ended.set()
+
+        try:
+            loop.call_soon_threadsafe(loop.add_reader, fd, readable)
+        except RuntimeError:         # closed meanwhile
+            self._detach(loop)
+            return False
+        idle = 0
+        while not ended.wait(1.0):
+            idle = 0 if loop.is_running() else idle + 1
+            if loop.is_closed() or idle >= 2:      # closed, or stopped for over a second
+                if not loop.is_closed():
+                    try:
+                        loop.remove_reader(fd)     # the loop runs nothing now
+                    except Exception:  # noqa: BLE001 - it is being torn down
+                        pass
+                self._detach(loop)
+                return False
+        return True
+
+    def _detach(self, loop) -> None:
+        with self._lock:
+            if self._loop is loop:
+                self._loop = None
 
     def _on_stage(self, gen: int, line: str, t: float) -> None:
         with self._lock:

@@ -36,8 +36,36 @@ class SocketConn:
         """The next message; blocks. ``EOFError`` when the other end has closed."""
         self._fill(_HEADER.size)
         (n,) = _HEADER.unpack_from(self._buf)
+        self._fill(_HEADER.size + n)
+        return self._take()
+
+    def has_message(self) -> bool:
+        """Whether a whole message is already buffered (:meth:`recv` would not read)."""
+        if len(self._buf) < _HEADER.size:
+            return False
+        (n,) = _HEADER.unpack_from(self._buf)
+        return len(self._buf) >= _HEADER.size + n
+
+    def recv_ready(self) -> list:
+        """The whole messages that have arrived, reading only what the socket holds now (one
+        non-blocking read; for an event loop's reader callback). ``EOFError`` once the other end
+        has closed and nothing whole is left."""
+        try:
+            chunk = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            chunk = None
+        if chunk is not None:
+            self._buf += chunk
+        out = []
+        while self.has_message():
+            out.append(self._take())
+        if chunk == b"" and not out:
+            raise EOFError("the other end of the engine pipe closed")
+        return out
+
+    def _take(self):
+        (n,) = _HEADER.unpack_from(self._buf)
         end = _HEADER.size + n
-        self._fill(end)
         obj = pickle.loads(self._buf[_HEADER.size:end])
         del self._buf[:end]
         return obj
