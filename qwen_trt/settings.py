@@ -206,6 +206,16 @@ def get(name: str, environ: Mapping[str, str] | None = None):
     return s.default if val is None else s.parse(val)
 
 
+def prefixed(prefix: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of a declared pattern (``prefix``, e.g. ``QWEN_TRT_GEMV_``) set in
+    ``environ``, by the rest of their names: their stripped, non-empty values."""
+    if not declared(prefix).pattern:
+        raise KeyError(f"{prefix} is not a declared pattern (qwen_trt/settings.py)")
+    env = os.environ if environ is None else environ
+    return {name[len(prefix):]: val.strip() for name, val in env.items()
+            if name.startswith(prefix) and isinstance(val, str) and val.strip()}
+
+
 def unknown(environ: Mapping[str, str] | None = None) -> list[str]:
     """``QWEN_TRT_*`` names set in ``environ`` that no declaration knows."""
     env = os.environ if environ is None else environ

@@ -317,8 +317,11 @@ class _ChainFake:
         self.state = (None, [p + 1 for p in pos])
         self.launched += 1
 
-    def decode_emit(self, b, pick=None):
-        nxt = (pick(self.logits) if pick is not None else self.logits.argmax(-1)).tolist()
+    def decode_logits(self, b):
+        return self.logits
+
+    def decode_emit(self, b, tokens=None):
+        nxt = (tokens if tokens is not None else self.logits.argmax(-1)).tolist()
         self.state = (nxt, self.state[1])
         self.n += 1
         self.res[self.n] = nxt

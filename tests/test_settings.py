@@ -102,3 +102,11 @@ def test_settings_imports_nothing_of_the_project():
     mods = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     mods += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in mods if m and m.startswith("qwen_trt")]
+
+
+def test_a_pattern_family_is_read_through_the_registry():
+    env = {"QWEN_TRT_GEMV_4096x2560": " 4:8:2 ", "QWEN_TRT_GEMV_1024x2560": "  ",
+           "QWEN_TRT_PDL": "0", "OTHER": "x"}
+    assert settings.prefixed("QWEN_TRT_GEMV_", env) == {"4096x2560": "4:8:2"}
+    with pytest.raises(KeyError):
+        settings.prefixed("QWEN_TRT_PDL", env)          # a plain setting, not a pattern

@@ -91,7 +91,7 @@ def drive(runner, prompts: list[list[int]], params: SamplingParams, clients: int
     done: list[tuple[float, float, float, int]] = []
     steps: list[dict] = []
     errors = 0
-    prof = None
+    prof, window = None, None       # the profiler while it runs; then (it, first, end step)
 
     def send() -> None:
         i = next(todo, None)
@@ -111,26 +111,27 @@ def drive(runner, prompts: list[list[int]], params: SamplingParams, clients: int
         now = time.perf_counter()
         rec = dict(getattr(runner, "last_step", None) or {})
         rec["wall_ms"] = (now - t) * 1e3
-        rec["live"] = len(live)
         steps.append(rec)
         if prof is not None and k == profile_window[0] + profile_window[1] - 1:
             _sync()
             prof.__exit__(None, None, None)
-            rec_window = (profile_window[0], k + 1)
-            prof = (prof, rec_window)
+            prof, window = None, (prof, profile_window[0], k + 1)
         finished, failed = stamp_events(live, done, events, now)
         errors += failed
         for _ in range(finished):       # (a burst has sent everything already)
             send()
     _sync()
     wall = time.perf_counter() - t0
+    if prof is not None:            # the run ended inside the window
+        prof.__exit__(None, None, None)
+        window = (prof, profile_window[0], len(steps))
     out = {"requests": len(done), "errors": errors, "wall_s": round(wall, 3),
            "output_tok_s": round(sum(r[3] for r in done) / wall, 1) if wall else None,
            "ttft_ms_p50": _p([(f - s) * 1e3 for s, f, _, _ in done], 50),
            "itl_ms_p50": _p([(last - f) / (n - 1) * 1e3 for _, f, last, n in done if n > 1], 50),
            "steps": _step_summary(steps)}
-    if isinstance(prof, tuple):
-        p, (a, b) = prof
+    if window is not None:
+        p, a, b = window
         out["profile"] = _profile_summary(p, steps[a:b])
     return out
 

@@ -12,8 +12,10 @@ On CUDA every step replays a CUDA graph:
   longest: the narrowest that holds every row), attention by
   :func:`~qwen_trt.fast.paged_kernels.paged_decode_attention` (flash-decoding). Bucket 1 keeps
   the batch-1 decoder's fused Triton GEMVs (``model.decode_impl == "triton"``); larger buckets
-  pick the small-batch Triton projections or cuBLAS by timing at warm-up. Greedy decode steps
-  pick their argmax inside the graph and chain (:meth:`BatchedModel.decode_launch`).
+  pick the small-batch Triton projections or cuBLAS by timing at warm-up. Decode steps of the
+  same rows chain (:meth:`BatchedModel.decode_launch`): each step's tokens (its argmax inside
+  the graph, or the sampler's picks written by :meth:`BatchedModel.decode_emit`) are the next
+  step's inputs on the device.
 * steps that prefill (any mix of prefill chunks and decode rows): a graph per token-count
   bucket (16 .. 1024 rows, padded up), attention by
   :func:`~qwen_trt.fast.paged_kernels.paged_varlen_attention`, which reads every sequence's
@@ -55,7 +57,7 @@ from qwen_trt.fast.options import options
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
 # Decode graphs per context width too (tokens; the last is the model's max_seq_len): the
 # attention's grid spans every split of its table's width, so a graph as wide as the longest
-# context a row can have launches ~20x the programs a 1.7k-token batch needs (H200, 32 rows,
+# context a row can have launches ~18x the programs a 1.7k-token batch needs (H200, 32 rows,
 # 36 layers: 5.8 ms of attention per step at the 32k width, 3.3 ms at 2k; bench.paged_attn).
 WIDTH_TOKENS = (1024, 2048, 4096, 8192)
 STEP_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)     # rows of a step that prefills
@@ -480,14 +482,19 @@ class BatchedModel:
         graphs of one bucket share their buffers, so a chain moves on to a wider one)."""
         self._fgraph(bucket, self.width_for(self._chain_ctx)).replay()
 
+    def decode_logits(self, b: int) -> torch.Tensor:
+        """The logits ``[b, vocab]`` of the decode step just launched or chained (for a
+        sampler queued behind it)."""
+        return self.g_logits[:b]
+
     @torch.inference_mode()
-    def decode_emit(self, b: int, pick=None) -> tuple[int, int]:
-        """The tokens of the step just launched or chained: the graph's argmax, or
-        ``pick(logits [b, vocab])`` (a device tensor of ``b`` ids: the rows' sampler, queued
-        behind the step), which become the next step's inputs; their copy to the host is
-        queued. Returns a handle for :meth:`decode_result`; nothing waits here."""
-        if pick is not None:
-            self.g_tok[:b].copy_(pick(self.g_logits[:b]))
+    def decode_emit(self, b: int, tokens: torch.Tensor | None = None) -> tuple[int, int]:
+        """The tokens of the step just launched or chained: the graph's argmax, or ``tokens``
+        (``b`` ids on the device: the rows' sampler, queued behind the step), which become the
+        next step's inputs; their copy to the host is queued. Returns a handle for
+        :meth:`decode_result`; nothing waits here."""
+        if tokens is not None:
+            self.g_tok[:b].copy_(tokens)
         slot = self._next_slot
         self._next_slot ^= 1
         self.h_next[slot, :b].copy_(self.g_tok[:b], non_blocking=True)

@@ -30,20 +30,16 @@ class KernelOptions:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "KernelOptions":
-        import os
-
-        env = os.environ if environ is None else environ
+        env = environ
         gemv = {}
-        prefix = "QWEN_TRT_GEMV_"
-        for name, val in env.items():
-            if not name.startswith(prefix) or not val.strip():
-                continue
+        for shape, val in settings.prefixed("QWEN_TRT_GEMV_", env).items():
             try:
-                n, k = (int(v) for v in name[len(prefix):].split("x"))
+                n, k = (int(v) for v in shape.split("x"))
                 bn, warps, ctas = (int(v) for v in val.replace(":", ",").split(","))
             except ValueError:
-                raise settings.SettingError(f"{name}={val!r}: expected QWEN_TRT_GEMV_<N>x<K>="
-                                            "block_n:warps:ctas_per_sm") from None
+                raise settings.SettingError(f"QWEN_TRT_GEMV_{shape}={val!r}: expected "
+                                            "QWEN_TRT_GEMV_<N>x<K>=block_n:warps:ctas_per_sm"
+                                            ) from None
             gemv[(n, k)] = (bn, warps, ctas)
         return cls(pdl=settings.get("QWEN_TRT_PDL", env), chain=settings.get("QWEN_TRT_CHAIN", env),
                    step_compile=settings.get("QWEN_TRT_STEP_COMPILE", env),

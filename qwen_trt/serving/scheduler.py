@@ -359,20 +359,13 @@ class BatchRunner:
         behind the step on the device; their copy to the host queued too. ``rows``: the
         sequences' sampler rows (one that left while in flight is picked for, and ignored:
         its row is not handed out again before this chain ends)."""
+        b = len(seqs)
         if all(sampler_kind(s.params) == "greedy" for s in seqs):
-            return _Inflight(list(seqs), rows, self.model.decode_emit(len(seqs)))
-        held: list[Picked] = []
-        masks = self._masks(seqs)
-
-        def pick(logits: torch.Tensor) -> torch.Tensor:
-            picked = pick_rows_device(self.sampler, logits, rows, [s.params for s in seqs],
-                                      masks)
-            picked.stage()
-            held.append(picked)
-            return picked.tokens
-
-        handle = self.model.decode_emit(len(seqs), pick)
-        return _Inflight(list(seqs), rows, handle, held[0])
+            return _Inflight(list(seqs), rows, self.model.decode_emit(b))
+        picked = pick_rows_device(self.sampler, self.model.decode_logits(b), rows,
+                                  [s.params for s in seqs], self._masks(seqs))
+        picked.stage()
+        return _Inflight(list(seqs), rows, self.model.decode_emit(b, picked.tokens), picked)
 
     def _chain_ok(self, inf: _Inflight) -> bool:
         """Whether the next step may be launched before this one's tokens are read: the same
