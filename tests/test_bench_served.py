@@ -30,6 +30,12 @@ def test_served_bench_runs_both_paths_on_the_same_workload(tiny_model_dir, tmp_p
             lv["http"]["output_tok_s"] / lv["in_process"]["output_tok_s"], rel=1e-2)
     assert res["in_process"]["runner"] == "BatchRunner"
     assert res["http"]["healthy_s"] > 0
+    one = res["levels"][0]                        # one stream: the batch-1 decoder beside it
+    b1 = one["in_process"]["batch1_decoder"]
+    assert b1["requests"] == 3 and b1["errors"] == 0 and b1["ttft_ms_p50"] > 0
+    assert one["http_ttft_over_batch1_ms"] == pytest.approx(
+        one["http"]["ttft_ms_p50"] - b1["ttft_ms_p50"], abs=1e-2)
+    assert "batch1_decoder" not in res["levels"][1]["in_process"]
 
 
 def test_level_stats_from_closed_loop_rows():

@@ -147,6 +147,24 @@ def closed_loop(runner, prompts: list[list[int]], params: SamplingParams, client
     return out
 
 
+def batch1_decoder(backend, prompts: list[list[int]], params: SamplingParams) -> dict | None:
+    """The same prompts one after another on the backend's batch-1 decoder
+    (``backend.stream``): the one-stream baseline of the first-token target (HTTP TTFT p50 <=
+    this + 2 ms). None when the backend has no separate batch-1 path."""
+    stream = getattr(backend, "stream", None)
+    if stream is None:
+        return None
+    rows = []
+    t0 = time.perf_counter()
+    for ids in prompts:
+        sent, stamps = time.perf_counter(), []
+        for _ in stream(ids, params):
+            stamps.append(time.perf_counter())
+        if stamps:
+            rows.append((sent, stamps[0], stamps[-1], len(stamps)))
+    return _level_stats(rows, time.perf_counter() - t0, len(prompts) - len(rows))
+
+
 def _sync(backend) -> None:
     import torch
 
@@ -179,6 +197,13 @@ def run_in_process(cfg: ServedBenchConfig, log) -> tuple[dict, dict]:
                        for i in range(cfg.level_requests(c))]
             _sync(backend)
             out[c] = closed_loop(runner, prompts, params, c)
+            if c == 1:                    # the batch-1 decoder on the same prompts
+                batch1_decoder(backend, warm[:1], params)            # its graphs warm
+                b1 = batch1_decoder(backend, prompts, params)
+                if b1 is not None:
+                    out[c]["batch1_decoder"] = b1
+                    log(f"batch-1 decoder: {b1['output_tok_s']} tok/s, TTFT p50 "
+                        f"{b1['ttft_ms_p50']} ms, ITL p50 {b1['itl_ms_p50']} ms")
             log(f"in process c={c}: {out[c]['output_tok_s']} tok/s, TTFT p50 "
                 f"{out[c]['ttft_ms_p50']} ms, ITL p50 {out[c]['itl_ms_p50']} ms")
         info = {"load_s": round(load_s, 3), "runner": type(runner).__name__,
@@ -248,6 +273,8 @@ def run_http(cfg: ServedBenchConfig, log, workdir: Path,
                       "itl_ms_p50": round(lv.itl_ms_p50, 3), "itl_ms_p90": round(lv.itl_ms_p90, 3),
                       "first_error": lv.first_error}
             after = _worker_counters(port)
+            if after and "hops_us" in after:       # the level's hops (the first level: its own)
+                out[c]["hops_us"] = after["hops_us"]
             if before and after and after["steps"] > before["steps"]:   # the worker's timer
                 n = after["steps"] - before["steps"]
                 out[c]["steps"] = n
@@ -288,8 +315,12 @@ def _worker_counters(port: int) -> dict | None:
         r = httpx.get(f"http://127.0.0.1:{port}/debug/hops", timeout=10)
         if r.status_code != 200:
             return None
-        w = (r.json().get("runner") or {}).get("worker") or {}
-        return {"steps": int(w["steps"]), "step_s": float(w["step_s"])} if w else None
+        body = r.json()
+        w = (body.get("runner") or {}).get("worker") or {}
+        if not w:
+            return None
+        hops = {k: v for k, v in body.items() if k != "runner"}
+        return {"steps": int(w["steps"]), "step_s": float(w["step_s"]), "hops_us": hops}
     except (httpx.HTTPError, ValueError, KeyError):
         return None
 
@@ -331,6 +362,12 @@ def _result(cfg: ServedBenchConfig, engine: dict, engine_info: dict, http: dict,
             "http_over_engine_tok_s": _ratio(h.get("output_tok_s"), e.get("output_tok_s")),
             "http_over_engine_itl_p50": _ratio(h.get("itl_ms_p50"), e.get("itl_ms_p50")),
             "http_over_engine_ttft_p50": _ratio(h.get("ttft_ms_p50"), e.get("ttft_ms_p50"))})
+        b1 = e.get("batch1_decoder")
+        if b1 and h.get("ttft_ms_p50") is not None:      # the one-stream targets
+            levels[-1]["http_ttft_over_batch1_ms"] = round(h["ttft_ms_p50"] - b1["ttft_ms_p50"], 3)
+            levels[-1]["http_decode_over_batch1"] = _ratio(
+                1 / h["itl_ms_p50"] if h.get("itl_ms_p50") else None,
+                1 / b1["itl_ms_p50"] if b1.get("itl_ms_p50") else None)
     return {"tool": "qwen_trt.bench.served", "config": {
         k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
         "in_process": engine_info, "http": http_info, "levels": levels}
