@@ -6,7 +6,8 @@
 #   carry .whl (xgrammar, fastapi, uvicorn, starlette, pydantic, ... for Python 3.12) and .dev-tok
 #   (python -m qwen_trt.bench.qwen_vocab GGUF .dev-tok); results flat in $OUT
 # Environment: MODEL, TESTS, TEST_K (a pytest -k filter), CONCURRENCY (1,32,64), REQUESTS (16),
-#   OUTPUT_TOKENS (256), INPUT_WORDS (400), CONSTRAINED (1), DEADLINE_S (560).
+#   OUTPUT_TOKENS (256), INPUT_WORDS (400), CONSTRAINED (1), SERVED (1), STEP_SIZES (0: the
+#   prefill step by size, qwen_trt.bench.step_sizes), DEADLINE_S (560).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEADLINE_S=${DEADLINE_S:-560}
@@ -26,6 +27,16 @@ rc=${PIPESTATUS[0]}
 grep -E "passed|failed|Error|assert" "$WORK/cuda-tests.log" | tail -12
 phase_end $rc
 
+if [ "${STEP_SIZES:-0}" = 1 ]; then
+  phase_begin step-sizes
+  timeout --kill-after=10 "$(bound 120)" "$PY" -m qwen_trt.bench.step_sizes --model "$MODEL" \
+    --out "$OUT/step-sizes.json" >/dev/null 2>"$WORK/step-sizes.log"
+  rc=$?
+  tail -20 "$WORK/step-sizes.log"
+  phase_end $rc
+fi
+
+if [ "${SERVED:-1}" = 1 ]; then
 phase_begin served
 QWEN_TRT_TRACE_HOPS=1 timeout --kill-after=10 "$(bound ${SERVED_S:-280})" "$PY" -m qwen_trt.bench.served \
   --model "$MODEL" --concurrency "${CONCURRENCY:-1,32,64}" --max-batch 32 \
@@ -35,6 +46,7 @@ QWEN_TRT_TRACE_HOPS=1 timeout --kill-after=10 "$(bound ${SERVED_S:-280})" "$PY" 
 rc=$?
 grep -E '^\[served\]|^\|' "$WORK/served.log" | tail -24
 phase_end $rc
+fi
 
 if [ "${CONSTRAINED:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then
   phase_begin constrained

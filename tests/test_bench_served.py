@@ -66,3 +66,17 @@ def test_timeline_records_steps_for_a_burst_and_a_closed_loop(tiny_model_dir):
         assert sum(v["steps"] for v in r["steps"].values()) >= 5
     prof = res["closed_loop"]["profile"]
     assert prof["steps"] == 3 and prof["host_wall_ms"] > 0
+
+
+def test_step_sizes_times_each_prefill_size_alone_and_beside_decode_rows(tiny_model_dir, tmp_path):
+    from qwen_trt.bench.step_sizes import main
+
+    out = tmp_path / "steps.json"
+    assert main(["--model", str(tiny_model_dir), "--device", "cpu", "--sizes", "16,40",
+                 "--decode-rows", "3", "--decode-ctx", "20", "--repeats", "2",
+                 "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["prefill_tokens"], r["decode_rows"]) for r in rows] == [(16, 0), (16, 3),
+                                                                        (40, 0), (40, 3)]
+    assert [r["step_tokens"] for r in rows] == [16, 19, 40, 43]
+    assert all(r["eager_ms"] > 0 and r["bucket"] >= r["step_tokens"] for r in rows)

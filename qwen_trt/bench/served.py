@@ -55,6 +55,7 @@ class ServedBenchConfig:
     health_timeout_s: float = 600.0
     in_process: bool = True          # False: the HTTP side only
     second_start: bool = False       # then start `qwen-trt serve` again: the warm-cache start
+    batch1: bool = True              # at one stream, the batch-1 decoder too (loads its graphs)
 
     def level_requests(self, c: int) -> int:
         """Requests sent at level ``c``: ``requests``, and at least two rounds of ``c``."""
@@ -148,11 +149,12 @@ def closed_loop(runner, prompts: list[list[int]], params: SamplingParams, client
 
 
 def batch1_decoder(backend, prompts: list[list[int]], params: SamplingParams) -> dict | None:
-    """The same prompts one after another on the backend's batch-1 decoder
-    (``backend.stream``): the one-stream baseline of the first-token target (HTTP TTFT p50 <=
-    this + 2 ms). None when the backend has no separate batch-1 path."""
+    """``prompts`` one after another on a backend no runner holds yet (``backend.stream``: the
+    batch-1 decoder on the fast path): the one-stream baseline of the first-token target (HTTP
+    TTFT p50 <= this + 2 ms). The prompts must be new to it (its prefix reuse would shorten
+    the prefill). None when the backend has no ``stream``."""
     stream = getattr(backend, "stream", None)
-    if stream is None:
+    if stream is None or getattr(backend, "attached_runner", None) is not None:
         return None
     rows = []
     t0 = time.perf_counter()
@@ -179,13 +181,27 @@ def run_in_process(cfg: ServedBenchConfig, log) -> tuple[dict, dict]:
 
     spec = WorkerSpec(BackendConfig(model=cfg.model, device=cfg.device, fast=cfg.fast,
                                     max_batch=cfg.max_batch))
+    params = SamplingParams(max_new_tokens=cfg.output_tokens, temperature=0, ignore_eos=True)
     t = time.monotonic()
-    backend = load_for_spec(resolve(spec.loader), spec)
+    b1 = None
+    if cfg.batch1 and 1 in cfg.concurrency:
+        # the batch-1 decoder (its own graphs) first, on prompts of its own; then the runner
+        # takes the weights over (what `serve --max-batch N` runs)
+        backend = resolve(spec.loader)(spec.cfg)
+        tok = backend.tokenizer
+        b1_prompts = [encode_messages(tok, _messages(20_000_000 + i, cfg.input_words))
+                      for i in range(cfg.warmup + cfg.level_requests(1))]
+        batch1_decoder(backend, b1_prompts[:cfg.warmup], params)
+        b1 = batch1_decoder(backend, b1_prompts[cfg.warmup:], params)
+        if b1 is not None:
+            log(f"batch-1 decoder: {b1['output_tok_s']} tok/s, TTFT p50 {b1['ttft_ms_p50']} "
+                f"ms, ITL p50 {b1['itl_ms_p50']} ms")
+    else:
+        backend = load_for_spec(resolve(spec.loader), spec)
     runner = make_runner(backend, max_batch=cfg.max_batch)
     load_s = time.monotonic() - t
     log(f"in process: loaded and warmed up in {load_s:.1f} s")
     tok = backend.tokenizer
-    params = SamplingParams(max_new_tokens=cfg.output_tokens, temperature=0, ignore_eos=True)
     out: dict = {}
     try:
         for c in cfg.concurrency:
@@ -197,13 +213,8 @@ def run_in_process(cfg: ServedBenchConfig, log) -> tuple[dict, dict]:
                        for i in range(cfg.level_requests(c))]
             _sync(backend)
             out[c] = closed_loop(runner, prompts, params, c)
-            if c == 1:                    # the batch-1 decoder on the same prompts
-                batch1_decoder(backend, warm[:1], params)            # its graphs warm
-                b1 = batch1_decoder(backend, prompts, params)
-                if b1 is not None:
-                    out[c]["batch1_decoder"] = b1
-                    log(f"batch-1 decoder: {b1['output_tok_s']} tok/s, TTFT p50 "
-                        f"{b1['ttft_ms_p50']} ms, ITL p50 {b1['itl_ms_p50']} ms")
+            if c == 1 and b1 is not None:
+                out[c]["batch1_decoder"] = b1
             log(f"in process c={c}: {out[c]['output_tok_s']} tok/s, TTFT p50 "
                 f"{out[c]['ttft_ms_p50']} ms, ITL p50 {out[c]['itl_ms_p50']} ms")
         info = {"load_s": round(load_s, 3), "runner": type(runner).__name__,
@@ -402,6 +413,8 @@ def parse_config(argv=None) -> tuple[ServedBenchConfig, str | None]:
     p.add_argument("--serve-arg", action="append", default=[],
                    help="extra `qwen-trt serve` argument (repeatable)")
     p.add_argument("--no-in-process", action="store_true", help="the HTTP side only")
+    p.add_argument("--no-batch1", action="store_true",
+                   help="skip the batch-1 decoder's one-stream baseline")
     p.add_argument("--health-timeout", type=float, default=600.0,
                    help="seconds for `qwen-trt serve` to become healthy")
     p.add_argument("--second-start", action="store_true",
@@ -415,6 +428,7 @@ def parse_config(argv=None) -> tuple[ServedBenchConfig, str | None]:
                                 input_words=a.input_words, output_tokens=a.output_tokens,
                                 warmup=a.warmup, serve_args=tuple(a.serve_arg),
                                 in_process=not a.no_in_process, second_start=a.second_start,
+                                batch1=not a.no_batch1,
                                 health_timeout_s=a.health_timeout)
     except ValueError as e:
         p.error(str(e).splitlines()[0])

@@ -60,7 +60,9 @@ GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
 # context a row can have launches ~18x the programs a 1.7k-token batch needs (H200, 32 rows,
 # 36 layers: 5.8 ms of attention per step at the 32k width, 3.3 ms at 2k; bench.paged_attn).
 WIDTH_TOKENS = (1024, 2048, 4096, 8192)
-STEP_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)     # rows of a step that prefills
+# rows of a step that prefills: a step is padded to the next bucket, so above 256 rows they
+# are 128 apart (a lone 638-token prompt ran as a 1024-row step, 1.6x its compute)
+STEP_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024)
 
 
 def _pre_attention(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float):

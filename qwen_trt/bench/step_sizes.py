@@ -1,0 +1,119 @@
+"""What a step that prefills costs by its size: ``python -m qwen_trt.bench.step_sizes --model DIR``.
+
+Times :meth:`~qwen_trt.fast.batched.BatchedModel.forward` (the steps that prefill) for one prompt
+chunk of ``n`` tokens, alone (a lone request's first step) and beside ``--decode-rows`` running
+streams (an arrival in a closed loop), two ways: the captured graph of the token bucket that
+holds the step (its padding rows cost compute) and the same step eagerly (the exact row count, a
+launch per kernel). Milliseconds per step (CUDA events, median of ``--repeats``); JSON out. This is what picks the token buckets (``STEP_TOKEN_BUCKETS``) and when a step runs eagerly.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+
+def _time(fn, repeats: int) -> float:
+    fn()
+    if not torch.cuda.is_available():            # a CPU shape check: wall time
+        out = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+        return statistics.median(out)
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
+
+
+def run(model: str, sizes: list[int], decode_rows: int, decode_ctx: int, repeats: int,
+        log=print, device: str = "auto") -> dict:
+    from qwen_trt.backends import BackendConfig
+    from qwen_trt.fast.batched import STEP_TOKEN_BUCKETS, SeqChunk
+    from qwen_trt.serving.worker import WorkerSpec, load_for_spec, make_runner, resolve
+
+    spec = WorkerSpec(BackendConfig(model=model, device=device, fast="on", max_batch=32))
+    backend = load_for_spec(resolve(spec.loader), spec)
+    runner = make_runner(backend, max_batch=32)
+    bm = runner.model
+    bs = bm.block_size
+    gen = torch.Generator().manual_seed(0)
+    vocab = bm.cfg.vocab_size
+    next_block = [1]
+
+    def table(ctx: int) -> tuple[int, ...]:
+        k = -(-ctx // bs)
+        t = tuple(range(next_block[0], next_block[0] + k))
+        next_block[0] += k
+        return t
+
+    dec_tables = [table(decode_ctx + 1) for _ in range(decode_rows)]
+    rows: list[dict] = []
+    for n in sizes:
+        for d in (0, decode_rows) if decode_rows else (0,):
+            tokens, positions, chunks, logit_rows = [], [], [], []
+            for t in dec_tables[:d]:
+                chunks.append(SeqChunk(len(tokens), 1, decode_ctx + 1, t))
+                logit_rows.append(len(tokens))
+                tokens.append(int(torch.randint(vocab, (1,), generator=gen)))
+                positions.append(decode_ctx)
+            tab = table(n)
+            chunks.append(SeqChunk(len(tokens), n, n, tab))
+            tokens += torch.randint(vocab, (n,), generator=gen).tolist()
+            positions += list(range(n))
+            logit_rows.append(len(tokens) - 1)
+            next_block[0] -= len(tab)          # the same blocks for the next size
+            step = lambda: bm.forward(tokens, positions, chunks, logit_rows)  # noqa: E731
+            total = len(tokens)
+            bucket = next((t for t in STEP_TOKEN_BUCKETS if t >= total), None)
+            graph_ms = _time(step, repeats) if bm.step_graphs and bucket else None
+            saved, bm.step_graphs = bm.step_graphs, False
+            try:
+                eager_ms = _time(step, repeats)
+            finally:
+                bm.step_graphs = saved
+            row = {"prefill_tokens": n, "decode_rows": d, "step_tokens": total,
+                   "bucket": bucket, "graph_ms": None if graph_ms is None else round(graph_ms, 3),
+                   "eager_ms": round(eager_ms, 3)}
+            rows.append(row)
+            log(json.dumps(row))
+    backend.close()
+    return {"tool": "qwen_trt.bench.step_sizes", "model": model, "buckets": list(STEP_TOKEN_BUCKETS),
+            "decode_ctx": decode_ctx, "repeats": repeats, "rows": rows}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qwen_trt.bench.step_sizes",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--sizes", default="128,256,384,512,640,700,768,900,1000")
+    p.add_argument("--decode-rows", type=int, default=31)
+    p.add_argument("--decode-ctx", type=int, default=700)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--device", default="auto", help="cpu: a shape check on the tiny model")
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    res = run(a.model, [int(x) for x in a.sizes.split(",") if x.strip()], a.decode_rows,
+              a.decode_ctx, a.repeats, log=lambda m: print(m, file=sys.stderr), device=a.device)
+    text = json.dumps(res, indent=1)
+    if a.out:
+        with open(a.out, "w") as fh:
+            fh.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
