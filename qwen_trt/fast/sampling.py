@@ -104,6 +104,9 @@ class SamplerState(torch.nn.Module):
         buf("lp_top", rows, MAX_TOP_LOGPROBS)                   # the top logprobs...
         buf("lp_top_id", rows, MAX_TOP_LOGPROBS, dtype=torch.long)   # ...and their ids
         self.register_buffer("bit", torch.arange(32, dtype=torch.int32, device=device))
+        # the value of ``seen[rows, tokens] = True`` as a device scalar: a Python True is copied
+        # from pageable host memory on every step, which waits for the stream
+        self.register_buffer("true", torch.ones((), dtype=torch.bool, device=device))
 
     def set(self, params: SamplingParams, row: int = 0) -> None:
         """Load ``params`` into ``row`` for a new request: step 0, nothing generated yet."""
@@ -311,7 +314,7 @@ def pick_rows_device(st: SamplerState, logits: torch.Tensor, rows: Sequence[int]
         view.mask = masks.to(dev, non_blocking=True)
     lf = prepare(logits, kind, view)
     tokens = sample(lf, base, view)
-    st.seen[idx, tokens] = True                 # SamplerState.advance for these rows
+    st.seen.index_put_((idx, tokens), st.true)  # SamplerState.advance for these rows
     if PENALTIES in flags:
         st.counts[idx, tokens] += 1
     st.step[idx] += 1
