@@ -158,6 +158,10 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_FP8_TENSOR_CORES", "bool", True,
        "0: act as if the GPU had no FP8 tensor cores (tests the W8A16 fallback anywhere)",
        group="kernel"),
+    _S("QWEN_TRT_SELF_CHECKS", "str", "auto",
+       "fast path kernel self-checks: auto (skipped when the warm compile cache recorded them "
+       "passing for these weights) | always (every start)", group="kernel",
+       choices=("auto", "always")),
     _S("QWEN_TRT_ATTN_SPLIT", "int", None,
        "keys per split of the batch-1 RoPE attention (default 64; for sweeps)", group="kernel"),
     _S("QWEN_TRT_PAGED_SPLIT", "int", None,

@@ -272,7 +272,7 @@ def test_start_service_keeps_one_engine_per_process(monkeypatch):
     made = []
 
     class Stub:
-        def __init__(self, spec):
+        def __init__(self, spec, **kw):   # wait=, tokenizer_hint=, echo=
             self.spec, self.closed = spec, False
             made.append(self)
 

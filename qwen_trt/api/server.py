@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import json
 import logging
 import re
@@ -36,7 +35,7 @@ from qwen_trt.api.admission import Admission, Ticket
 from qwen_trt.api.choices import ChatChoice, Piece, merge
 from qwen_trt.api.completions import ApiContext, add_routes, model_card
 from qwen_trt.api.errors import ApiError, error_body, excerpt
-from qwen_trt.api.keepalive import DEFAULT_KEEPALIVE_S, KEEPALIVE, KeepAlive
+from qwen_trt.api.keepalive import KEEPALIVE, KeepAlive
 from qwen_trt.api.limits import MIB, BodyLimit, chars_per_token, decode_json, min_prompt_tokens
 from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
@@ -46,71 +45,18 @@ from qwen_trt.api.prompt import encode_messages
 from qwen_trt.api.protocol import ChatRequest, ChunkWriter, new_id, parse_chat_request, usage
 from qwen_trt.api.schema import describe_openapi
 from qwen_trt.api.stops import StopScanner
-from qwen_trt.errors import ConfigError, QwenTrtError
+from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import fit_problem
 from qwen_trt.serving.async_events import Inbox, handle_batches, merge_deltas
 from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
 from qwen_trt.serving.session import PromptTokensError
 
+from qwen_trt.api.server_settings import ServerSettings
+
 log = logging.getLogger("qwen_trt.api")
 
-LOOPBACK_NAMES = ("localhost",)
 DISCONNECT_CHECK_S = 0.2
-ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
 TOKENIZE_AT_ONCE = 2      # prompts tokenised at the same time (each may hold a large encoding)
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """How ``qwen-trt serve`` listens; checked here, once."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    max_queue: int = 256                # requests waiting for the engine before 503
-    model_name: str | None = None       # the id clients send as "model" (default: the model's)
-    retry_after_s: int = 2
-    sse_keepalive_s: float = DEFAULT_KEEPALIVE_S   # a silent stream gets ': keep-alive' (0 = off)
-    max_body_mb: float = 16.0           # larger request bodies get 413 (as deploy/nginx.conf)
-    header_timeout_s: float = 10.0      # a request's headers must arrive within this
-    body_timeout_s: float = 30.0        # ... and its body within this after them
-    shutdown_grace_s: float = 10.0      # SIGTERM/SIGINT: in-flight requests get this long
-    allowed_origins: tuple[str, ...] = ()   # browser origins allowed to call the API (CORS)
-
-    def __post_init__(self) -> None:
-        from qwen_trt.api.listen import check_api_key, normalize_host
-
-        object.__setattr__(self, "host", normalize_host(self.host))
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"--port must be in 0..65535, got {self.port}.")
-        if self.max_queue < 1:
-            raise ConfigError(f"--max-queue must be >= 1, got {self.max_queue}.")
-        if not 0 <= self.sse_keepalive_s < float("inf"):
-            raise ConfigError(f"--sse-keepalive-s must be >= 0 seconds, got {self.sse_keepalive_s}.")
-        for flag, value in (("--max-body-mb", self.max_body_mb),
-                            ("--header-timeout-s", self.header_timeout_s),
-                            ("--body-timeout-s", self.body_timeout_s)):
-            if not value > 0 or value == float("inf"):
-                raise ConfigError(f"{flag} must be a positive number, got {value}.")
-        if not 0 <= self.shutdown_grace_s < float("inf"):
-            raise ConfigError(f"--shutdown-grace-s must be >= 0, got {self.shutdown_grace_s}.")
-        check_api_key(self.api_key)
-        for origin in self.allowed_origins:
-            if origin != "*" and not ORIGIN_RE.match(origin):
-                raise ConfigError(f"--allowed-origins: {origin[:80]!r} is not an origin (give "
-                                  "scheme://host[:port] without a path, or *).")
-        if not is_loopback(self.host) and not self.api_key:
-            raise ConfigError(f"Refusing to listen on {self.host} without a key: set --api-key or "
-                              "QWEN_TRT_API_KEY (only 127.0.0.1 / localhost may go without one).")
 
 
 def engine_alive(service) -> bool:

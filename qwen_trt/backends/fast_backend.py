@@ -7,10 +7,48 @@ from collections.abc import Iterator, Sequence
 
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.backends.runner import Runner, generate
-from qwen_trt.backends.torch_backend import prepare_torch_load
 from qwen_trt.model.template import default_stop_ids
 from qwen_trt.model.source import ModelSource
 from qwen_trt.params import SamplingParams
+
+class _Background:
+    """``fn(*args)`` on a daemon thread; :meth:`result` joins it and returns its value or
+    raises its exception (a broken tokenizer is the same one-line error as loaded inline)."""
+
+    def __init__(self, fn, *args, name: str) -> None:
+        import threading
+
+        self._value = self._error = None
+        self.seconds = 0.0
+
+        def run() -> None:
+            import time
+
+            t = time.perf_counter()
+            try:
+                self._value = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - re-raised by result()
+                self._error = e
+            self.seconds = time.perf_counter() - t
+
+        self._thread = threading.Thread(target=run, daemon=True, name=name)
+        self._thread.start()
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _load_checked_tokenizer(source: ModelSource):
+    """What :func:`~qwen_trt.model.source.resolve_model` left out (``check_tokenizer=False``),
+    then the tokenizer itself."""
+    from qwen_trt.model.source import check_tokenizer_files, load_tokenizer
+
+    check_tokenizer_files(source.path, source.config.get("vocab_size"))
+    return load_tokenizer(source.path, source.name)
+
 
 def _say(line: str) -> None:
     import sys
@@ -31,6 +69,7 @@ class FastBackend(Backend):
 
     name = "torch-fast"
     _device_attrs = ("decoder", "_runner")
+    load_stages: dict[str, float] = {}   # seconds per part of load() (set by load)
 
     def __init__(self, source: ModelSource, decoder, tokenizer) -> None:
         super().__init__()
@@ -57,29 +96,67 @@ class FastBackend(Backend):
         """``for_runner``: the caller serves through :meth:`runner` (the worker with
         ``--max-batch`` other than 1), which drops the batch-1 decoder's static cache and CUDA
         graphs; their compile and capture (about 15 s on an H200) is then skipped. The Triton
-        self-checks still run (the decoder's constructor: the runner relies on them), and the
+        self-checks still run (the decoder's constructor: the runner relies on them) unless the
+        warm compile cache recorded them passing (:mod:`qwen_trt.fast.compile_cache`), and the
         runner's own warm-up captures its batch buckets when it is built. ``quantization``:
         the projections' format (:func:`qwen_trt.fast.loader.resolve_quant`). ``cache_dir``: the
         compile cache's root (:mod:`qwen_trt.fast.compile_cache`; on CUDA only), keyed with
-        ``max_batch`` among the rest."""
+        ``max_batch`` among the rest.
+
+        The tokenizer (the transformers import, tokenizer.json's parse and check, the chat
+        template's) loads on a thread while this one initialises CUDA and reads the weights:
+        it needs neither, and is joined before the backend is built. Where the seconds went is
+        kept in :attr:`load_stages` (the worker adds it to its "ready in" line)."""
+        import torch
+
+        from qwen_trt.backends.torch_backend import context_limit, pick_device, pick_dtype
+        from qwen_trt.model.source import resolve_model
+        from qwen_trt.progress import StageClock
+
+        clock = StageClock()
+        source = resolve_model(model, check_tokenizer=False)
+        clock.mark("resolve_s")
+        tokenizer = _Background(_load_checked_tokenizer, source, name="qwen-trt-tokenizer")
+        dev = pick_device(device)
+        if dev.startswith("cuda"):         # the context, now: beside the tokenizer's load
+            torch.zeros(1, device=dev)
+        clock.mark("cuda_init_s")
+        torch_dtype = pick_dtype(dtype, dev)
+        n = context_limit(source, max_seq_len)
         from qwen_trt.fast import FastConfig, load_fast_decoder
         from qwen_trt.fast.compile_cache import close_after_warmup, open_for_fast_path
+        clock.mark("fast_import_s")
 
-        p = prepare_torch_load(model, device, dtype, max_seq_len)
-        cfg = FastConfig.from_hf(p.source.config, f"'{p.source.name}'/config.json")
-        cache = open_for_fast_path(cfg, p.dtype, p.device, cache_dir=cache_dir,
+        cfg = FastConfig.from_hf(source.config, f"'{source.name}'/config.json")
+        cache = open_for_fast_path(cfg, torch_dtype, dev, cache_dir=cache_dir,
                                    buckets=f"runner={for_runner} max_batch={max_batch} "
-                                           f"max_seq_len={p.max_seq_len}", say=_say)
-        decoder = load_fast_decoder(cfg, weights=p.source.path, dtype=p.dtype, device=p.device,
-                                    max_seq_len=p.max_seq_len, warmup=warmup and not for_runner,
+                                           f"max_seq_len={n}", say=_say,
+                                   weights=source.path)
+        clock.mark("cache_open_s")
+        decoder = load_fast_decoder(cfg, weights=source.path, dtype=torch_dtype, device=dev,
+                                    max_seq_len=n, warmup=warmup and not for_runner,
                                     quantization=quantization)
-        backend = cls(p.source, decoder, p.tokenizer)
-        backend._compile_cache = cache
+        dt = clock.mark("decoder_s")
         st = decoder.stats
-        _say(f"weights on {p.device} in {st.load_s:.1f} s, kernel self-checks {st.checks_s:.1f} s"
+        clock.parts.pop("decoder_s")
+        clock.add("weights_s", st.load_s)
+        for name, secs in st.checks_parts.items():
+            clock.add(name, secs)
+        if st.warmup_s:
+            clock.add("decoder_warmup_s", st.warmup_s)
+        clock.add("decoder_other_s", max(0.0, dt - st.load_s - st.checks_s - st.warmup_s))
+        tok = tokenizer.result()
+        clock.mark("tokenizer_wait_s")
+        clock.add("tokenizer_thread_s", tokenizer.seconds)   # beside the above, not after
+        backend = cls(source, decoder, tok)
+        backend._compile_cache = cache
+        _say(f"weights on {dev} in {st.load_s:.1f} s, kernel self-checks {st.checks_s:.1f} s"
+             + (f" ({st.checks_note})" if st.checks_note else "")
              + (f", decoder warm-up {st.warmup_s:.1f} s" if st.warmup_s else ""))
         if warmup and not for_runner:
             close_after_warmup(cache, say=_say)
+        clock.mark("backend_s")
+        backend.load_stages = dict(clock.parts)
         return backend
 
     def take_model(self):

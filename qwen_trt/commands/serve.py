@@ -65,7 +65,7 @@ def _value(args, name: str, field: str, env):
 
 
 def settings_from(args, environ=None):
-    from qwen_trt.api.server import ServerSettings
+    from qwen_trt.api.server_settings import ServerSettings
 
     env = os.environ if environ is None else environ
     values = {field: _value(args, name, field, env) for name, field in SERVER_SETTINGS}
@@ -82,6 +82,10 @@ def _origins(value: str | None) -> tuple[str, ...]:
 
 
 def run(args) -> int:
+    """Check the options, start the engine process, then -- while it loads -- import the
+    HTTP server (FastAPI, the routes; the engine client reads the tokenizer meanwhile); serve
+    once the engine is ready. The engine's load is the long pole, so nothing of this process
+    runs before it is started."""
     from qwen_trt.options import config_from
 
     from qwen_trt.api.listen import check_bindable, url_host
@@ -92,12 +96,19 @@ def run(args) -> int:
     if cfg.backend == "openai":
         raise ConfigError("qwen-trt serve runs a local engine: --backend openai is for the app "
                           "and chat (use auto, torch or trtllm here).")
-    from qwen_trt.api.server import run_server
     from qwen_trt.serving.service import start_service
 
     print(f"loading the model for http://{url_host(settings.host)}:{settings.port}/v1 ...",
           file=sys.stderr)
-    service = start_service(cfg)
+    service = start_service(cfg, wait=False)
+    try:
+        from qwen_trt.api.server import run_server          # while the engine loads
+    except BaseException:
+        service.close()
+        raise
+    wait_ready = getattr(service, "wait_ready", None)      # the in-process service: loaded
+    if wait_ready is not None:
+        wait_ready()
     print(f"serving {service.info.describe()}", file=sys.stderr, flush=True)
     run_server(service, settings, model_name=cfg.model, log_level=args.log_level)
     return 0

@@ -727,9 +727,13 @@ class BatchedModel:
                 self.stats.varlen_ms[n] = {f"{k[0]}x{k[1]}": round(v, 4)
                                            for k, v in timed.items()}
 
-    def _check_varlen(self) -> None:
+    def _check_varlen(self, force: bool = False) -> bool:
         """The eager varlen step against the math step; a compile failure of the fused
-        pieces falls back to the PyTorch ops, any other failure to the math step."""
+        pieces falls back to the PyTorch ops, any other failure to the math step. Skipped
+        (False returned, else True) when the warm compile cache recorded it passing, unless
+        ``force``: the fused pieces then compile at the step graphs' warm-up runs."""
+        if not force and compile_cache.may_skip("varlen_step"):
+            return False
         for attempt in (0, 1):
             try:
                 problem = self._check_step(graph=False)
@@ -740,11 +744,15 @@ class BatchedModel:
                                             .splitlines()[0][:300] + "; using PyTorch ops")
                     self._pre, self._post = _pre_attention, _post_attention
                     continue
+            # a pass after the fused pieces fell back is not one to skip on the next start
+            compile_cache.record_check("varlen_step", problem or (
+                "compiled step pieces fell back" if attempt else None))
             if problem:
                 self.varlen = self.step_graphs = False
                 self.stats.notes.append(problem.splitlines()[0][:300] + "; using the math "
                                         "attention for steps that prefill")
-            return
+            return True
+        return True
 
     def warmup(self) -> BatchedStats:
         """Check the varlen step, capture every decode bucket's graphs and every token
@@ -762,8 +770,9 @@ class BatchedModel:
             if self.varlen and self.graphs:
                 self._pick_varlen_tile()
                 done("varlen_tiles")
+            varlen_checked = True
             if self.varlen:
-                self._check_varlen()
+                varlen_checked = self._check_varlen()
                 done("varlen_check_and_compile")
             if self.graphs:
                 for b in self.buckets:      # the plain graphs of the other widths: on use
@@ -775,14 +784,18 @@ class BatchedModel:
                     try:
                         for tb in self.t_buckets:
                             self._step_graph(tb)
-                        problem = self._check_step(graph=True)
+                        problem = compile_cache.run_check(
+                            "step_graphs", lambda: self._check_step(graph=True))
                     except Exception as e:  # noqa: BLE001 - the eager step still works
                         problem = f"step graphs unavailable: {type(e).__name__}: {e}"
+                        compile_cache.record_check("step_graphs", problem)
                     if problem:
                         self.step_graphs = False
                         self._s_graphs.clear()
                         self.stats.notes.append(problem.splitlines()[0][:300]
                                                 + "; steps that prefill run eagerly")
+                        if not varlen_checked:    # skipped on the cache's word: check now
+                            self._check_varlen(force=True)
                     self.stats.step_graphs = len(self._s_graphs)
                     done("step_graphs")
                 torch.cuda.synchronize()
@@ -854,25 +867,27 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
     cfg = model.cfg
     notes: list[str] = []
     t0 = time.perf_counter()
+    run_check = compile_cache.run_check     # skipped when the warm cache recorded a pass
     if model.device.type == "cuda" and not checked:
         model.attn_impl, model.decode_impl = "math", "torch"
         if triton_usable(model.device):
-            problem = check_triton(model.device, model.dtype, cfg.kv_heads, cfg.heads,
-                                   cfg.head_dim, model.cache.kv(0)[0].shape[1])
+            problem = run_check("attention", lambda: check_triton(
+                model.device, model.dtype, cfg.kv_heads, cfg.heads, cfg.head_dim,
+                model.cache.kv(0)[0].shape[1]))
             if problem:
                 notes.append(problem)
             else:
                 model.attn_impl = "triton"
                 from qwen_trt.fast.decoder import check_decode_kernels
 
-                problem = check_decode_kernels(model)
+                problem = run_check("decode_kernels", lambda: check_decode_kernels(model))
                 if problem:
                     notes.append(problem + "; bucket 1 uses cuBLAS")
                 else:
                     model.decode_impl = "triton"
     if model.device.type == "cuda" and model.attn_impl == "triton":
-        problem = check_paged(model.device, model.dtype, cfg.heads, cfg.kv_heads, cfg.head_dim,
-                              block_size)
+        problem = run_check("paged_attention", lambda: check_paged(
+            model.device, model.dtype, cfg.heads, cfg.kv_heads, cfg.head_dim, block_size))
         if problem:
             notes.append(problem + "; using the math attention")
             model.attn_impl, model.decode_impl = "math", "torch"

@@ -12,6 +12,8 @@ shapes, the weight format, the batch buckets and a hash of our kernel sources)::
     <root>/<digest>/autotune.json  our tuners' choices: {tuner: {repr(key): config index}},
                                    and under "_picks" the warm-up's own timed choices:
                                    {name: {key: value}} (:meth:`CompileCache.pick`)
+    <root>/<digest>/checks.json    the kernel self-checks that passed, and the weights they
+                                   passed on: {"weights": id, "passed": [name, ...]}
 
 ``root`` is ``--cache-dir`` / ``$QWEN_TRT_CACHE_DIR``, default ``~/.cache/qwen-trt``. A folder
 whose ``key.json`` does not match, or a choices file that does not parse, is reported in one
@@ -23,6 +25,12 @@ batch bucket, its varlen attention tile per token bucket) go through :func:`acti
 the current load opened, whose :meth:`~CompileCache.pick` gives the choice a previous start
 timed (when it is still one of the caller's options) and :meth:`~CompileCache.remember`
 keeps a new one for the next start.
+
+The Triton self-checks (the kernels against PyTorch on this GPU: :func:`run_check`) are
+skipped on a warm start when this folder recorded them passing for the same weights (the key
+already pins the GPU, driver, torch, Triton, dtype, shapes and kernel sources, which is what
+their outcome depends on); each skip is said in one line. A cold or stale folder, a check that
+failed before, other weights, or ``QWEN_TRT_SELF_CHECKS=always`` runs them.
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -125,6 +134,9 @@ class CompileCache:
         self.loaded_choices = 0
         self.picks: dict[str, dict[str, object]] = {}   # name -> {key: value}
         self.picked = 0            # choices served by pick() (timings skipped)
+        self.weights_id = ""       # the loaded weights (:func:`weights_id`; "": unknown)
+        self.passed: set[str] = set()        # self-checks recorded passing (on weights_id)
+        self.skipped: list[str] = []         # self-checks this start skipped
 
     def open(self, *, set_env: bool = True) -> "CompileCache":
         """Make the folder usable (rebuilding a stale or broken one) and point Triton and
@@ -145,6 +157,7 @@ class CompileCache:
                 shutil.rmtree(self.folder, ignore_errors=True)
             else:
                 self.warm = True
+                self._load_checks()
         (self.folder / "triton").mkdir(parents=True, exist_ok=True)
         (self.folder / "inductor").mkdir(parents=True, exist_ok=True)
         if set_env:
@@ -153,8 +166,31 @@ class CompileCache:
         return self
 
     def seal(self) -> None:
-        """Write key.json: the folder is complete (called after the warm-up)."""
+        """Write checks.json, then key.json: the folder is complete (after the warm-up)."""
+        if self.weights_id:
+            _write_atomic(self.folder / "checks.json", json.dumps(
+                {"weights": self.weights_id, "passed": sorted(self.passed)}, indent=1))
         _write_atomic(self.folder / "key.json", json.dumps(asdict(self.key), indent=1))
+
+    # -- the kernel self-checks ----------------------------------------------------------------
+    def _load_checks(self) -> None:
+        """The checks recorded passing, if on the weights now loaded (else none)."""
+        try:
+            data = json.loads((self.folder / "checks.json").read_text())
+            passed = data["passed"] if data.get("weights") == self.weights_id else []
+            self.passed = {str(n) for n in passed} if self.weights_id else set()
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            self.passed = set()        # none recorded, or unreadable: run them
+
+    def known_good(self, name: str) -> bool:
+        """Whether self-check ``name`` passed on an earlier start with this key and weights."""
+        return self.warm and bool(self.weights_id) and name in self.passed
+
+    def record_check(self, name: str, problem: str | None) -> None:
+        if problem is None:
+            self.passed.add(name)
+        else:
+            self.passed.discard(name)
 
     # -- our autotuners' choices ---------------------------------------------------------------
     def load_choices(self, tuners: dict) -> int:
@@ -235,6 +271,61 @@ def active() -> CompileCache | None:
     return _ACTIVE
 
 
+def weights_id(folder) -> str:
+    """The checkpoint's weight files by name, size and modification time ("" without any): a
+    self-check's record holds only for the weights it ran on."""
+    try:
+        files = sorted(Path(folder).glob("*.safetensors"))
+        parts = [f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}" for f in files
+                 for st in [f.stat()]]
+    except (OSError, TypeError):
+        return ""
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20] if parts else ""
+
+
+def self_checks_forced() -> bool:
+    """``QWEN_TRT_SELF_CHECKS=always`` (read once, with the other kernel options)."""
+    from qwen_trt.fast.options import options
+
+    return options().self_checks == "always"
+
+
+def run_check(name: str, check: Callable[[], str | None]) -> str | None:
+    """``check()`` (None: passed, else a one-line problem), unless the active cache recorded
+    ``name`` passing on an earlier start with this key and these weights and the checks are
+    not forced: then None without running it (the skip is said by :func:`close_after_warmup`
+    and :func:`skipped_checks`). Every check that runs is recorded for the next start."""
+    if may_skip(name):
+        return None
+    problem = check()
+    record_check(name, problem)
+    return problem
+
+
+def may_skip(name: str) -> bool:
+    """Whether self-check ``name`` may be skipped now (see :func:`run_check`); a skip is
+    counted in :func:`skipped_checks`."""
+    cache = active()
+    if cache is None or not cache.known_good(name) or self_checks_forced():
+        return False
+    if name not in cache.skipped:
+        cache.skipped.append(name)
+    return True
+
+
+def record_check(name: str, problem: str | None) -> None:
+    """Keep a check's outcome (None: passed) in the active cache, for the next start."""
+    cache = active()
+    if cache is not None:
+        cache.record_check(name, problem)
+
+
+def skipped_checks() -> list[str]:
+    """The self-checks the active cache let this start skip."""
+    cache = active()
+    return list(cache.skipped) if cache is not None else []
+
+
 def _same(a, b) -> bool:
     return (getattr(a, "kwargs", None) == getattr(b, "kwargs", None)
             and getattr(a, "num_warps", None) == getattr(b, "num_warps", None)
@@ -260,21 +351,25 @@ def tuners() -> dict:
 
 
 def open_for_fast_path(cfg, dtype, device, *, cache_dir: str | None, buckets: str,
-                       say=print) -> CompileCache | None:
+                       say=print, weights=None) -> CompileCache | None:
     """The cache for a fast-path load on ``device`` (None on CPU: nothing is compiled there,
-    or when ``cache_dir`` is "off"); opened, env set, our tuners' choices restored."""
+    or when ``cache_dir`` is "off"); opened, env set, our tuners' choices restored.
+    ``weights``: the checkpoint folder (the self-checks' records are kept per weights)."""
     import torch
 
+    global _ACTIVE
+    _ACTIVE = None                 # an earlier load's cache is not this one's
     if torch.device(device).type != "cuda" or (cache_dir or "").strip().lower() == "off":
         return None
     root = cache_root(cache_dir)
     try:
-        cache = CompileCache(root, key_for(cfg, dtype, device, buckets=buckets), say).open()
+        cache = CompileCache(root, key_for(cfg, dtype, device, buckets=buckets), say)
+        cache.weights_id = weights_id(weights) if weights is not None else ""
+        cache.open()
     except OSError as e:
         say(f"compile cache under {root} is not usable ({e}); starting without it")
         return None
     n = cache.load_choices(tuners())
-    global _ACTIVE
     _ACTIVE = cache
     say(f"compile cache {cache.folder} ({'warm' if cache.warm else 'new'}"
         f"{f', {n} tuned choices' if n else ''})")
@@ -287,6 +382,10 @@ def close_after_warmup(cache: CompileCache | None, say=print) -> None:
         return
     if cache.picked:
         say(f"compile cache: {cache.picked} warm-up timings skipped (choices from the cache)")
+    if cache.skipped:
+        say(f"compile cache: self-checks skipped ({', '.join(cache.skipped)}): they passed on an "
+            f"earlier start with this key and these weights (QWEN_TRT_SELF_CHECKS=always runs "
+            f"them)")
     try:
         cache.save_choices(tuners())
         cache.seal()

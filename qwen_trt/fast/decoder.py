@@ -29,10 +29,12 @@ import torch
 
 from qwen_trt.errors import first_line
 from qwen_trt.fast.attention import check_triton, triton_usable
+from qwen_trt.fast.compile_cache import run_check, skipped_checks
 from qwen_trt.fast.graphs import capture
 from qwen_trt.fast.model import Qwen3Fast, prefill_layer
 from qwen_trt.fast.sampling import Kind, SamplerState, logprob_of, pick, sampler_kind
 from qwen_trt.params import SamplingParams
+from qwen_trt.progress import StageClock
 
 PREFILL_GRAPH_MAX = 4096   # prompts longer than this run compiled but not graph-captured
 PREFILL_PAD = 512          # ...padded to a multiple of this (bounds recompiles/autotune)
@@ -69,6 +71,10 @@ class DecoderStats:
     warmup_s: float = 0.0
     load_s: float = 0.0         # the weights read onto the device
     checks_s: float = 0.0       # the Triton self-checks of the constructor
+    # the constructor's parts: attention_check_s, decode_check_s, compile_setup_s,
+    # decoder_setup_s
+    checks_parts: dict[str, float] = field(default_factory=dict)
+    checks_note: str = ""       # e.g. which self-checks a warm compile cache let us skip
     prefill_graphs: int = 0
     decode_graphs: int = 0
     notes: list[str] = field(default_factory=list)
@@ -152,12 +158,15 @@ class FastDecoder:
         on_cuda = model.device.type == "cuda"
         self.model = model.eval()
         self.stats = DecoderStats()
+        clock = StageClock()
         if attention == "auto":
             attention = "triton" if triton_usable(model.device) else "math"
         if attention == "triton":
             cfg = model.cfg
-            problem = check_triton(model.device, model.dtype, cfg.kv_heads, cfg.heads,
-                                   cfg.head_dim, model.cache.kv(0)[0].shape[1])
+            problem = run_check("attention", lambda: check_triton(
+                model.device, model.dtype, cfg.kv_heads, cfg.heads, cfg.head_dim,
+                model.cache.kv(0)[0].shape[1]))
+            clock.mark("attention_check_s")
             if problem:
                 self.stats.notes.append(problem + "; using the math attention")
                 attention = "math"
@@ -169,10 +178,15 @@ class FastDecoder:
                                     "the PyTorch decode")
             kernels = "torch"
         if kernels == "triton":
-            problem = check_decode_kernels(model)
+            problem = run_check("decode_kernels", lambda: check_decode_kernels(model))
+            clock.mark("decode_check_s")
             if problem:
                 self.stats.notes.append(problem + "; using the compiled PyTorch decode")
                 kernels = "torch"
+        skipped = skipped_checks()
+        if skipped:
+            self.stats.checks_note = (f"skipped {', '.join(skipped)}: passed on an earlier "
+                                      "start (compile cache)")
         model.decode_impl = kernels
         if attention == "triton":   # reads only slots <= pos: no KV-length buckets needed
             kv_buckets = (model.max_seq_len,)
@@ -199,6 +213,7 @@ class FastDecoder:
         self._host = _HostTokens(dev)
         self.stats.compile, self.stats.graphs, self.stats.attention, self.stats.kernels = (
             self.compile, self.graphs, attention, kernels)
+        clock.mark("decoder_setup_s")
         if self.compile:
             # The Triton decode is already fused by hand: it is captured as is.
             self._decode_fn = model.decode if kernels == "triton" else torch.compile(
@@ -209,9 +224,12 @@ class FastDecoder:
         else:
             self._decode_fn = model.decode
             self._prefill_layer = prefill_layer
+        clock.mark("compile_setup_s")     # the first torch.compile imports dynamo (~1-2 s)
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self._decode_graphs: dict[tuple[int, Kind], torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        clock.mark("decoder_setup_s")
+        self.stats.checks_parts = dict(clock.parts)
 
     # ---- the two steps, as plain functions of the static buffers -------------------------
     def _prefill_layer_fn(self, cfg, x, pos, *rest):

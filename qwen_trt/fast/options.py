@@ -25,6 +25,8 @@ class KernelOptions:
     paged_split: int | None = None   # paged RoPE attention keys per split (None: tuned default)
     fp8_prefill: str = "auto"        # FP8 weights' prefill: auto | dequant | tensorcore
     fp8_tensor_cores: bool = True    # False: act as if the GPU had none (tests the fallback)
+    self_checks: str = "auto"        # auto: skipped when the warm compile cache recorded them
+    #                                  passing; always: every start (compile_cache.run_check)
     gemv: Mapping[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)
     # (n, k) -> (block_n, warps, ctas_per_sm): a GEMV shape's persistent configuration
 
@@ -46,7 +48,8 @@ class KernelOptions:
                    attn_split=settings.get("QWEN_TRT_ATTN_SPLIT", env),
                    paged_split=settings.get("QWEN_TRT_PAGED_SPLIT", env),
                    fp8_prefill=settings.get("QWEN_TRT_FP8_PREFILL", env),
-                   fp8_tensor_cores=settings.get("QWEN_TRT_FP8_TENSOR_CORES", env), gemv=gemv)
+                   fp8_tensor_cores=settings.get("QWEN_TRT_FP8_TENSOR_CORES", env),
+                   self_checks=settings.get("QWEN_TRT_SELF_CHECKS", env), gemv=gemv)
 
     def replace(self, **changes) -> "KernelOptions":
         return dataclasses.replace(self, **changes)

@@ -180,8 +180,11 @@ def check_tokenizer_files(folder: Path, vocab: int | None = None) -> None:
                                    f"model.")
 
 
-def resolve_model(spec: str | None = None) -> ModelSource:
-    """Resolve ``spec`` (folder or hub id; default from QWEN_TRT_MODEL or the Qwen3-4B id)."""
+def resolve_model(spec: str | None = None, *, check_tokenizer: bool = True) -> ModelSource:
+    """Resolve ``spec`` (folder or hub id; default from QWEN_TRT_MODEL or the Qwen3-4B id).
+    ``check_tokenizer=False`` leaves :func:`check_tokenizer_files` (a parse of tokenizer.json,
+    a large part of this on the real vocabulary) to the caller: the fast backend runs it on the
+    thread that loads the tokenizer, beside the weights."""
     spec = spec or settings.raw("QWEN_TRT_MODEL") or DEFAULT_MODEL_ID
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -211,7 +214,8 @@ def resolve_model(spec: str | None = None) -> ModelSource:
     if not (local / "tokenizer.json").is_file() and not (local / "vocab.json").is_file():
         raise ModelSourceError(f"'{spec}' has no tokenizer files (tokenizer.json).")
     check_weight_files(local, shape)
-    check_tokenizer_files(local, shape.vocab)
+    if check_tokenizer:
+        check_tokenizer_files(local, shape.vocab)
     return ModelSource(path=local, name=spec, config=config)
 
 

@@ -64,11 +64,31 @@ class _Active:
     closing: bool = False         # finished on this side; waiting for the worker's final event
 
 
-def _import_tokenizers() -> None:
-    try:
-        from transformers import AutoTokenizer  # noqa: F401
-    except Exception:  # noqa: BLE001 - reported when the tokenizer is loaded
-        pass
+class _TokenizerPreload:
+    """The transformers import, and with a folder the tokenizer itself, on a thread while the
+    worker loads (seconds on the real vocabulary, otherwise spent after the worker is ready).
+    :meth:`take` gives the tokenizer when the worker names the same folder, else None (then
+    it is loaded from what the worker names, as before)."""
+
+    def __init__(self, folder: str | None, name: str) -> None:
+        self.folder = folder
+        self._tok = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"{name}-import")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            from transformers import AutoTokenizer
+            if self.folder is not None:
+                self._tok = AutoTokenizer.from_pretrained(self.folder)
+        except Exception:  # noqa: BLE001 - reported when the tokenizer is loaded again
+            self._tok = None
+
+    def take(self, source: str):
+        if self.folder is None or source != self.folder:
+            return None
+        self._thread.join()
+        return self._tok
 
 
 def _close_fds(*fds: int) -> None:
@@ -102,7 +122,12 @@ class WorkerClient:
     """Runs the engine ``spec`` names in a child process; blocks until it is ready (a load error
     is raised as one line). Thread-safe."""
 
-    def __init__(self, spec: WorkerSpec, *, echo=None, name: str = "qwen-trt-worker") -> None:
+    def __init__(self, spec: WorkerSpec, *, echo=None, name: str = "qwen-trt-worker",
+                 wait: bool = True, tokenizer_hint: str | None = None) -> None:
+        """``wait=False``: return once the worker is started; :meth:`wait_ready` then blocks
+        (the caller does its own loading meanwhile: ``qwen-trt serve`` imports the HTTP
+        server). ``tokenizer_hint``: the folder the worker will name as its tokenizer's, loaded
+        here while the worker loads."""
         self.spec = spec
         self._echo = echo if echo is not None else sys.stderr
         self._name = name
@@ -135,13 +160,18 @@ class WorkerClient:
         self.timings: dict[str, float] = {}
         self.pid: int | None = None
         _LIVE.add(self)
-        # Import the tokenizer library while the worker loads (seconds, the same as the
-        # worker's own import): the tokenizer itself is read once the worker says where it is.
-        threading.Thread(target=_import_tokenizers, daemon=True,
-                         name=f"{name}-import").start()
+        # Import the tokenizer library (and read the tokenizer, when its folder is known) while
+        # the worker loads: seconds that would otherwise follow the worker's ready.
+        self._preload = _TokenizerPreload(tokenizer_hint, name)
+        with self._lock:
+            self._spawn()
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> "WorkerClient":
+        """Block until the worker is ready (a load error is raised as one line, and the
+        worker stopped); then the hang watchdog is armed. Returns self."""
         try:
-            with self._lock:
-                self._spawn()
             self._first.wait()
         except BaseException:            # Ctrl-C while loading: never leave the worker behind
             self.close(timeout=2.0)
@@ -149,10 +179,11 @@ class WorkerClient:
         if self._load_error is not None:
             self.close()
             raise self._load_error
-        limit = getattr(spec.cfg, "watchdog_s", 0)
-        if limit > 0:              # armed once loaded (and warmed up): a load is no hang
+        limit = getattr(self.spec.cfg, "watchdog_s", 0)
+        if limit > 0 and self._watchdog is None:   # armed once loaded: a load is no hang
             self._watchdog = Watchdog(limit, self._stalled_s, self._on_hang,
-                                      name=f"{name}-watchdog")
+                                      name=f"{self._name}-watchdog")
+        return self
 
     # -- the InferenceService surface ----------------------------------------------------------
     @property
@@ -452,9 +483,11 @@ class WorkerClient:
         t = time.monotonic()
         try:
             if self._tokenizer is None or ready.tokenizer_source != self._tokenizer_source:
-                from transformers import AutoTokenizer
+                tok = self._preload.take(ready.tokenizer_source)
+                if tok is None:
+                    from transformers import AutoTokenizer
 
-                tok = AutoTokenizer.from_pretrained(ready.tokenizer_source)
+                    tok = AutoTokenizer.from_pretrained(ready.tokenizer_source)
                 self._tokenizer, self._tokenizer_source = tok, ready.tokenizer_source
         except Exception as e:  # noqa: BLE001 - one line
             return ModelLoadError(first_line(f"Could not load the tokenizer from "

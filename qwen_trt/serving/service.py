@@ -201,9 +201,15 @@ def worker_mode(mode: str | None = None) -> str:
     return mode
 
 
-def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None):
+def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
+                  wait: bool = True):
     """Load the backend ``cfg`` names and serve it; blocks until it is ready (load errors are
     raised as one-line :class:`QwenTrtError`). The app caches one per process.
+
+    ``wait=False`` (the engine process only): return once the engine process is started;
+    the caller loads its own parts meanwhile, then calls ``wait_ready()`` (``qwen-trt serve``:
+    the HTTP server's imports overlap the engine's load). A local model folder's tokenizer is
+    read here while the engine loads.
 
     One engine process per server process: starting another stops the previous one first, so
     two engines never share a GPU by accident."""
@@ -221,8 +227,19 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None):
             log.info("stopping the previous engine process before starting another")
             _current.close()
         # echo: where the engine's stage lines go (stderr by default; the app also shows them)
-        _current = WorkerClient(WorkerSpec(cfg), **({"echo": echo} if echo is not None else {}))
+        _current = WorkerClient(WorkerSpec(cfg), wait=wait, tokenizer_hint=_local_folder(cfg),
+                                **({"echo": echo} if echo is not None else {}))
         return _current
+
+
+def _local_folder(cfg: BackendConfig) -> str | None:
+    """``--model`` as the folder the engine will name as its tokenizer's, when it is one."""
+    from pathlib import Path
+
+    if not cfg.model:
+        return None
+    path = Path(cfg.model).expanduser()
+    return str(path) if path.is_dir() else None
 
 
 def start_service_for(cfg: BackendConfig, echo=None) -> Service:

@@ -87,6 +87,15 @@ def load_for_spec(loader, spec: WorkerSpec):
     return loader(spec.cfg)
 
 
+def load_parts(backend) -> dict[str, float]:
+    """Where the backend's load went (``backend.load_stages``: seconds by part, where the
+    backend keeps them), as ``load.<part>`` timings for the "ready in" line."""
+    parts = getattr(backend, "load_stages", None)
+    if not isinstance(parts, dict):
+        return {}
+    return {f"load.{k}": float(v) for k, v in parts.items() if isinstance(v, (int, float))}
+
+
 def resolve(name: str):
     """``"package.module:function"`` -> the function."""
     module, _, attr = name.partition(":")
@@ -144,8 +153,10 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         stage("importing torch and the backend")
         t = time.monotonic()
         if spec.loader == DEFAULT_LOADER:
-            import torch  # noqa: F401 - timed here: the largest part of a cold start on CPU
-            import transformers  # noqa: F401
+            # timed here: the largest part of a cold start on CPU. Not transformers: the fast
+            # backend imports it on the thread that loads the tokenizer, beside CUDA's start
+            # and the weights (the HF backend imports it when it loads).
+            import torch  # noqa: F401
         loader = resolve(spec.loader)
         runner_factory = resolve(spec.runner) if spec.runner else make_runner
         timings["import_s"] = time.monotonic() - t
@@ -154,6 +165,7 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         t = time.monotonic()
         backend = load_for_spec(loader, spec)
         timings["load_and_warmup_s"] = time.monotonic() - t
+        timings.update(load_parts(backend))
         stage("starting the runner")
         t = time.monotonic()
         runner = (runner_factory(backend) if spec.runner
