@@ -755,6 +755,20 @@ def _programs(device: torch.device, n_blocks: int, cfg: QConfig) -> int:
     return min(n_blocks, cfg.programs or sms * cfg.ctas_per_sm)
 
 
+def _gemv_plan(fmt: int, n: int, k: int, ks: int, sk: int, sn: int, cfg: QConfig, *,
+               norm: bool, residual: bool, gate_up: bool, pdl: bool, grid: int, cuda: bool):
+    """(kernel, constexpr arguments) of one batch-1 launch (also what
+    ``scripts/qkernel_sass.py`` compiles)."""
+    nb0, nb1 = _pieces(ks)
+    kw = dict(N=n, K=k, KP=triton.next_power_of_2(k), KS=ks, SK=sk, NB0=nb0, NB1=nb1,
+              BLOCK_N=cfg.block_n, NORM=norm, RESIDUAL=residual, GATE_UP=gate_up, PDL=pdl,
+              P=grid, AHEAD=cfg.ahead, EVICT="evict_first" if cuda else "")
+    if fmt == FMT_FP8:
+        words = cfg.asm and k % 16 == 0     # int32 words (the rows stay 16-byte aligned)
+        return _fp8_gemv_kernel, dict(kw, SN=sn, WORDS=words, ASM=words and cuda)
+    return _i4_gemv_kernel, dict(kw, ASM=cfg.asm and cuda)
+
+
 def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
           eps: float = 0.0, residual: torch.Tensor | None = None, gate_up: bool = False,
           config: QConfig | None = None) -> torch.Tensor:
@@ -770,21 +784,17 @@ def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
     res = residual.reshape(n) if residual is not None else out
     pdl = pdl_enabled(x.device)
     cfg = config or gemv_config(fmt, n, k, gate_up)
-    nb0, nb1 = _pieces(ks)
     grid = _programs(x.device, triton.cdiv(n, cfg.block_n), cfg)
-    kw = dict(N=n, K=k, KP=triton.next_power_of_2(k), KS=ks, SK=sk, NB0=nb0, NB1=nb1,
-              BLOCK_N=cfg.block_n, NORM=ln is not None, RESIDUAL=residual is not None,
-              GATE_UP=gate_up, PDL=pdl, P=grid, AHEAD=cfg.ahead,
-              EVICT="evict_first" if x.device.type == "cuda" else "",
-              num_warps=cfg.warps, **launch_kwargs(pdl))
+    kern, kw = _gemv_plan(fmt, n, k, ks, sk, sn, cfg, norm=ln is not None,
+                          residual=residual is not None, gate_up=gate_up, pdl=pdl, grid=grid,
+                          cuda=x.device.type == "cuda")
     lnp = ln if ln is not None else x
     if fmt == FMT_FP8:
-        words = cfg.asm and k % 16 == 0     # int32 words (the rows stay 16-byte aligned)
-        _fp8_gemv_kernel[(grid,)](q, s, x, out, lnp, res, eps, SN=sn, WORDS=words,
-                                  ASM=words and x.device.type == "cuda", **kw)
+        kern[(grid,)](q, s, x, out, lnp, res, eps, num_warps=cfg.warps, **kw,
+                      **launch_kwargs(pdl))
     else:
-        _i4_gemv_kernel[(grid,)](q, s, z, x, out, lnp, res, eps,
-                                 ASM=cfg.asm and x.device.type == "cuda", **kw)
+        kern[(grid,)](q, s, z, x, out, lnp, res, eps, num_warps=cfg.warps, **kw,
+                      **launch_kwargs(pdl))
     return out
 
 
