@@ -91,6 +91,11 @@ def CANDIDATES(Q):
                                            "down": (2560, 9728, False)}[shape])
                 cfg = Q.QConfig(**{**cfg.__dict__, "asm": asm})
                 out.append((f"{fname}{'-asm' if asm else ''}-{shape}", fmt, shape, cfg))
+        for bn, warps in ((1, 4), (2, 4), (2, 8), (4, 8)):
+            out.append((f"fp8-fold-{bn}x{warps}-{shape}", Q.FMT_FP8, shape,
+                        Q.QConfig(block_n=bn, warps=warps, fold=True)))
+            out.append((f"int4-fold-{bn}x{warps}-{shape}", Q.FMT_INT4, shape,
+                        Q.QConfig(block_n=bn, warps=warps, fold=True, asm=True)))
     return out
 
 
