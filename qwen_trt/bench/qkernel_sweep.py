@@ -313,6 +313,15 @@ def tables(sweep: dict, shape_set: str = "4b") -> tuple[dict, dict]:
     return gemv, gemm
 
 
+def merged(*sweeps: dict) -> dict:
+    """One sweep's ``best`` from several (later ones win for the keys they timed; e.g. a
+    GEMV-only ``--only qgemv`` sweep on top of a full one)."""
+    best: dict = {}
+    for sw in sweeps:
+        best.update({k: v for k, v in sw.get("best", {}).items() if v})
+    return {"best": best}
+
+
 def table_source(sweep: dict, shape_set: str = "4b") -> str:
     """The entries of :func:`tables` as the Python lines of ``qkernels``' tables."""
     from qwen_trt.fast import qkernels as Q
