@@ -42,8 +42,11 @@ def test_packed_kernels_match_dequantized_weights(fmt, shape):
     got = gemv(w, x, **kw).float()
     assert ((got - ref).norm() / ref.norm()).item() < 1e-2
     # the inline-PTX forms (FP8 word loads and in-register converts; INT4 one lop3 a nibble)
+    # and FP8 with the block scales folded into the activations
     for cfg in (QConfig(block_n=2, warps=8, ctas_per_sm=2, asm=True),
-                QConfig(block_n=1, warps=4, ctas_per_sm=4, ahead=2, asm=True)):
+                QConfig(block_n=1, warps=4, ctas_per_sm=4, ahead=2, asm=True),
+                QConfig(block_n=2, warps=4, ctas_per_sm=4, fold=True),
+                QConfig(block_n=4, warps=8, ctas_per_sm=2, ahead=2, fold=True)):
         got = qgemv(w, x, config=cfg, **kw).float()
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2, cfg
     for m in (2, 8, 32):

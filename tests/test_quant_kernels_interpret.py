@@ -38,11 +38,16 @@ def test_packed_gemv_gemm_and_dequantize_match_dequantized_weights():
                 # one row block per program, several (the persistent loop), wide blocks; one
                 # or two row blocks' loads in flight; FP8 also as int32 words (``asm``: the
                 # inline-PTX convert on CUDA, shifts here)
-                for bn, programs, ahead, asm in ((1, 3, 1, False), (4, 2, 2, False),
-                                                 (16, 1, 1, False), (2, 3, 2, False),
-                                                 (2, 3, 1, True), (4, 2, 2, True)):
+                # FP8 also with the block scales folded into the activations (``fold``;
+                # K % 16 == 0 there, else the plain kernel)
+                for bn, programs, ahead, asm, fold in (
+                        (1, 3, 1, False, False), (4, 2, 2, False, False),
+                        (16, 1, 1, False, False), (2, 3, 2, False, False),
+                        (2, 3, 1, True, False), (4, 2, 2, True, False),
+                        (2, 3, 1, False, True), (4, 2, 2, False, True)):
                     got = K.qgemv(w, x, config=K.QConfig(block_n=bn, programs=programs,
-                                                         ahead=ahead, asm=asm), **kw)
+                                                         ahead=ahead, asm=asm, fold=fold),
+                                  **kw)
                     errs.append(((got - ref).norm() / ref.norm()).item())
                     n_gemv += 1
                 for m in (2, 5):
@@ -63,7 +68,7 @@ def test_packed_gemv_gemm_and_dequantize_match_dequantized_weights():
                         n_gemm += 1
         print(json.dumps({"errs": errs, "deq": deq, "gemv": n_gemv, "gemm": n_gemm}))
     """)
-    assert res["gemv"] == 11 * 6 and res["gemm"] == 11 * 6, res
+    assert res["gemv"] == 11 * 8 and res["gemm"] == 11 * 6, res
     assert max(res["errs"]) < 1e-5, res["errs"]
     assert max(res["deq"]) == 0.0
 

@@ -52,12 +52,20 @@ GEMV_CANDIDATES = {
     # weight and, for FP8, fewer registers (qkv 2 rows x 8 warps: 64), so more programs fit
     ("fp8-asm", "qkv"): [(2, 8, 4, 1), (2, 8, 4, 2), (4, 8, 2, 1), (1, 4, 8, 2), (2, 4, 4, 2)],
     ("fp8-asm", "o"): [(2, 8, 3, 2), (1, 4, 8, 2), (4, 8, 2, 1), (2, 8, 3, 1)],
-    ("fp8-asm", "gate_up"): [(2, 8, 3, 2), (1, 4, 6, 2), (4, 8, 2, 1), (2, 8, 3, 1)],
-    ("fp8-asm", "down"): [(1, 4, 3, 2), (2, 8, 1, 2), (1, 4, 3, 1), (2, 8, 1, 1)],
-    ("int4-asm", "qkv"): [(4, 8, 2, 2), (2, 4, 4, 2), (8, 8, 1, 2), (4, 8, 2, 1)],
-    ("int4-asm", "o"): [(4, 8, 2, 2), (16, 8, 2, 1), (2, 4, 4, 2)],
-    ("int4-asm", "gate_up"): [(4, 8, 2, 2), (2, 4, 4, 2), (8, 8, 1, 2)],
-    ("int4-asm", "down"): [(2, 8, 1, 2), (1, 4, 3, 2), (2, 4, 2, 2)],
+    ("fp8-asm", "gate_up"): [(4, 8, 2, 1), (4, 8, 3, 1), (8, 8, 2, 1)],
+    ("fp8-asm", "down"): [(2, 8, 1, 1), (2, 8, 2, 1), (4, 8, 1, 1)],
+    # the FP8 GEMV with the block scales folded into the activations (QConfig.fold)
+    # (first sweep: 4 x 8 x 2 won qkv and o; more bytes in flight per SM next)
+    ("fp8-fold", "qkv"): [(4, 8, 2, 1), (4, 8, 3, 1), (4, 8, 4, 1), (8, 8, 2, 1), (8, 16, 1, 1),
+                          (4, 8, 2, 2)],
+    ("fp8-fold", "o"): [(4, 8, 2, 1), (4, 8, 3, 1), (4, 8, 4, 1), (8, 8, 2, 1), (4, 8, 2, 2)],
+    ("fp8-fold", "gate_up"): [(4, 8, 2, 1), (4, 8, 3, 1), (8, 8, 2, 1), (4, 8, 2, 2),
+                              (8, 16, 1, 1)],
+    ("fp8-fold", "down"): [(2, 8, 2, 1), (2, 8, 3, 1), (4, 8, 2, 1), (4, 16, 1, 1), (2, 8, 2, 2)],
+    ("int4-asm", "qkv"): [(4, 8, 2, 2), (8, 8, 2, 2), (16, 16, 1, 2), (8, 16, 1, 2)],
+    ("int4-asm", "o"): [(4, 8, 2, 2), (16, 8, 2, 1), (8, 8, 2, 2), (16, 16, 1, 2)],
+    ("int4-asm", "gate_up"): [(4, 8, 2, 2), (8, 8, 2, 2), (8, 16, 1, 2)],
+    ("int4-asm", "down"): [(2, 8, 1, 2), (4, 8, 2, 2), (4, 16, 1, 2), (2, 8, 2, 2)],
     ("int4", "qkv"): [(4, 4, 3, 2), (2, 4, 4, 2), (8, 8, 1, 2), (4, 8, 2, 2), (4, 4, 4, 1)],
     ("int4", "o"): [(16, 8, 2, 1), (16, 8, 2, 2), (8, 8, 1, 2), (4, 4, 2, 2), (2, 4, 4, 2)],
     ("int4", "gate_up"): [(4, 4, 2, 2), (2, 4, 4, 2), (8, 8, 1, 2), (4, 8, 1, 2), (2, 4, 3, 1)],
@@ -68,8 +76,10 @@ GEMV_CANDIDATES = {
 def gemv_candidates(fmt: str, shape: str) -> list[dict]:
     cands = [(c, False) for c in GEMV_CANDIDATES.get((fmt, shape), [(2, 4, 2, 1), (1, 4, 4, 2)])]
     cands += [(c, True) for c in GEMV_CANDIDATES.get((fmt + "-asm", shape), [])]
+    cands += [(c, "fold") for c in GEMV_CANDIDATES.get((fmt + "-fold", shape), [])]
     return [dict({"block_n": bn, "warps": w, "ctas_per_sm": c, "ahead": a},
-                 **({"asm": True} if asm else {})) for (bn, w, c, a), asm in cands]
+                 **({"fold": True} if asm == "fold" else {"asm": True} if asm else {}))
+            for (bn, w, c, a), asm in cands]
 
 
 def auto_split(n: int, k: int, bn: int, step: int = 128, target: int = 264) -> int:
@@ -92,8 +102,18 @@ def gemm_candidates(fmt: str, n: int, k: int) -> list[dict]:
     return out
 
 
-def items(shape_set: str) -> list[dict]:
-    """Every (kind, format, shape, rows, config) the sweep times, in a fixed order."""
+def items(shape_set: str, only: str = "") -> list[dict]:
+    """Every (kind, format, shape, rows, config) the sweep times, in a fixed order (``only``:
+    comma-separated ``kind`` or ``kind:fmt`` filters, e.g. ``qgemv:fp8,gemv``)."""
+    out = _items(shape_set)
+    if not only:
+        return out
+    keys = [f.split(":") for f in only.split(",") if f]
+    return [it for it in out
+            if any(it["kind"] == k[0] and (len(k) == 1 or it["fmt"] == k[1]) for k in keys)]
+
+
+def _items(shape_set: str) -> list[dict]:
     out = []
     for name, (n, k, gate_up, residual, ln) in SHAPES[shape_set].items():
         nout = n // 2 if gate_up else n
@@ -293,6 +313,15 @@ def tables(sweep: dict, shape_set: str = "4b") -> tuple[dict, dict]:
     return gemv, gemm
 
 
+def merged(*sweeps: dict) -> dict:
+    """One sweep's ``best`` from several (later ones win for the keys they timed; e.g. a
+    GEMV-only ``--only qgemv`` sweep on top of a full one)."""
+    best: dict = {}
+    for sw in sweeps:
+        best.update({k: v for k, v in sw.get("best", {}).items() if v})
+    return {"best": best}
+
+
 def table_source(sweep: dict, shape_set: str = "4b") -> str:
     """The entries of :func:`tables` as the Python lines of ``qkernels``' tables."""
     from qwen_trt.fast import qkernels as Q
@@ -301,7 +330,7 @@ def table_source(sweep: dict, shape_set: str = "4b") -> str:
     gemv, gemm = tables(sweep, shape_set)
     lines = ["GEMV_TABLE = {"]
     for (f, n, k, gu), c in gemv.items():
-        asm = ", asm=True" if c.asm else ""
+        asm = (", asm=True" if c.asm else "") + (", fold=True" if c.fold else "")
         lines.append(f"    ({names[f]}, {n}, {k}, {gu}): QConfig({c.block_n}, {c.warps}, "
                      f"{c.ctas_per_sm}, ahead={c.ahead}{asm}),")
     lines += ["}", "GEMM_TABLE = {"]
@@ -324,11 +353,11 @@ def apply(path: str, shape_set: str = "4b") -> tuple[dict, dict]:
     return gemv, gemm
 
 
-def compile_part(shape_set: str, part: int, parts: int, device: str) -> None:
+def compile_part(shape_set: str, part: int, parts: int, device: str, only: str = "") -> None:
     """Worker: launch every ``parts``-th item once (compiles into Triton's cache)."""
     import torch
 
-    its = [it for i, it in enumerate(items(shape_set)) if i % parts == part]
+    its = [it for i, it in enumerate(items(shape_set, only)) if i % parts == part]
     shapes = {}
     for it in its:
         if it["shape"] not in shapes:
@@ -348,6 +377,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--part", default=None, help=argparse.SUPPRESS)   # i/n: a compile worker
     p.add_argument("--copies-mb", type=int, default=300)
+    p.add_argument("--only", default="", help="kind[:fmt],... filters (e.g. qgemv:fp8,gemv)")
     p.add_argument("--compile-timeout", type=int, default=150)
     p.add_argument("--print-tables", metavar="SWEEP_JSON",
                    help="print a finished sweep's winners as qkernels' table entries, then exit")
@@ -357,7 +387,7 @@ def main(argv=None) -> int:
         return 0
     if args.part:
         i, n = (int(v) for v in args.part.split("/"))
-        compile_part(args.shape, i, n, args.device)
+        compile_part(args.shape, i, n, args.device, args.only)
         return 0
     import torch
 
@@ -378,7 +408,8 @@ def main(argv=None) -> int:
     if args.jobs > 0:
         procs = [subprocess.Popen([sys.executable, "-m", "qwen_trt.bench.qkernel_sweep",
                                    "--out", "/dev/null", "--shape", args.shape, "--device",
-                                   args.device, "--part", f"{i}/{args.jobs}"])
+                                   args.device, "--part", f"{i}/{args.jobs}",
+                                   "--only", args.only])
                  for i in range(args.jobs)]
         deadline = time.monotonic() + args.compile_timeout
         for pr in procs:
@@ -389,7 +420,7 @@ def main(argv=None) -> int:
         out["compile_s"] = round(time.perf_counter() - t0, 1)
         print(f"[sweep] compiled in {out['compile_s']} s", file=sys.stderr, flush=True)
     by_shape: dict[str, list] = {}
-    for it in items(args.shape):
+    for it in items(args.shape, args.only):
         by_shape.setdefault(it["shape"], []).append(it)
     for name, its in by_shape.items():
         sh = Shape(SHAPES[args.shape][name], dev, args.copies_mb * 1_000_000)

@@ -182,7 +182,13 @@ def main(argv=None) -> int:
     p.add_argument("--no-batched", action="store_true", help="skip the 8/32-row decode graphs")
     p.add_argument("--no-decode", action="store_true")
     p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--apply-sweep", default=None, metavar="SWEEP_JSON",
+                   help="fill qkernels' tables from a qkernel_sweep result first")
     args = p.parse_args(argv)
+    if args.apply_sweep:
+        from qwen_trt.bench.qkernel_sweep import apply
+
+        apply(args.apply_sweep)
     formats = [f for f in args.formats.split(",") if f]
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "gpu_uuid": str(getattr(torch.cuda.get_device_properties(0), "uuid", "")),

@@ -66,6 +66,9 @@ class QConfig:
     asm: bool = False     # GEMV: inline PTX on CUDA (FP8: int32 word loads, four bytes
                           # converted in place, by shifts elsewhere; INT4: one lop3 a nibble);
                           # not yet timed on a GPU
+    fold: bool = False    # GEMV: FP8 with the block scales folded into the activations (int32
+                          # word loads, one reduction a row; needs the rows of a row block in
+                          # one scale row); INT4: see ``_i4_gemv_kernel``
 
 
 FMT_FP8, FMT_INT4, FMT_DENSE = 0, 1, 2
@@ -94,15 +97,16 @@ def _pieces(blocks: int) -> tuple[int, int]:
 # The fastest configuration per Qwen3-4B projection in a sweep on an H200
 # (``python -m qwen_trt.bench.qkernel_sweep``; docs/measurements/qkernel-sweep-h200.json):
 # (fmt, n, k, gate_up) -> GEMV config (block_n, warps, ctas_per_sm, ahead), µs per call and
-# TB/s of packed bytes. Shapes not listed use :func:`_gemv_default`.
+# TB/s of packed bytes; the FP8 rows from the GEMV-only sweep of the folded-scale kernel
+# (docs/measurements/qkernel-sweep-fold-h200.json). Shapes not listed use :func:`_gemv_default`.
 GEMV_TABLE: dict[tuple[int, int, int, bool], QConfig] = {
-    (FMT_FP8, 6144, 2560, False): QConfig(2, 4, 4, ahead=1),  # 8.13 us, 1.934 TB/s
+    (FMT_FP8, 6144, 2560, False): QConfig(4, 8, 2, ahead=1, fold=True),  # 7.96 us, 1.976 TB/s
     (FMT_INT4, 6144, 2560, False): QConfig(4, 8, 2, ahead=2),  # 10.73 us, 0.767 TB/s
-    (FMT_FP8, 2560, 4096, False): QConfig(2, 4, 3, ahead=1),  # 6.08 us, 1.724 TB/s
+    (FMT_FP8, 2560, 4096, False): QConfig(4, 8, 2, ahead=1, fold=True),  # 5.49 us, 1.91 TB/s
     (FMT_INT4, 2560, 4096, False): QConfig(8, 8, 1, ahead=2),  # 8.49 us, 0.646 TB/s
-    (FMT_FP8, 9728, 2560, True): QConfig(2, 4, 3, ahead=1),  # 20.62 us, 2.416 TB/s
+    (FMT_FP8, 9728, 2560, True): QConfig(4, 8, 2, ahead=1, asm=True),  # 20.23 us, 2.462 TB/s
     (FMT_INT4, 9728, 2560, True): QConfig(4, 4, 2, ahead=2),  # 20.88 us, 1.248 TB/s
-    (FMT_FP8, 2560, 9728, False): QConfig(1, 8, 2, ahead=1),  # 12.32 us, 2.022 TB/s
+    (FMT_FP8, 2560, 9728, False): QConfig(1, 8, 2, ahead=1),  # 12.35 us, 2.018 TB/s
     (FMT_INT4, 2560, 9728, False): QConfig(2, 4, 2, ahead=2),  # 18.62 us, 0.7 TB/s
 }
 
@@ -389,6 +393,141 @@ sub.f32 $7, t, 0f4B000000;
                 EVICT, WORDS)
             y, u = _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0a, x0b, x0c, x0d, x1a, x1b,
                              x1c, x1d, TWO, GATE_UP, WORDS, ASM)
+            _finish_row(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
+            if AHEAD == 2:
+                a0, a1, sa0, sa1, g0, g1, sg0, sg1 = b0, b1, sb0, sb1, h0, h1, sh0, sh1
+                b0, b1, sb0, sb1, h0, h1, sh0, sh1 = c0, c1, sc0, sc1, e0, e1, se0, se1
+            else:
+                a0, a1, sa0, sa1, g0, g1, sg0, sg1 = c0, c1, sc0, sc1, e0, e1, se0, se1
+
+    # ---- batch 1: FP8, the scales folded into the activations ---------------------------
+
+    @triton.jit
+    def _f8w_raw(q_ptr, rows, row_ok, W0: tl.constexpr, NW: tl.constexpr, K: tl.constexpr,
+                 EVICT: tl.constexpr):
+        """int32 words ``[BLOCK_N, NW]`` (4 bytes = columns ``4j .. 4j + 3``) from word
+        ``W0`` of ``rows``, four words (16 bytes) to a thread."""
+        j = W0 + tl.arange(0, NW)
+        m = row_ok[:, None] & (j < K // 4)[None, :]
+        q32 = q_ptr.to(tl.pointer_type(tl.int32))
+        offs = tl.max_contiguous(tl.multiple_of(rows[:, None] * (K // 4) + j[None, :], [1, 4]),
+                                 [1, 4])
+        return tl.load(q32 + offs, mask=m, other=0, eviction_policy=EVICT)
+
+    @triton.jit
+    def _f8w_scale(s_ptr, row0, W0: tl.constexpr, NW: tl.constexpr, KS: tl.constexpr,
+                   SN: tl.constexpr, SK: tl.constexpr):
+        """The block scales ``[NW]`` of words ``W0 ..`` in the scale row of ``row0`` (every
+        row of a row block is in that scale row: ``SN % BLOCK_N == 0``)."""
+        b = (W0 + tl.arange(0, NW)) // (SK // 4)
+        return tl.load(s_ptr + (row0 // SN) * KS + b, mask=b < KS, other=0.0)
+
+    @triton.jit
+    def _f8w_block(q_ptr, s_ptr, rows, row0, ok, N: tl.constexpr, K: tl.constexpr,
+                   KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr, NW0: tl.constexpr,
+                   NW1: tl.constexpr, TWO: tl.constexpr, GATE_UP: tl.constexpr,
+                   EVICT: tl.constexpr):
+        """One row block: the words of both pieces, gate and up rows, and their scales."""
+        a0 = _f8w_raw(q_ptr, rows, ok, 0, NW0, K, EVICT)
+        sa0 = _f8w_scale(s_ptr, row0, 0, NW0, KS, SN, SK)
+        a1, sa1 = a0, sa0
+        if TWO:
+            a1 = _f8w_raw(q_ptr, rows, ok, NW0, NW1, K, EVICT)
+            sa1 = _f8w_scale(s_ptr, row0, NW0, NW1, KS, SN, SK)
+        g0, g1, sg0, sg1 = a0, a1, sa0, sa1
+        if GATE_UP:
+            g0 = _f8w_raw(q_ptr, rows + N, ok, 0, NW0, K, EVICT)
+            sg0 = _f8w_scale(s_ptr, row0 + N, 0, NW0, KS, SN, SK)
+            g1, sg1 = g0, sg0
+            if TWO:
+                g1 = _f8w_raw(q_ptr, rows + N, ok, NW0, NW1, K, EVICT)
+                sg1 = _f8w_scale(s_ptr, row0 + N, NW0, NW1, KS, SN, SK)
+        return a0, a1, sa0, sa1, g0, g1, sg0, sg1
+
+    @triton.jit
+    def _f8w_dot(raw, sc, xa, xb, xc, xd, ASM: tl.constexpr):
+        """Row sums of words ``raw [BLOCK_N, NW]`` times the activations of byte positions
+        0..3 (``xa .. xd [NW]``) scaled by the words' block scales ``sc``: one FMA a weight,
+        one reduction a row (no per-block sums)."""
+        if ASM:
+            b0, b1, b2, b3 = tl.inline_asm_elementwise(
+                _FP8X4_TO_F32, "=r,=r,=r,=r,r", [raw],
+                dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+        else:
+            b0, b1, b2, b3 = _byte(raw, 0), _byte(raw, 1), _byte(raw, 2), _byte(raw, 3)
+        acc = b0 * (xa * sc)[None, :]
+        acc += b1 * (xb * sc)[None, :]
+        acc += b2 * (xc * sc)[None, :]
+        acc += b3 * (xd * sc)[None, :]
+        return tl.sum(acc, 1)
+
+    @triton.jit
+    def _f8w_x(x_ptr, ln_ptr, W0: tl.constexpr, NW: tl.constexpr, K: tl.constexpr, rstd,
+               dt: tl.constexpr, NORM: tl.constexpr):
+        """The activations ``[NW]`` of byte positions 0..3 of words ``W0 ..``."""
+        col = (W0 + tl.arange(0, NW)) * 4
+        ok = col < K
+        xa = _norm_x(x_ptr, ln_ptr, col, ok, rstd, dt, NORM)
+        xb = _norm_x(x_ptr, ln_ptr, col + 1, ok, rstd, dt, NORM)
+        xc = _norm_x(x_ptr, ln_ptr, col + 2, ok, rstd, dt, NORM)
+        xd = _norm_x(x_ptr, ln_ptr, col + 3, ok, rstd, dt, NORM)
+        return xa, xb, xc, xd
+
+    @triton.jit
+    def _f8w_gemv_kernel(q_ptr, s_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
+                         N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, KS: tl.constexpr,
+                         SN: tl.constexpr, SK: tl.constexpr, NW0: tl.constexpr,
+                         NW1: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr,
+                         RESIDUAL: tl.constexpr, GATE_UP: tl.constexpr, PDL: tl.constexpr,
+                         P: tl.constexpr, AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = "",
+                         ASM: tl.constexpr = False):
+        """:func:`_fp8_gemv_kernel` with int32 word loads and each row block's scales folded
+        into the activations (``x * s`` per word, once per row block, shared by its rows):
+        a row is one piece of ``NW0`` words and, where that does not cover K, one of
+        ``NW1``. Needs ``K % 16 == 0``, ``SN % BLOCK_N == 0`` and, with ``GATE_UP``,
+        ``N % BLOCK_N == 0``."""
+        TWO: tl.constexpr = NW0 * 4 < K
+        pid = tl.program_id(0)
+        n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+        iters: tl.constexpr = (n_blocks + P - 1) // P
+        dt = x_ptr.dtype.element_ty
+        r = tl.arange(0, BLOCK_N)
+        row0 = pid * BLOCK_N
+        rows = row0 + r
+        a0, a1, sa0, sa1, g0, g1, sg0, sg1 = _f8w_block(
+            q_ptr, s_ptr, rows, row0, rows < N, N, K, KS, SN, SK, NW0, NW1, TWO, GATE_UP,
+            EVICT)
+        if AHEAD == 2:
+            row0 = row0 + P * BLOCK_N
+            rows = row0 + r
+            b0, b1, sb0, sb1, h0, h1, sh0, sh1 = _f8w_block(
+                q_ptr, s_ptr, rows, row0, rows < N, N, K, KS, SN, SK, NW0, NW1, TWO,
+                GATE_UP, EVICT)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        rstd = 0.0
+        if NORM:
+            rstd = _x_rstd(x_ptr, K, KP, eps)
+        x0a, x0b, x0c, x0d = _f8w_x(x_ptr, ln_ptr, 0, NW0, K, rstd, dt, NORM)
+        x1a, x1b, x1c, x1d = x0a, x0b, x0c, x0d
+        if TWO:
+            x1a, x1b, x1c, x1d = _f8w_x(x_ptr, ln_ptr, NW0, NW1, K, rstd, dt, NORM)
+        for it in range(iters):
+            rows = (pid + it * P) * BLOCK_N + r
+            nrow0 = (pid + it * P + AHEAD * P) * BLOCK_N
+            nrows = nrow0 + r
+            c0, c1, sc0, sc1, e0, e1, se0, se1 = _f8w_block(
+                q_ptr, s_ptr, nrows, nrow0, nrows < N, N, K, KS, SN, SK, NW0, NW1, TWO,
+                GATE_UP, EVICT)
+            y = _f8w_dot(a0, sa0, x0a, x0b, x0c, x0d, ASM)
+            if TWO:
+                y += _f8w_dot(a1, sa1, x1a, x1b, x1c, x1d, ASM)
+            u = y
+            if GATE_UP:
+                u = _f8w_dot(g0, sg0, x0a, x0b, x0c, x0d, ASM)
+                if TWO:
+                    u += _f8w_dot(g1, sg1, x1a, x1b, x1c, x1d, ASM)
             _finish_row(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
             if AHEAD == 2:
                 a0, a1, sa0, sa1, g0, g1, sg0, sg1 = b0, b1, sb0, sb1, h0, h1, sh0, sh1
@@ -755,6 +894,26 @@ def _programs(device: torch.device, n_blocks: int, cfg: QConfig) -> int:
     return min(n_blocks, cfg.programs or sms * cfg.ctas_per_sm)
 
 
+def _gemv_plan(fmt: int, n: int, k: int, ks: int, sk: int, sn: int, cfg: QConfig, *,
+               norm: bool, residual: bool, gate_up: bool, pdl: bool, grid: int, cuda: bool):
+    """(kernel, constexpr arguments) of one batch-1 launch (also what
+    ``scripts/qkernel_sass.py`` compiles)."""
+    nb0, nb1 = _pieces(ks)
+    kw = dict(N=n, K=k, KP=triton.next_power_of_2(k), KS=ks, SK=sk, NB0=nb0, NB1=nb1,
+              BLOCK_N=cfg.block_n, NORM=norm, RESIDUAL=residual, GATE_UP=gate_up, PDL=pdl,
+              P=grid, AHEAD=cfg.ahead, EVICT="evict_first" if cuda else "")
+    if fmt == FMT_FP8:
+        # fold: a row block's rows (and its up rows, N further on) in one scale row
+        if (cfg.fold and k % 16 == 0 and sk % 4 == 0 and sn % cfg.block_n == 0
+                and (not gate_up or n % cfg.block_n == 0)):
+            w0, w1 = (sk // 4) * nb0, (sk // 4) * nb1
+            kw = {a: b for a, b in kw.items() if a not in ("NB0", "NB1")}
+            return _f8w_gemv_kernel, dict(kw, SN=sn, NW0=w0, NW1=w1, ASM=cuda)
+        words = cfg.asm and k % 16 == 0     # int32 words (the rows stay 16-byte aligned)
+        return _fp8_gemv_kernel, dict(kw, SN=sn, WORDS=words, ASM=words and cuda)
+    return _i4_gemv_kernel, dict(kw, ASM=cfg.asm and cuda)
+
+
 def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
           eps: float = 0.0, residual: torch.Tensor | None = None, gate_up: bool = False,
           config: QConfig | None = None) -> torch.Tensor:
@@ -770,21 +929,17 @@ def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
     res = residual.reshape(n) if residual is not None else out
     pdl = pdl_enabled(x.device)
     cfg = config or gemv_config(fmt, n, k, gate_up)
-    nb0, nb1 = _pieces(ks)
     grid = _programs(x.device, triton.cdiv(n, cfg.block_n), cfg)
-    kw = dict(N=n, K=k, KP=triton.next_power_of_2(k), KS=ks, SK=sk, NB0=nb0, NB1=nb1,
-              BLOCK_N=cfg.block_n, NORM=ln is not None, RESIDUAL=residual is not None,
-              GATE_UP=gate_up, PDL=pdl, P=grid, AHEAD=cfg.ahead,
-              EVICT="evict_first" if x.device.type == "cuda" else "",
-              num_warps=cfg.warps, **launch_kwargs(pdl))
+    kern, kw = _gemv_plan(fmt, n, k, ks, sk, sn, cfg, norm=ln is not None,
+                          residual=residual is not None, gate_up=gate_up, pdl=pdl, grid=grid,
+                          cuda=x.device.type == "cuda")
     lnp = ln if ln is not None else x
     if fmt == FMT_FP8:
-        words = cfg.asm and k % 16 == 0     # int32 words (the rows stay 16-byte aligned)
-        _fp8_gemv_kernel[(grid,)](q, s, x, out, lnp, res, eps, SN=sn, WORDS=words,
-                                  ASM=words and x.device.type == "cuda", **kw)
+        kern[(grid,)](q, s, x, out, lnp, res, eps, num_warps=cfg.warps, **kw,
+                      **launch_kwargs(pdl))
     else:
-        _i4_gemv_kernel[(grid,)](q, s, z, x, out, lnp, res, eps,
-                                 ASM=cfg.asm and x.device.type == "cuda", **kw)
+        kern[(grid,)](q, s, z, x, out, lnp, res, eps, num_warps=cfg.warps, **kw,
+                      **launch_kwargs(pdl))
     return out
 
 
