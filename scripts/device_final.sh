@@ -5,7 +5,7 @@
 #
 #   carry .whl (xgrammar, fastapi, uvicorn, starlette, pydantic, ... for Python 3.12) and .dev-tok
 #   (python -m qwen_trt.bench.qwen_vocab GGUF .dev-tok); results flat in $OUT
-# Environment: MODEL, TESTS, TEST_K (a pytest -k filter), CONCURRENCY (1,32,64), REQUESTS (16),
+# Environment: MODEL, TESTS, TEST_K (a pytest -k filter), CONCURRENCY (1,32,64), REQUESTS (16), ROUNDS (2),
 #   OUTPUT_TOKENS (256), INPUT_WORDS (400), CONSTRAINED (1), SERVED (1), STEP_SIZES (0: the
 #   prefill step by size, qwen_trt.bench.step_sizes), DEADLINE_S (560).
 set -uo pipefail
@@ -40,7 +40,7 @@ if [ "${SERVED:-1}" = 1 ]; then
 phase_begin served
 QWEN_TRT_TRACE_HOPS=1 timeout --kill-after=10 "$(bound ${SERVED_S:-280})" "$PY" -m qwen_trt.bench.served \
   --model "$MODEL" --concurrency "${CONCURRENCY:-1,32,64}" --max-batch 32 \
-  --requests "${REQUESTS:-16}" --input-words "${INPUT_WORDS:-400}" \
+  --requests "${REQUESTS:-16}" --rounds "${ROUNDS:-2}" --input-words "${INPUT_WORDS:-400}" \
   --output-tokens "${OUTPUT_TOKENS:-256}" --second-start --health-timeout 150 \
   --out "$OUT/served.json" >/dev/null 2>"$WORK/served.log"
 rc=$?

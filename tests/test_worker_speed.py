@@ -34,3 +34,59 @@ def test_worker_speed_json(tiny_model_dir, tmp_path):
         # float32 greedy: the same requests give the same tokens with or without the process
         assert row["same_tokens"] == n
     assert res["in_process_load_s"] > 0
+
+
+def test_the_worker_times_each_request_from_the_pipe_to_its_first_token():
+    """serve() stamps a request when it takes it off the pipe and reports the time to its first
+    token's send in the stats (``first_token_ms``); requests that fail before a token are not
+    counted."""
+    from qwen_trt.backends.runner import RunnerStats, TokenEvent
+    from qwen_trt.serving.worker import serve
+
+    class Runner:
+        def __init__(self):
+            self.todo, self.steps = [], 0
+
+        def add(self, rid, ids, params):
+            if rid == 2:
+                raise ValueError("too long")
+            self.todo.append(rid)
+
+        def abort(self, rid):
+            pass
+
+        def has_work(self):
+            return bool(self.todo)
+
+        def step(self):
+            self.steps += 1
+            out = [TokenEvent(r, (7,), finish="length" if self.steps > 1 else None)
+                   for r in self.todo]
+            if self.steps > 1:
+                self.todo = []
+            return out
+
+        def stats(self):
+            return RunnerStats(running=0, waiting=0, kv_blocks_used=0, kv_blocks_total=1,
+                               prefix_hit_tokens=0, prompt_tokens=0)
+
+    class Conn:
+        def __init__(self):
+            self.inbox = [("submit", 1, [1, 2], None), ("submit", 2, [1], None),
+                          ("submit", 3, [4], None)]
+            self.sent = []
+
+        def poll(self):
+            return bool(self.inbox)
+
+        def recv(self):
+            return self.inbox.pop(0) if self.inbox else ("stop",)
+
+        def send(self, msg):
+            self.sent.append(msg)
+
+    conn = Conn()
+    serve(conn, Runner())
+    stats = [m[2] for m in conn.sent if m[0] == "events" and m[2] is not None]
+    first = stats[-1]["worker"]["first_token_ms"]
+    assert first["n"] == 2 and 0 <= first["p50"] <= first["p90"]

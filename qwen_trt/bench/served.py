@@ -57,15 +57,20 @@ class ServedBenchConfig:
     second_start: bool = False       # then start `qwen-trt serve` again: the warm-cache start
     batch1: bool = True              # at one stream, the batch-1 decoder too (loads its graphs)
 
+    rounds: int = 2                  # at least this many requests per client at each level
+
     def level_requests(self, c: int) -> int:
-        """Requests sent at level ``c``: ``requests``, and at least two rounds of ``c``."""
-        return max(self.requests, 2 * c)
+        """Requests sent at level ``c``: ``requests``, and at least ``rounds`` rounds of ``c``
+        (the first round starts together; later ones arrive as earlier requests finish)."""
+        return max(self.requests, self.rounds * c)
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("--concurrency values must be >= 1")
-        if min(self.requests, self.output_tokens, self.max_batch, self.input_words) < 1:
-            raise ValueError("--requests, --output-tokens, --max-batch, --input-words must be >= 1")
+        if min(self.requests, self.output_tokens, self.max_batch, self.input_words,
+               self.rounds) < 1:
+            raise ValueError("--requests, --output-tokens, --max-batch, --input-words, --rounds "
+                             "must be >= 1")
 
 
 def _messages(i: int, words: int) -> list[dict]:
@@ -331,6 +336,8 @@ def _worker_counters(port: int) -> dict | None:
         if not w:
             return None
         hops = {k: v for k, v in body.items() if k != "runner"}
+        # the engine's part of the first token (pipe -> its first token sent; the newest 2048)
+        hops["engine_first_token_ms"] = w.get("first_token_ms")
         return {"steps": int(w["steps"]), "step_s": float(w["step_s"]), "hops_us": hops}
     except (httpx.HTTPError, ValueError, KeyError):
         return None
@@ -413,6 +420,8 @@ def parse_config(argv=None) -> tuple[ServedBenchConfig, str | None]:
     p.add_argument("--serve-arg", action="append", default=[],
                    help="extra `qwen-trt serve` argument (repeatable)")
     p.add_argument("--no-in-process", action="store_true", help="the HTTP side only")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="at least this many requests per client at each level")
     p.add_argument("--no-batch1", action="store_true",
                    help="skip the batch-1 decoder's one-stream baseline")
     p.add_argument("--health-timeout", type=float, default=600.0,
@@ -428,7 +437,7 @@ def parse_config(argv=None) -> tuple[ServedBenchConfig, str | None]:
                                 input_words=a.input_words, output_tokens=a.output_tokens,
                                 warmup=a.warmup, serve_args=tuple(a.serve_arg),
                                 in_process=not a.no_in_process, second_start=a.second_start,
-                                batch1=not a.no_batch1,
+                                batch1=not a.no_batch1, rounds=a.rounds,
                                 health_timeout_s=a.health_timeout)
     except ValueError as e:
         p.error(str(e).splitlines()[0])

@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from qwen_trt.backends import BackendConfig
@@ -224,11 +225,16 @@ def serve(conn, runner, beat=None) -> None:
     last_stats = 0.0
     stats_due = True
     steps, step_s, send_s, send_cpu_s = 0, 0.0, 0.0, 0.0
+    # the engine's own first-token time per request: taken off the pipe -> its first token
+    # sent back (the server's /debug/hops puts it beside the API's part)
+    arrived: dict[int, float] = {}
+    first_ms: deque = deque(maxlen=2048)
 
     def stats() -> dict:
         d = asdict(runner.stats())
         d["worker"] = {"steps": steps, "step_s": round(step_s, 6), "send_s": round(send_s, 6),
-                       "send_cpu_s": round(send_cpu_s, 6)}
+                       "send_cpu_s": round(send_cpu_s, 6),
+                       "first_token_ms": _quantiles(first_ms)}
         return d
 
     while True:
@@ -236,10 +242,10 @@ def serve(conn, runner, beat=None) -> None:
             if stats_due:
                 conn.send(("events", [], stats()))
                 stats_due = False
-            if not _handle(conn.recv(), runner, conn):
+            if not _handle(conn.recv(), runner, conn, arrived):
                 return
         while conn.poll():
-            if not _handle(conn.recv(), runner, conn):
+            if not _handle(conn.recv(), runner, conn, arrived):
                 return
         if not runner.has_work():
             continue
@@ -267,18 +273,36 @@ def serve(conn, runner, beat=None) -> None:
             c = time.thread_time()
             conn.send(("events", pack(events), st))
             send_cpu_s += time.thread_time() - c
-            send_s += time.perf_counter() - t1
+            sent = time.perf_counter()
+            send_s += sent - t1
+            if arrived:
+                for ev in events:
+                    t0 = arrived.pop(ev.request_id, None) if (ev.token_ids or ev.finish) else None
+                    if t0 is not None and ev.token_ids:
+                        first_ms.append((sent - t0) * 1e3)
 
 
-def _handle(msg, runner, conn) -> bool:
+def _quantiles(ms) -> dict:
+    xs = sorted(ms)
+    if not xs:
+        return {"n": 0}
+    at = lambda q: round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)  # noqa: E731
+    return {"n": len(xs), "p50": at(0.5), "p90": at(0.9)}
+
+
+def _handle(msg, runner, conn, arrived: dict | None = None) -> bool:
     kind = msg[0]
     if kind == "submit":
         _, rid, prompt_ids, params = msg
+        if arrived is not None:
+            arrived[rid] = time.perf_counter()
         try:
             runner.add(rid, prompt_ids, params)
         except Exception as e:  # noqa: BLE001 - this request fails, the others go on
             from qwen_trt.serving.serial import error_line
 
+            if arrived is not None:
+                arrived.pop(rid, None)
             conn.send(("events", [(rid, (), "error", error_line(e), 0, ())], None))
     elif kind == "abort":
         runner.abort(msg[1])
