@@ -6,7 +6,7 @@
 #   carry .whl (xgrammar, fastapi, uvicorn, starlette, pydantic, ... for Python 3.12) and .dev-tok
 #   (python -m qwen_trt.bench.qwen_vocab GGUF .dev-tok); results flat in $OUT
 # Environment: MODEL, TESTS, TEST_K (a pytest -k filter), CONCURRENCY (1,32,64), REQUESTS (16), ROUNDS (2),
-#   OUTPUT_TOKENS (256), INPUT_WORDS (400), CONSTRAINED (1), SERVED (1), STEP_SIZES (0: the
+#   OUTPUT_TOKENS (256), INPUT_WORDS (400), CONSTRAINED (1), SERVED (1), CUDA_TESTS (1), STEP_SIZES (0: the
 #   prefill step by size, qwen_trt.bench.step_sizes), DEADLINE_S (560).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,7 @@ phase_begin model
 ensure_model
 phase_end $?
 
+if [ "${CUDA_TESTS:-1}" = 1 ]; then
 phase_begin cuda-tests
 timeout --kill-after=10 "$(bound ${TESTS_S:-150})" "$PY" -m pytest -q -rfE -p no:cacheprovider -m cuda \
   ${TESTS:-tests/test_batched_cuda.py tests/test_constrained_cuda.py} ${TEST_K:+-k "$TEST_K"} 2>&1 \
@@ -26,6 +27,7 @@ timeout --kill-after=10 "$(bound ${TESTS_S:-150})" "$PY" -m pytest -q -rfE -p no
 rc=${PIPESTATUS[0]}
 grep -E "passed|failed|Error|assert" "$WORK/cuda-tests.log" | tail -12
 phase_end $rc
+fi
 
 if [ "${STEP_SIZES:-0}" = 1 ]; then
   phase_begin step-sizes
