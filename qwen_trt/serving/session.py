@@ -100,16 +100,6 @@ class _Codec:
             batch = getattr(copy, "encode_batch_fast", copy.encode_batch)
             self._encoding = lambda text: batch([text], add_special_tokens=False)[0]
             self._encode = lambda text: self._encoding(text).ids
-            if _splits_like_qwen(data):
-                # a long text in pieces cut where the pre-tokenizer always cuts, encoded in
-                # parallel (the batch runs on the tokenizer's threads): the same ids
-                def encode(text: str) -> list[int]:
-                    pieces = split_for_encoding(text)
-                    if len(pieces) == 1:
-                        return self._encoding(text).ids
-                    return [i for enc in batch(pieces, add_special_tokens=False)
-                            for i in enc.ids]
-                self._encode = encode
         else:  # a slow (Python) tokenizer: its own option, one call at a time
             lock = threading.Lock()
 
@@ -152,46 +142,6 @@ class _Codec:
             return []
         enc = self._encoding(text)
         return len(enc) if len(enc) > room else list(enc.ids if hasattr(enc, "ids") else enc)
-
-
-# Qwen2's pre-tokenizer (tokenizer.json: a Split with this regex, then byte-level BPE per piece)
-_QWEN_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}"
-               "\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
-PIECE_CHARS = 1024        # texts longer than two pieces of this are encoded in parallel pieces
-
-
-def _splits_like_qwen(data: dict) -> bool:
-    """Whether a tokenizer.json's pre-tokenizer is Qwen2's regex split + byte level (then a
-    text may be cut before a space between two letters: :func:`split_for_encoding`)."""
-    pre = data.get("pre_tokenizer") or {}
-    parts = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
-    norm = data.get("normalizer")
-    return (len(parts or ()) == 2 and parts[0].get("type") == "Split"
-            and (parts[0].get("pattern") or {}).get("Regex") == _QWEN_SPLIT
-            and parts[0].get("behavior") == "Isolated" and not parts[0].get("invert")
-            and parts[1].get("type") == "ByteLevel" and not parts[1].get("use_regex", True)
-            and (norm is None or norm.get("type") == "NFC"))
-
-
-def split_for_encoding(text: str, piece: int | None = None) -> list[str]:
-    """``text`` cut into pieces of about ``piece`` characters, each cut just before a space
-    that stands between two letters. Qwen2's pre-tokenizer always ends a piece there (a run
-    of letters stops at the space; the space starts the next word's piece) and NFC never joins
-    across a space, so the pieces' ids, concatenated, are the whole text's."""
-    piece = PIECE_CHARS if piece is None else piece
-    if len(text) < 2 * piece:
-        return [text]
-    out, start, n = [], 0, len(text)
-    while n - start >= 2 * piece:
-        i = text.find(" ", start + piece)
-        while i != -1 and i + 1 < n and not (text[i - 1].isalpha() and text[i + 1].isalpha()):
-            i = text.find(" ", i + 1)
-        if i == -1 or i + 1 >= n or i - start > 4 * piece:
-            break                                # no cut within reach: the rest in one
-        out.append(text[start:i])
-        start = i
-    out.append(text[start:])
-    return out
 
 
 class PromptTokensError(PromptTooLongError):
