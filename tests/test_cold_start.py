@@ -221,3 +221,42 @@ def test_the_setting_is_declared_and_checked_once():
     assert KernelOptions.from_env({}).self_checks == "auto"
     with pytest.raises(settings.SettingError, match="QWEN_TRT_SELF_CHECKS"):
         KernelOptions.from_env({"QWEN_TRT_SELF_CHECKS": "never"})
+
+
+def test_the_fast_backend_loads_its_hf_tokenizer_on_first_use_with_the_same_stop_ids(
+        tiny_model_dir):
+    """FastBackend.load reads tokenizer.json in Rust for the checks and the stop ids; the
+    transformers tokenizer (seconds of GIL on the real vocabulary) loads on first use."""
+    from qwen_trt.backends.fast_backend import FastBackend
+    from qwen_trt.model.source import load_tokenizer
+    from qwen_trt.model.template import default_stop_ids
+
+    backend = FastBackend.load(str(tiny_model_dir), device="cpu", warmup=False)
+    try:
+        assert backend._tokenizer is None
+        want = default_stop_ids(load_tokenizer(tiny_model_dir))
+        assert backend.info.stop_token_ids == want and want
+        assert backend.tokenizer_source == str(tiny_model_dir)
+        tok = backend.tokenizer
+        assert tok is backend.tokenizer and backend._tokenizer is tok
+    finally:
+        backend.close()
+
+
+def test_stop_ids_from_files_need_the_eos_in_the_vocabulary(tiny_model_dir, tmp_path):
+    import json
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    from qwen_trt.model.template import stop_ids_from_files
+
+    parsed = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    assert stop_ids_from_files(parsed, tiny_model_dir)
+    assert stop_ids_from_files(None, tiny_model_dir) is None
+    odd = tmp_path / "odd"
+    shutil.copytree(tiny_model_dir, odd)
+    cfg = json.loads((odd / "tokenizer_config.json").read_text())
+    cfg["eos_token"] = {"content": "<|not-in-the-vocab|>"}
+    (odd / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert stop_ids_from_files(parsed, odd) is None      # then the loaded tokenizer decides

@@ -73,6 +73,11 @@ class Backend(ABC):
         """The Hugging Face tokenizer that matches the model (chat template included)."""
         return self._tokenizer
 
+    @property
+    def tokenizer_source(self) -> str:
+        """Where the tokenizer comes from (a folder or hub id), without loading it."""
+        return getattr(self.tokenizer, "name_or_path", "") or ""
+
     def warmup(self) -> None:
         """One short greedy request at load time, so the first user request pays no lazy init."""
         ids = self.tokenizer.encode("warm up", add_special_tokens=False)

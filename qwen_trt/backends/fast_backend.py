@@ -41,13 +41,15 @@ class _Background:
         return self._value
 
 
-def _load_checked_tokenizer(source: ModelSource):
-    """What :func:`~qwen_trt.model.source.resolve_model` left out (``check_tokenizer=False``),
-    then the tokenizer itself."""
-    from qwen_trt.model.source import check_tokenizer_files, load_tokenizer
+def _check_tokenizer(source: ModelSource) -> tuple[int, ...] | None:
+    """What :func:`~qwen_trt.model.source.resolve_model` left out (``check_tokenizer=False``:
+    tokenizer.json parsed and checked, in Rust) and the stop ids it gives
+    (:func:`~qwen_trt.model.template.stop_ids_from_files`); no transformers import."""
+    from qwen_trt.model.source import check_tokenizer_files
+    from qwen_trt.model.template import stop_ids_from_files
 
-    check_tokenizer_files(source.path, source.config.get("vocab_size"))
-    return load_tokenizer(source.path, source.name)
+    parsed = check_tokenizer_files(source.path, source.config.get("vocab_size"))
+    return stop_ids_from_files(parsed, source.path)
 
 
 def _say(line: str) -> None:
@@ -71,13 +73,21 @@ class FastBackend(Backend):
     _device_attrs = ("decoder", "_runner")
     load_stages: dict[str, float] = {}   # seconds per part of load() (set by load)
 
-    def __init__(self, source: ModelSource, decoder, tokenizer) -> None:
+    def __init__(self, source: ModelSource, decoder, tokenizer=None,
+                 stop_ids: tuple[int, ...] | None = None) -> None:
+        """``tokenizer``: the Hugging Face tokenizer, or None to load it on first use (the
+        engine process needs it only for grammars; ``stop_ids`` then come from the files)."""
         super().__init__()
+        import threading
+
         import torch
 
         self.source = source
         self.decoder = decoder
         self._tokenizer = tokenizer
+        self._tokenizer_lock = threading.Lock()
+        if stop_ids is None:
+            stop_ids = default_stop_ids(self.tokenizer)
         dev = decoder.device
         dev_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
         n = decoder.max_seq_len
@@ -85,7 +95,7 @@ class FastBackend(Backend):
         self._info = BackendInfo(name=self.name, model=source.name, device=dev_name,
                                  dtype=str(decoder.model.dtype).replace("torch.", ""),
                                  max_input_len=n - 1, max_seq_len=n,
-                                 stop_token_ids=default_stop_ids(tokenizer),
+                                 stop_token_ids=tuple(stop_ids),
                                  grammar=True, logprobs=True)
 
     @classmethod
@@ -103,10 +113,12 @@ class FastBackend(Backend):
         compile cache's root (:mod:`qwen_trt.fast.compile_cache`; on CUDA only), keyed with
         ``max_batch`` among the rest.
 
-        The tokenizer (the transformers import, tokenizer.json's parse and check, the chat
-        template's) loads on a thread while this one initialises CUDA and reads the weights:
-        it needs neither, and is joined before the backend is built. Where the seconds went is
-        kept in :attr:`load_stages` (the worker adds it to its "ready in" line)."""
+        tokenizer.json's parse and check (Rust) and the stop ids run on a thread while this
+        one initialises CUDA and reads the weights; the Hugging Face tokenizer itself (the
+        transformers import and the chat template's check: seconds, most of them holding the
+        GIL, which slowed the weights' read threefold when it ran beside them) loads on first
+        use of :attr:`tokenizer` (the worker preloads it once it is serving). Where the seconds
+        went is kept in :attr:`load_stages` (the worker adds it to its "ready in" line)."""
         import torch
 
         from qwen_trt.backends.torch_backend import context_limit, pick_device, pick_dtype
@@ -116,7 +128,7 @@ class FastBackend(Backend):
         clock = StageClock()
         source = resolve_model(model, check_tokenizer=False)
         clock.mark("resolve_s")
-        tokenizer = _Background(_load_checked_tokenizer, source, name="qwen-trt-tokenizer")
+        tokenizer = _Background(_check_tokenizer, source, name="qwen-trt-tokenizer")
         dev = pick_device(device)
         if dev.startswith("cuda"):         # the context, now: beside the tokenizer's load
             torch.zeros(1, device=dev)
@@ -145,10 +157,10 @@ class FastBackend(Backend):
         if st.warmup_s:
             clock.add("decoder_warmup_s", st.warmup_s)
         clock.add("decoder_other_s", max(0.0, dt - st.load_s - st.checks_s - st.warmup_s))
-        tok = tokenizer.result()
+        stop_ids = tokenizer.result()
         clock.mark("tokenizer_wait_s")
         clock.add("tokenizer_thread_s", tokenizer.seconds)   # beside the above, not after
-        backend = cls(source, decoder, tok)
+        backend = cls(source, decoder, None, stop_ids=stop_ids)
         backend._compile_cache = cache
         _say(f"weights on {dev} in {st.load_s:.1f} s, kernel self-checks {st.checks_s:.1f} s"
              + (f" ({st.checks_note})" if st.checks_note else "")
@@ -180,6 +192,21 @@ class FastBackend(Backend):
         close_after_warmup(getattr(self, "_compile_cache", None), say=_say)
 
     @property
+    def tokenizer(self):
+        """The Hugging Face tokenizer (chat template included), loaded on first use."""
+        if self._tokenizer is None:
+            with self._tokenizer_lock:
+                if self._tokenizer is None:
+                    from qwen_trt.model.source import load_tokenizer
+
+                    self._tokenizer = load_tokenizer(self.source.path, self.source.name)
+        return self._tokenizer
+
+    @property
+    def tokenizer_source(self) -> str:
+        return str(self.source.path)
+
+    @property
     def attached_runner(self) -> Runner | None:
         return self._runner
 
@@ -187,7 +214,7 @@ class FastBackend(Backend):
         """This tokenizer's GrammarBook (built on the first constrained request)."""
         from qwen_trt.fast.grammar import grammar_book
 
-        return grammar_book(self, self._tokenizer, self.decoder.model.cfg.vocab_size,
+        return grammar_book(self, self.tokenizer, self.decoder.model.cfg.vocab_size,
                             self.info.stop_token_ids)
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[int]:

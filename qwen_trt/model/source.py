@@ -158,18 +158,21 @@ def check_weight_files(folder: Path, shape=None) -> None:
         check_weights(files, shape)
 
 
-def check_tokenizer_files(folder: Path, vocab: int | None = None) -> None:
+def check_tokenizer_files(folder: Path, vocab: int | None = None):
     """tokenizer.json parses as a tokenizer (whose ids all fit the model's ``vocab``, when
-    given); tokenizer_config.json is a JSON object."""
+    given); tokenizer_config.json is a JSON object. Returns the parsed ``tokenizers.Tokenizer``
+    (None without a tokenizer.json)."""
     cfg = folder / "tokenizer_config.json"
     if cfg.is_file():
         _read_json_object(cfg, "tokenizer")
     tok = folder / "tokenizer.json"
+    parsed = None
     if tok.is_file():
         from tokenizers import Tokenizer
 
         try:
-            size = Tokenizer.from_file(str(tok)).get_vocab_size(with_added_tokens=True)
+            parsed = Tokenizer.from_file(str(tok))
+            size = parsed.get_vocab_size(with_added_tokens=True)
         except Exception as e:    # the tokenizers library raises a bare Exception
             detail = first_line(e) or type(e).__name__
             raise ModelSourceError(f"{tok} is not a valid tokenizer ({detail[:200]}): the "
@@ -178,6 +181,7 @@ def check_tokenizer_files(folder: Path, vocab: int | None = None) -> None:
             raise ModelSourceError(f"{tok} has {size} tokens, more than the model's vocab_size "
                                    f"{vocab} (config.json): the tokenizer is from another "
                                    f"model.")
+    return parsed
 
 
 def resolve_model(spec: str | None = None, *, check_tokenizer: bool = True) -> ModelSource:

@@ -112,6 +112,44 @@ def default_stop_ids(tokenizer) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def stop_ids_from_files(parsed, folder) -> tuple[int, ...] | None:
+    """:func:`default_stop_ids` without transformers: the ids from ``parsed`` (the folder's
+    tokenizer.json as a ``tokenizers.Tokenizer``) and the eos named by tokenizer_config.json
+    (else special_tokens_map.json). None when the files do not settle it (no tokenizer.json,
+    an eos it does not have): the caller then asks the loaded tokenizer."""
+    import json
+    from pathlib import Path
+
+    if parsed is None:
+        return None
+    eos = None
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        f = Path(folder) / name
+        if f.is_file():
+            try:
+                eos = json.loads(f.read_text(encoding="utf-8")).get("eos_token")
+            except (OSError, ValueError, AttributeError):
+                return None
+            if eos is not None:
+                break
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    if eos is not None and not isinstance(eos, str):
+        return None
+    ids: list[int] = []
+    for tok in (IM_END, ENDOFTEXT, eos):
+        if tok is None:
+            continue
+        tid = parsed.token_to_id(tok)
+        if tid is None:
+            if tok == eos:
+                return None                    # an eos the vocabulary lacks: ask transformers
+            continue
+        if tid not in ids:
+            ids.append(tid)
+    return tuple(ids)
+
+
 def end_and_pad_ids(tokenizer) -> tuple[int, int]:
     """TensorRT-LLM's end id (``<|im_end|>``, else eos) and pad id (the tokenizer's pad token,
     else ``<|endoftext|>``): recorded in the engine manifest at build time, used at run time."""

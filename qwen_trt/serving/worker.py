@@ -182,8 +182,7 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         _send_quietly(conn, ("load_error", _load_error_line(e), _picklable_error(e)))
         return
     timings["total_s"] = time.monotonic() - t0
-    tok = backend.tokenizer
-    source = getattr(tok, "name_or_path", "") or ""
+    source = getattr(backend, "tokenizer_source", "") or ""
     beat = None
     every_s = beat_interval(getattr(spec.cfg, "watchdog_s", 0))
     if every_s:                       # the parent's watchdog: beat while a long step runs
@@ -192,6 +191,7 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
     try:
         conn.send(("ready", Ready(backend.info, str(source), int(runner.max_concurrency),
                                   {k: round(v, 3) for k, v in timings.items()}, os.getpid())))
+        _preload_tokenizer(backend)
         serve(conn, runner, beat)
     except (EOFError, OSError):
         pass                          # the parent went away
@@ -205,6 +205,18 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _preload_tokenizer(backend) -> None:
+    """The backend's Hugging Face tokenizer (a fast backend loads it on first use: its grammars)
+    read on a daemon thread once the engine is serving, so the first constrained request does
+    not wait for it; a failure here is left for that request to report."""
+    def load() -> None:
+        try:
+            backend.tokenizer
+        except Exception:  # noqa: BLE001 - raised again, with its line, where it is needed
+            pass
+    threading.Thread(target=load, daemon=True, name="qwen-trt-tokenizer-preload").start()
 
 
 def pack(events) -> list[tuple]:
