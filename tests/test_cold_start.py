@@ -226,12 +226,18 @@ def test_the_setting_is_declared_and_checked_once():
 def test_the_fast_backend_loads_its_hf_tokenizer_on_first_use_with_the_same_stop_ids(
         tiny_model_dir):
     """FastBackend.load reads tokenizer.json in Rust for the checks and the stop ids; the
-    transformers tokenizer (seconds of GIL on the real vocabulary) loads on first use."""
+    transformers tokenizer (seconds of GIL on the real vocabulary) loads after the rest in
+    process, and on first use in the engine process (``for_runner``)."""
     from qwen_trt.backends.fast_backend import FastBackend
     from qwen_trt.model.source import load_tokenizer
     from qwen_trt.model.template import default_stop_ids
 
-    backend = FastBackend.load(str(tiny_model_dir), device="cpu", warmup=False)
+    eager = FastBackend.load(str(tiny_model_dir), device="cpu", warmup=False)
+    try:                                    # in process: loaded with the rest
+        assert eager._tokenizer is not None and "hf_tokenizer_s" in eager.load_stages
+    finally:
+        eager.close()
+    backend = FastBackend.load(str(tiny_model_dir), device="cpu", warmup=False, for_runner=True)
     try:
         assert backend._tokenizer is None
         want = default_stop_ids(load_tokenizer(tiny_model_dir))

@@ -116,8 +116,9 @@ class FastBackend(Backend):
         tokenizer.json's parse and check (Rust) and the stop ids run on a thread while this
         one initialises CUDA and reads the weights; the Hugging Face tokenizer itself (the
         transformers import and the chat template's check: seconds, most of them holding the
-        GIL, which slowed the weights' read threefold when it ran beside them) loads on first
-        use of :attr:`tokenizer` (the worker preloads it once it is serving). Where the seconds
+        GIL, which slowed the weights' read threefold when it ran beside them) loads after the
+        rest, or, ``for_runner`` (the engine process, whose parent has its own), on first use
+        of :attr:`tokenizer` (the worker preloads it once it is serving). Where the seconds
         went is kept in :attr:`load_stages` (the worker adds it to its "ready in" line)."""
         import torch
 
@@ -168,6 +169,9 @@ class FastBackend(Backend):
         if warmup and not for_runner:
             close_after_warmup(cache, say=_say)
         clock.mark("backend_s")
+        if not for_runner:          # in process: the caller encodes at once (the app, benches)
+            backend.tokenizer
+            clock.mark("hf_tokenizer_s")
         backend.load_stages = dict(clock.parts)
         return backend
 
