@@ -182,7 +182,9 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         _send_quietly(conn, ("load_error", _load_error_line(e), _picklable_error(e)))
         return
     timings["total_s"] = time.monotonic() - t0
-    source = getattr(backend, "tokenizer_source", "") or ""
+    source = getattr(backend, "tokenizer_source", None)      # without loading it
+    if source is None:
+        source = getattr(backend.tokenizer, "name_or_path", "") or ""
     beat = None
     every_s = beat_interval(getattr(spec.cfg, "watchdog_s", 0))
     if every_s:                       # the parent's watchdog: beat while a long step runs
