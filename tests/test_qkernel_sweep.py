@@ -98,3 +98,16 @@ def test_tensor_core_gemv_is_a_sweep_candidate_not_a_default():
     exec(S.table_source(sweep), ns)      # noqa: S102 - our own generated source
     assert ns["GEMV_TABLE"] == gemv_t
     assert ns["GEMV_TABLE"][(Q.FMT_INT4, 2560, 9728, False)].split == 4
+
+
+def test_vs_table_sweep_times_only_the_committed_config_besides_the_new_candidates():
+    """``--vs-table``: per FP8 / INT4 projection exactly one non-``dot`` configuration, the
+    committed one, so applying the sweep can only keep it or replace it by a faster one."""
+    its = S.items("4b", "qgemv", vs_table=True)
+    for name, (n, k, gate_up, _r, _ln) in S.SHAPES["4b"].items():
+        nout = n // 2 if gate_up else n
+        for fmt, f in (("fp8", Q.FMT_FP8), ("int4", Q.FMT_INT4)):
+            mine = [it for it in its if it["shape"] == name and it["fmt"] == fmt]
+            old = [Q.QConfig(**it["cfg"]) for it in mine if not it["cfg"].get("dot")]
+            assert old == [Q.GEMV_TABLE[(f, nout, k, gate_up)]], (name, fmt)
+            assert len(mine) - 1 == len(S.DOT_CANDIDATES[(fmt, name)])
