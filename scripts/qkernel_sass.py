@@ -22,12 +22,19 @@ from triton.compiler import ASTSource
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_kernel(fn, consts: dict, types: dict, warps: int):
+def compile_kernel(fn, consts: dict, types: dict, warps: int, align: bool = True):
+    """``align``: pointer arguments 16-byte aligned (``tt.divisibility``), as the JIT
+    specializes them for tensors at aligned addresses (every weight and activation here);
+    without it no load is wider than one element and none becomes an asynchronous copy."""
     names = fn.arg_names
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in names}
+    attrs = ({(i,): [["tt.divisibility", 16]]} for i, n in enumerate(names)
+             if sig[n].startswith("*")) if align else ()
     src = ASTSource(fn=fn, signature=sig,
-                    constexprs={(names.index(k),): v for k, v in consts.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+                    constexprs={(names.index(k),): v for k, v in consts.items()},
+                    attrs={k: v for a in attrs for k, v in a.items()})
+    opts = {"num_warps": warps}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
 def sass(k) -> str:
@@ -96,7 +103,28 @@ def CANDIDATES(Q):
                         Q.QConfig(block_n=bn, warps=warps, fold=True)))
             out.append((f"int4-fold-{bn}x{warps}-{shape}", Q.FMT_INT4, shape,
                         Q.QConfig(block_n=bn, warps=warps, fold=True, asm=True)))
+    # the tensor-core GEMV (QConfig.dot): the sweep's candidates
+    from qwen_trt.bench.qkernel_sweep import DOT_CANDIDATES
+
+    for (fname, shape), cands in DOT_CANDIDATES.items():
+        if shape == "o":
+            continue
+        fmt = Q.FMT_FP8 if fname == "fp8" else Q.FMT_INT4
+        for bn, warps, bk, st, sp, pre in cands:
+            out.append((f"{fname}-dot-{bn}x{warps}-bk{bk}-s{st}-k{sp}-l2{pre}-{shape}", fmt,
+                        shape, Q.QConfig(block_n=bn, warps=warps, bk=bk, stages=st,
+                                         split=sp, dot=True, l2pre=pre)))
     return out
+
+
+def features(k, text: str) -> dict:
+    """Shared memory, and which tensor-core and asynchronous-copy instructions the kernel
+    has (SASS: HMMA = mma.sync, HGMMA = wgmma, LDGSTS = cp.async, UTMALDG = TMA; CCTL = the
+    L2 prefetches)."""
+    ops = collections.Counter(m.group(3).split(".")[0] for m in INS.finditer(text))
+    return {"smem": getattr(k.metadata, "shared", None),
+            **{op: ops[op] for op in ("HMMA", "HGMMA", "LDGSTS", "UTMALDG", "CCTL", "LDG")
+               if ops[op]}}
 
 
 def main() -> int:
@@ -109,7 +137,8 @@ def main() -> int:
     shapes = {"qkv": (6144, 2560, False, False, True), "o": (2560, 4096, False, True, False),
               "gate_up": (9728, 2560, True, False, True), "down": (2560, 9728, False, True, False)}
     types = {"q_ptr": "*u8", "s_ptr": "*fp32", "z_ptr": "*i32", "x_ptr": "*bf16",
-             "out_ptr": "*bf16", "ln_ptr": "*bf16", "res_ptr": "*bf16", "eps": "fp32"}
+             "out_ptr": "*bf16", "ln_ptr": "*bf16", "res_ptr": "*bf16", "part_ptr": "*fp32",
+             "eps": "fp32"}
     for name, fmt, shape, cfg in CANDIDATES(Q):
         if args.only and args.only not in name:
             continue
@@ -118,10 +147,13 @@ def main() -> int:
         sk = 128
         kern, consts = Q._gemv_plan(fmt, n, k, ks, sk, 128, cfg, norm=ln, residual=res,
                                     gate_up=gate_up, pdl=True, grid=264, cuda=True)
-        wpi = cfg.block_n * k * (2 if gate_up else 1)
+        # weights per main-loop iteration: a row block (a pipeline step for ``dot``)
+        wpi = ((max(16, cfg.block_n) * max(cfg.bk, sk)) if cfg.dot
+               else cfg.block_n * k) * (2 if gate_up else 1)
         t = dict(types)
         if fmt == Q.FMT_INT4:
             t["q_ptr"] = "*i32"
+            t["s_ptr"] = "*fp16"
         try:
             kc = compile_kernel(kern, consts, t, cfg.warps)
         except Exception as e:  # noqa: BLE001
@@ -133,7 +165,7 @@ def main() -> int:
             with open(os.path.join(args.dump, name + ".sass"), "w") as f:
                 f.write(text)
         s = summary(loop_body(text), wpi, cfg.warps)
-        print(f"{name}: regs={regs(kc)} {s}", flush=True)
+        print(f"{name}: regs={regs(kc)} {features(kc, text)} {s}", flush=True)
     return 0
 
 

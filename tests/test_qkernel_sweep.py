@@ -73,3 +73,41 @@ def test_printed_tables_reproduce_the_committed_ones():
     exec(S.table_source(sweep), ns)      # noqa: S102 - our own generated source
     assert ns["GEMV_TABLE"] == Q.GEMV_TABLE
     assert ns["GEMM_TABLE"] == Q.GEMM_TABLE
+
+
+def test_tensor_core_gemv_is_a_sweep_candidate_not_a_default():
+    """Issue 26: the pipelined tensor-core GEMV (``QConfig.dot``) is swept for every FP8 and
+    INT4 projection, is not in the committed table (unmeasured), and a sweep it wins puts it
+    in the table with its pipeline settings (``--print-tables`` reproduces it)."""
+    assert not any(c.dot for c in Q.GEMV_TABLE.values())
+    for name in S.SHAPES["4b"]:
+        for fmt in ("fp8", "int4"):
+            dots = [c for c in S.gemv_candidates(fmt, name) if c.get("dot")]
+            assert len(dots) >= 5, (name, fmt)
+            assert all(Q.QConfig(**c).dot for c in dots)
+    keys = [S._key(it) for it in S.items("4b", "qgemv:fp8")]
+    assert len(keys) == len(set(keys)) and any("dot=True" in k for k in keys)
+    win = {"block_n": 64, "warps": 4, "bk": 128, "stages": 4, "split": 2, "dot": True,
+           "l2pre": 2}
+    sweep = {"best": {"qkv|qgemv|fp8|M1": _best(6.0, win),
+                      "down|qgemv|int4|M1": _best(9.0, dict(win, l2pre=0, split=4))}}
+    gemv_t, _ = S.tables(sweep)
+    assert gemv_t[(Q.FMT_FP8, 6144, 2560, False)] == Q.QConfig(**win)
+    ns = {"QConfig": Q.QConfig, "FMT_FP8": Q.FMT_FP8, "FMT_INT4": Q.FMT_INT4,
+          "FMT_DENSE": Q.FMT_DENSE}
+    exec(S.table_source(sweep), ns)      # noqa: S102 - our own generated source
+    assert ns["GEMV_TABLE"] == gemv_t
+    assert ns["GEMV_TABLE"][(Q.FMT_INT4, 2560, 9728, False)].split == 4
+
+
+def test_vs_table_sweep_times_only_the_committed_config_besides_the_new_candidates():
+    """``--vs-table``: per FP8 / INT4 projection exactly one non-``dot`` configuration, the
+    committed one, so applying the sweep can only keep it or replace it by a faster one."""
+    its = S.items("4b", "qgemv", vs_table=True)
+    for name, (n, k, gate_up, _r, _ln) in S.SHAPES["4b"].items():
+        nout = n // 2 if gate_up else n
+        for fmt, f in (("fp8", Q.FMT_FP8), ("int4", Q.FMT_INT4)):
+            mine = [it for it in its if it["shape"] == name and it["fmt"] == fmt]
+            old = [Q.QConfig(**it["cfg"]) for it in mine if not it["cfg"].get("dot")]
+            assert old == [Q.GEMV_TABLE[(f, nout, k, gate_up)]], (name, fmt)
+            assert len(mine) - 1 == len(S.DOT_CANDIDATES[(fmt, name)])

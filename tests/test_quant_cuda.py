@@ -43,10 +43,16 @@ def test_packed_kernels_match_dequantized_weights(fmt, shape):
     assert ((got - ref).norm() / ref.norm()).item() < 1e-2
     # the inline-PTX forms (FP8 word loads and in-register converts; INT4 one lop3 a nibble)
     # and FP8 with the block scales folded into the activations
+    # and the pipelined tensor-core GEMV (issue 26): wgmma (64 rows) and mma.sync (32),
+    # split-K, several blocks a step, L2 prefetches before the PDL wait
     for cfg in (QConfig(block_n=2, warps=8, ctas_per_sm=2, asm=True),
                 QConfig(block_n=1, warps=4, ctas_per_sm=4, ahead=2, asm=True),
                 QConfig(block_n=2, warps=4, ctas_per_sm=4, fold=True),
-                QConfig(block_n=4, warps=8, ctas_per_sm=2, ahead=2, fold=True)):
+                QConfig(block_n=4, warps=8, ctas_per_sm=2, ahead=2, fold=True),
+                QConfig(block_n=64, warps=4, bk=128, stages=4, split=1, dot=True),
+                QConfig(block_n=64, warps=4, bk=256, stages=3, split=4, dot=True, l2pre=2),
+                QConfig(block_n=32, warps=4, bk=256, stages=4, split=2, dot=True),
+                QConfig(block_n=128, warps=8, bk=128, stages=4, split=8, dot=True)):
         got = qgemv(w, x, config=cfg, **kw).float()
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2, cfg
     for m in (2, 8, 32):
@@ -61,6 +67,43 @@ def test_packed_kernels_match_dequantized_weights(fmt, shape):
         got = bgemm(w, xm, residual=res, gate_up=kw["gate_up"]).float()
         # same bf16 weights and rounding steps; only the accumulation order differs
         assert ((got - y.float()).norm() / y.float().norm()).item() < 1e-2, m
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_tensor_core_gemv_ragged_shapes_and_captured_graph(fmt):
+    """The tensor-core GEMV where K is not whole 128-column blocks (FP8: the masked load),
+    rows ragged against the block, and replayed from a CUDA graph (PDL edges)."""
+    from qwen_trt.fast.qkernels import QConfig, qgemv
+
+    torch.manual_seed(1)
+    for n, k, f in ((300, 200, {"ln": True}), (70, 384, {"gate_up": True}),
+                    (100, 640, {"residual": True})):
+        if fmt == "int4" and k % 128:
+            continue
+        w = quantize((torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16),
+                     QuantSpec(fmt))
+        wd = w.dequantize(torch.bfloat16)
+        rows = n // 2 if f.get("gate_up") else n
+        kw = dict(eps=1e-6, gate_up=f.get("gate_up", False),
+                  ln=(1 + 0.1 * torch.randn(k, device="cuda")).bfloat16() if f.get("ln")
+                  else None,
+                  residual=torch.randn(rows, device="cuda").bfloat16() if f.get("residual")
+                  else None)
+        x = torch.randn(k, device="cuda").bfloat16()
+        ref = gemv_ref(wd, x, **kw).float()
+        for cfg in (QConfig(block_n=64, warps=4, bk=128, stages=4, dot=True),
+                    QConfig(block_n=16, warps=4, bk=256, stages=3, split=3, dot=True,
+                            l2pre=1)):
+            got = qgemv(w, x, config=cfg, **kw).float()
+            assert ((got - ref).norm() / ref.norm()).item() < 1e-2, (n, k, cfg)
+            g = torch.cuda.CUDAGraph()
+            qgemv(w, x, config=cfg, **kw)
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g):
+                out = qgemv(w, x, config=cfg, **kw)
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, qgemv(w, x, config=cfg, **kw)), (n, k, cfg)
 
 
 def _tiny(tiny_model_dir, quant, dtype=torch.float32):

@@ -73,6 +73,50 @@ def test_packed_gemv_gemm_and_dequantize_match_dequantized_weights():
     assert max(res["deq"]) == 0.0
 
 
+def test_tensor_core_gemv_matches_dequantized_weights():
+    """The pipelined tensor-core GEMV (``QConfig.dot``, issue 26) for FP8 and INT4: every
+    fusion it takes (RMSNorm prologue, residual, ``silu(gate) * up``), rows ragged against
+    the block, K one block, several, not a block multiple (FP8: the masked load), steps of
+    one and several blocks, split-K (partials + the finish kernel, uneven and more splits
+    than steps), INT4 groups of 64 (no tl.dot) and 128; one program, a few, many."""
+    res = interpret("""
+        import json, torch
+        from qwen_trt.fast import qkernels as K
+        from qwen_trt.fast.gemv import gemv_ref
+        from qwen_trt.fast.qformats import QuantSpec, quantize
+        torch.manual_seed(0)
+        cases = [(96, 256, 64, dict(ln=True)), (50, 384, 128, dict(residual=True)),
+                 (130, 128, 64, dict(ln=True, gate_up=True)), (37, 200, 64, {}),
+                 (20, 640, 128, dict(ln=True, residual=True)),
+                 (36, 256, 128, dict(gate_up=True, residual=True)),
+                 (70, 384, 128, dict(ln=True, gate_up=True, residual=True))]
+        errs, n = [], 0
+        for fmt in ("fp8", "int4"):
+            for rows, k, group, f in cases:
+                if fmt == "int4" and k % group:
+                    continue
+                w = quantize(torch.randn(rows, k) * 0.1, QuantSpec(fmt, group=group))
+                wd = w.dequantize(torch.float32)
+                nout = rows // 2 if f.get("gate_up") else rows
+                kw = dict(eps=1e-6, gate_up=f.get("gate_up", False),
+                          ln=1 + 0.1 * torch.randn(k) if f.get("ln") else None,
+                          residual=torch.randn(nout) if f.get("residual") else None)
+                x = torch.randn(k)
+                ref = gemv_ref(wd, x, **kw)
+                for bn, bk, split, stages, pre in ((16, 128, 1, 2, 0), (32, 256, 2, 3, 2),
+                                                   (16, 128, 3, 1, 0), (64, 128, 4, 4, 0),
+                                                   (4, 512, 1, 3, 1)):
+                    cfg = K.QConfig(block_n=bn, warps=4, bk=bk, split=split, stages=stages,
+                                    dot=True, l2pre=pre)
+                    got = K.qgemv(w, x, config=cfg, **kw)
+                    errs.append(((got - ref).norm() / ref.norm()).item())
+                    n += 1
+        print(json.dumps({"errs": errs, "n": n}))
+    """)
+    assert res["n"] == 13 * 5, res
+    assert max(res["errs"]) < 1e-5, res["errs"]
+
+
 def test_split_k_gemm_of_dense_weights_matches_linear():
     """The split-K GEMM on dense weights (the bf16 projections' small-batch path where the
     sweep chose it): every fusion, K ragged against the step."""

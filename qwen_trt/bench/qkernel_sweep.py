@@ -72,14 +72,44 @@ GEMV_CANDIDATES = {
     ("int4", "down"): [(1, 4, 3, 2), (2, 8, 1, 2), (1, 8, 2, 2), (2, 4, 2, 2), (1, 4, 4, 1)],
 }
 
+# The tensor-core GEMV (QConfig.dot, issue 26: bytes in flight): (rows per block, warps,
+# columns per pipeline stage, stages, programs along K, steps prefetched into L2 before the
+# PDL wait). 64-row blocks run wgmma (A, the upcast weights, from registers), 16/32-row ones
+# mma.sync; Triton copies each stage's weights to shared memory asynchronously, so a program
+# has ``stages - 1`` stages in flight (64 x 128 FP8 bytes x 3 = 24 KB) without holding them in
+# registers, and ~40 KB of shared memory lets several programs share an SM. Grids of
+# 150-320 programs for 132 SMs; split > 1 adds the small partial-sum kernel.
+DOT_CANDIDATES = {
+    ("fp8", "qkv"): [(64, 4, 128, 4, 2, 0), (64, 4, 128, 4, 2, 2), (64, 4, 256, 3, 2, 0),
+                     (32, 4, 256, 4, 1, 0), (128, 8, 128, 4, 4, 0), (64, 4, 128, 5, 1, 2)],
+    ("fp8", "o"): [(64, 4, 128, 4, 4, 0), (64, 4, 128, 4, 4, 2), (64, 4, 128, 3, 8, 0),
+                   (32, 4, 128, 4, 4, 0), (64, 4, 256, 3, 4, 0), (128, 8, 128, 4, 8, 0)],
+    ("fp8", "gate_up"): [(64, 4, 128, 4, 1, 0), (64, 4, 128, 4, 1, 2), (64, 4, 128, 3, 1, 0),
+                         (32, 4, 128, 4, 1, 0), (64, 4, 128, 4, 2, 0), (64, 8, 256, 3, 1, 0)],
+    ("fp8", "down"): [(64, 4, 128, 4, 4, 0), (64, 4, 128, 4, 4, 2), (64, 4, 256, 4, 4, 0),
+                      (64, 4, 128, 4, 8, 0), (32, 4, 256, 4, 4, 0), (128, 8, 128, 4, 8, 0)],
+    ("int4", "qkv"): [(64, 4, 256, 4, 2, 0), (64, 4, 256, 4, 2, 2), (64, 4, 512, 3, 2, 0),
+                      (32, 4, 512, 3, 1, 0), (128, 8, 256, 3, 2, 0)],
+    ("int4", "o"): [(64, 4, 256, 4, 4, 0), (64, 4, 256, 4, 4, 2), (64, 4, 256, 3, 8, 0),
+                    (32, 4, 256, 4, 4, 0), (128, 8, 256, 4, 4, 0)],
+    ("int4", "gate_up"): [(64, 4, 256, 4, 1, 0), (64, 4, 256, 4, 1, 2), (64, 4, 128, 4, 2, 0),
+                          (32, 4, 256, 4, 1, 0), (64, 8, 256, 3, 1, 0)],
+    ("int4", "down"): [(64, 4, 256, 4, 4, 0), (64, 4, 256, 4, 4, 2), (64, 4, 512, 3, 4, 0),
+                       (64, 4, 256, 4, 8, 0), (32, 4, 256, 4, 4, 0)],
+}
+
 
 def gemv_candidates(fmt: str, shape: str) -> list[dict]:
     cands = [(c, False) for c in GEMV_CANDIDATES.get((fmt, shape), [(2, 4, 2, 1), (1, 4, 4, 2)])]
     cands += [(c, True) for c in GEMV_CANDIDATES.get((fmt + "-asm", shape), [])]
     cands += [(c, "fold") for c in GEMV_CANDIDATES.get((fmt + "-fold", shape), [])]
-    return [dict({"block_n": bn, "warps": w, "ctas_per_sm": c, "ahead": a},
-                 **({"fold": True} if asm == "fold" else {"asm": True} if asm else {}))
-            for (bn, w, c, a), asm in cands]
+    out = [dict({"block_n": bn, "warps": w, "ctas_per_sm": c, "ahead": a},
+                **({"fold": True} if asm == "fold" else {"asm": True} if asm else {}))
+           for (bn, w, c, a), asm in cands]
+    out += [{"block_n": bn, "warps": w, "bk": bk, "stages": st, "split": sp, "dot": True,
+             **({"l2pre": pre} if pre else {})}
+            for bn, w, bk, st, sp, pre in DOT_CANDIDATES.get((fmt, shape), [])]
+    return out
 
 
 def auto_split(n: int, k: int, bn: int, step: int = 128, target: int = 264) -> int:
@@ -102,10 +132,42 @@ def gemm_candidates(fmt: str, n: int, k: int) -> list[dict]:
     return out
 
 
-def items(shape_set: str, only: str = "") -> list[dict]:
+def _table_cfg(it: dict, shape_set: str) -> dict | None:
+    """The committed GEMV_TABLE configuration of a ``qgemv`` item's shape, as sweep keys."""
+    from dataclasses import fields
+
+    from qwen_trt.fast import qkernels as Q
+
+    n, k, gate_up, _r, _ln = SHAPES[shape_set][it["shape"]]
+    fmt = Q.FMT_FP8 if it["fmt"] == "fp8" else Q.FMT_INT4
+    c = Q.gemv_config(fmt, n // 2 if gate_up else n, k, gate_up)
+    base = Q.QConfig()
+    return {f.name: getattr(c, f.name) for f in fields(c)
+            if getattr(c, f.name) != getattr(base, f.name)}
+
+
+def items(shape_set: str, only: str = "", vs_table: bool = False) -> list[dict]:
     """Every (kind, format, shape, rows, config) the sweep times, in a fixed order (``only``:
-    comma-separated ``kind`` or ``kind:fmt`` filters, e.g. ``qgemv:fp8,gemv``)."""
+    comma-separated ``kind`` or ``kind:fmt`` filters, e.g. ``qgemv:fp8,gemv``; ``vs_table``:
+    of the batch-1 packed GEMV only the tensor-core candidates and the committed table's
+    configuration, so a sweep's winner is never slower than what is committed)."""
     out = _items(shape_set)
+    if vs_table:
+        from qwen_trt.fast import qkernels as Q
+
+        def keep(it):
+            if it["kind"] != "qgemv" or it["cfg"].get("dot"):
+                return True
+            return Q.QConfig(**it["cfg"]) == Q.QConfig(**_table_cfg(it, shape_set))
+        kept = [it for it in out if keep(it)]
+        # the table's configuration when no candidate equals it (e.g. a default)
+        for it in out:
+            if it["kind"] == "qgemv" and not any(
+                    o["kind"] == "qgemv" and o["shape"] == it["shape"]
+                    and o["fmt"] == it["fmt"] and not o["cfg"].get("dot") for o in kept):
+                kept.insert(kept.index(next(o for o in kept if o["shape"] == it["shape"])),
+                            dict(it, cfg=_table_cfg(it, shape_set)))
+        out = kept
     if not only:
         return out
     keys = [f.split(":") for f in only.split(",") if f]
@@ -330,6 +392,11 @@ def table_source(sweep: dict, shape_set: str = "4b") -> str:
     gemv, gemm = tables(sweep, shape_set)
     lines = ["GEMV_TABLE = {"]
     for (f, n, k, gu), c in gemv.items():
+        if c.dot:
+            pre = f", l2pre={c.l2pre}" if c.l2pre else ""
+            lines.append(f"    ({names[f]}, {n}, {k}, {gu}): QConfig({c.block_n}, {c.warps}, "
+                         f"bk={c.bk}, stages={c.stages}, split={c.split}, dot=True{pre}),")
+            continue
         asm = (", asm=True" if c.asm else "") + (", fold=True" if c.fold else "")
         lines.append(f"    ({names[f]}, {n}, {k}, {gu}): QConfig({c.block_n}, {c.warps}, "
                      f"{c.ctas_per_sm}, ahead={c.ahead}{asm}),")
@@ -353,11 +420,12 @@ def apply(path: str, shape_set: str = "4b") -> tuple[dict, dict]:
     return gemv, gemm
 
 
-def compile_part(shape_set: str, part: int, parts: int, device: str, only: str = "") -> None:
+def compile_part(shape_set: str, part: int, parts: int, device: str, only: str = "",
+                 vs_table: bool = False) -> None:
     """Worker: launch every ``parts``-th item once (compiles into Triton's cache)."""
     import torch
 
-    its = [it for i, it in enumerate(items(shape_set, only)) if i % parts == part]
+    its = [it for i, it in enumerate(items(shape_set, only, vs_table)) if i % parts == part]
     shapes = {}
     for it in its:
         if it["shape"] not in shapes:
@@ -379,6 +447,9 @@ def main(argv=None) -> int:
     p.add_argument("--copies-mb", type=int, default=300)
     p.add_argument("--only", default="", help="kind[:fmt],... filters (e.g. qgemv:fp8,gemv)")
     p.add_argument("--compile-timeout", type=int, default=150)
+    p.add_argument("--vs-table", action="store_true",
+                   help="batch-1 packed GEMV: only the tensor-core candidates and the committed "
+                        "table's configurations")
     p.add_argument("--print-tables", metavar="SWEEP_JSON",
                    help="print a finished sweep's winners as qkernels' table entries, then exit")
     args = p.parse_args(argv)
@@ -387,7 +458,7 @@ def main(argv=None) -> int:
         return 0
     if args.part:
         i, n = (int(v) for v in args.part.split("/"))
-        compile_part(args.shape, i, n, args.device, args.only)
+        compile_part(args.shape, i, n, args.device, args.only, args.vs_table)
         return 0
     import torch
 
@@ -409,7 +480,8 @@ def main(argv=None) -> int:
         procs = [subprocess.Popen([sys.executable, "-m", "qwen_trt.bench.qkernel_sweep",
                                    "--out", "/dev/null", "--shape", args.shape, "--device",
                                    args.device, "--part", f"{i}/{args.jobs}",
-                                   "--only", args.only])
+                                   "--only", args.only]
+                                  + (["--vs-table"] if args.vs_table else []))
                  for i in range(args.jobs)]
         deadline = time.monotonic() + args.compile_timeout
         for pr in procs:
@@ -420,7 +492,7 @@ def main(argv=None) -> int:
         out["compile_s"] = round(time.perf_counter() - t0, 1)
         print(f"[sweep] compiled in {out['compile_s']} s", file=sys.stderr, flush=True)
     by_shape: dict[str, list] = {}
-    for it in items(args.shape, args.only):
+    for it in items(args.shape, args.only, args.vs_table):
         by_shape.setdefault(it["shape"], []).append(it)
     for name, its in by_shape.items():
         sh = Shape(SHAPES[args.shape][name], dev, args.copies_mb * 1_000_000)
@@ -452,7 +524,8 @@ def compiled_registers() -> list:
     from qwen_trt.fast import qkernels as Q
 
     rows = []
-    for fn in (Q._fp8_gemv_kernel, Q._i4_gemv_kernel, Q._mm_kernel):
+    for fn in (Q._fp8_gemv_kernel, Q._f8w_gemv_kernel, Q._i4_gemv_kernel,
+               Q._dq_gemv_kernel, Q._mm_kernel):
         try:
             for cache in fn.device_caches.values():
                 for key, k in cache[0].items():
@@ -460,6 +533,7 @@ def compiled_registers() -> list:
                     rows.append({"kernel": fn.fn.__name__, "key": str(key)[-400:],
                                  "regs": getattr(k, "n_regs", None),
                                  "spills": getattr(k, "n_spills", None),
+                                 "smem": getattr(meta, "shared", None),
                                  "warps": getattr(meta, "num_warps", None)})
         except Exception as e:  # noqa: BLE001 - internals differ between Triton versions
             rows.append({"kernel": fn.fn.__name__, "error": f"{type(e).__name__}: {e}"[:200]})
