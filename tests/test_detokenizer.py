@@ -68,3 +68,18 @@ def test_completed_character_is_emitted_whole(tiny_tokenizer):
     d = IncrementalDetokenizer(tiny_tokenizer)
     deltas = [d.add(i) for i in ids]
     assert [x for x in deltas if x] == ["a", "龘", "b"]
+
+
+def test_a_fast_tokenizer_decodes_through_its_rust_tokenizer(tiny_tokenizer):
+    """The serving loop's decode skips transformers' wrapper for a fast tokenizer (same text:
+    the tests above compare with ``tokenizer.decode``); a tokenizer without one keeps it."""
+    assert IncrementalDetokenizer(tiny_tokenizer)._rust is tiny_tokenizer.backend_tokenizer
+
+    class Slow:
+        def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+            return tiny_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    ids = tiny_tokenizer.encode("héllo wörld 你好", add_special_tokens=False)
+    slow = IncrementalDetokenizer(Slow())
+    assert slow._rust is None
+    assert "".join(slow.add(i) for i in ids) + slow.flush() == "héllo wörld 你好"
