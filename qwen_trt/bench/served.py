@@ -10,6 +10,8 @@ HTTP load generator's (:func:`qwen_trt.bench.http_bench.prompt_text`, request ``
 through the chat template, greedy, lengths forced with ``ignore_eos``; ``--warmup`` requests
 first each way.
 
+0. at one stream, first **the batch-1 decoder** (the backend loaded with its own graphs,
+   ``backend.stream``) on prompts of its own: the baseline of the one-stream first-token target;
 1. **in process**: the runner ``qwen-trt serve`` would build (the worker's own
    :func:`~qwen_trt.serving.worker.load_for_spec` / :func:`~qwen_trt.serving.worker.make_runner`,
    ``--max-batch`` wide), stepped in this process; a request's tokens are stamped when its step
@@ -56,7 +58,6 @@ class ServedBenchConfig:
     in_process: bool = True          # False: the HTTP side only
     second_start: bool = False       # then start `qwen-trt serve` again: the warm-cache start
     batch1: bool = True              # at one stream, the batch-1 decoder too (loads its graphs)
-
     rounds: int = 2                  # at least this many requests per client at each level
 
     def level_requests(self, c: int) -> int:
@@ -196,8 +197,10 @@ def run_in_process(cfg: ServedBenchConfig, log) -> tuple[dict, dict]:
         tok = backend.tokenizer
         b1_prompts = [encode_messages(tok, _messages(20_000_000 + i, cfg.input_words))
                       for i in range(cfg.warmup + cfg.level_requests(1))]
+        t_b1 = time.monotonic()
         batch1_decoder(backend, b1_prompts[:cfg.warmup], params)
         b1 = batch1_decoder(backend, b1_prompts[cfg.warmup:], params)
+        t += time.monotonic() - t_b1              # load_s: loading, not this measurement
         if b1 is not None:
             log(f"batch-1 decoder: {b1['output_tok_s']} tok/s, TTFT p50 {b1['ttft_ms_p50']} "
                 f"ms, ITL p50 {b1['itl_ms_p50']} ms")
