@@ -152,6 +152,9 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_STEP_COMPILE", "bool", True,
        "compile the batched step's norms/activation pieces (0: plain PyTorch ops, to debug)",
        group="kernel"),
+    _S("QWEN_TRT_STEP_TRITON", "bool", False,
+       "the batched step's norms/activation pieces as Triton kernels (no torch.compile, no "
+       "dynamo import at start; fast/step_kernels.py)", group="kernel"),
     _S("QWEN_TRT_FP8_PREFILL", "str", "auto",
        "FP8 weights' prefill: auto | dequant (then bf16 GEMMs) | tensorcore (FP8 GEMMs; sm89+)",
        group="kernel", choices=("auto", "dequant", "tensorcore")),

@@ -281,3 +281,29 @@ def test_sampled_and_logprob_rows_chain_like_step_by_step(big, monkeypatch):
     assert chained.chained_steps > 15 and plain.chained_steps == 0
     assert out_c == out_p and lp_c == lp_p
     assert all(len(out_c[i]) == 24 for i in range(4)) and len(lp_c[3]) == 24
+
+
+def test_step_pieces_as_triton_kernels_match_the_compiled_ones(big):
+    """QWEN_TRT_STEP_TRITON=1: a step that prefills with fast/step_kernels.py's norm and SiLU·up
+    kernels gives the logits of the same step with the compiled pieces (the same rounding, so
+    well inside the bf16 bound)."""
+    from qwen_trt.fast import step_kernels
+    from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
+
+    bm = big
+    alloc = BlockAllocator(bm.cache.num_blocks, bm.block_size)
+    p = prompts(1, QWEN3_4B.vocab_size, seed=21, lo=600, hi=601)[0]
+    blocks = SeqBlocks()
+    alloc.grow(blocks, len(p))
+    args = (p, list(range(len(p))), [SeqChunk(0, len(p), len(p), tuple(blocks.table))],
+            [len(p) - 1])
+    saved = (bm._pre, bm._post, bm.step_graphs)
+    bm.step_graphs = False                      # eager: the pieces swapped in take effect
+    try:
+        compiled = bm.forward(*args).float().clone()
+        bm._pre, bm._post = step_kernels.pre_attention, step_kernels.post_attention
+        triton_pieces = bm.forward(*args).float()
+    finally:
+        bm._pre, bm._post, bm.step_graphs = saved
+    err = ((triton_pieces - compiled).norm() / compiled.norm()).item()
+    assert err < 5e-2, err

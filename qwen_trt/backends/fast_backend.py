@@ -146,9 +146,15 @@ class FastBackend(Backend):
                                            f"max_seq_len={n}", say=_say,
                                    weights=source.path)
         clock.mark("cache_open_s")
+        from qwen_trt.fast.options import options
+
+        # the runner takes the model over and prefills with its own step pieces: with those as
+        # Triton kernels the batch-1 decoder's compiled prefill would only import dynamo
+        no_compile = for_runner and dev.startswith("cuda") and options().step_triton
         decoder = load_fast_decoder(cfg, weights=source.path, dtype=torch_dtype, device=dev,
                                     max_seq_len=n, warmup=warmup and not for_runner,
-                                    quantization=quantization)
+                                    quantization=quantization,
+                                    compile=False if no_compile else None)
         dt = clock.mark("decoder_s")
         st = decoder.stats
         clock.parts.pop("decoder_s")

@@ -169,13 +169,18 @@ class BatchedModel:
         # Steps that prefill: the Triton varlen attention (checked at warm-up, else the math
         # step) and, around it, the norms / activation / residual adds compiled once for any
         # row count (fused elementwise kernels; inside a graph nothing is left of their host
-        # cost). KernelOptions.step_compile=False keeps the PyTorch ops.
+        # cost). KernelOptions.step_compile=False keeps the PyTorch ops; step_triton=True
+        # runs them as fast/step_kernels.py's Triton kernels instead (no torch.compile).
         self.varlen = self.triton
         self.step_graphs = False
         # (block_q, warps) of the varlen attention per token bucket: timed at warm-up
         self.varlen_tile: dict[int, tuple[int, int]] = {}
         self._pre, self._post = _pre_attention, _post_attention
-        if self.triton and options().step_compile:
+        if self.triton and options().step_triton:       # the same kernels, no dynamo
+            from qwen_trt.fast import step_kernels
+
+            self._pre, self._post = step_kernels.pre_attention, step_kernels.post_attention
+        elif self.triton and options().step_compile:
             self._pre = _compile_for_any_rows(_pre_attention, 1)
             self._post = _compile_for_any_rows(_post_attention, 2)
         # decode graphs by (bucket, width in blocks); the widths: WIDTH_TOKENS, then all

@@ -21,6 +21,7 @@ class KernelOptions:
     attn_preload: bool = True        # first K/V tile loaded before the PDL wait (no variable:
     #                                  the kernel tests and `profile --variants` set it)
     step_compile: bool = True        # the batched step's elementwise pieces compiled
+    step_triton: bool = False        # ... or as Triton kernels (fast/step_kernels.py): no dynamo
     attn_split: int | None = None    # batch-1 RoPE attention keys per split (None: tuned default)
     paged_split: int | None = None   # paged RoPE attention keys per split (None: tuned default)
     fp8_prefill: str = "auto"        # FP8 weights' prefill: auto | dequant | tensorcore
@@ -45,6 +46,7 @@ class KernelOptions:
             gemv[(n, k)] = (bn, warps, ctas)
         return cls(pdl=settings.get("QWEN_TRT_PDL", env), chain=settings.get("QWEN_TRT_CHAIN", env),
                    step_compile=settings.get("QWEN_TRT_STEP_COMPILE", env),
+                   step_triton=settings.get("QWEN_TRT_STEP_TRITON", env),
                    attn_split=settings.get("QWEN_TRT_ATTN_SPLIT", env),
                    paged_split=settings.get("QWEN_TRT_PAGED_SPLIT", env),
                    fp8_prefill=settings.get("QWEN_TRT_FP8_PREFILL", env),
@@ -85,6 +87,7 @@ class KernelOptions:
 
 
 _FIELDS = {"pdl": "bool", "chain": "bool", "attn_preload": "bool", "step_compile": "bool",
+           "step_triton": "bool",
            "attn_split": "int", "paged_split": "int", "gemv": "map"}
 
 
