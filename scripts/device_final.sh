@@ -7,7 +7,8 @@
 #   (python -m qwen_trt.bench.qwen_vocab GGUF .dev-tok); results flat in $OUT
 # Environment: MODEL, TESTS, TEST_K (a pytest -k filter), CONCURRENCY (1,32,64), REQUESTS (16), ROUNDS (2),
 #   OUTPUT_TOKENS (256), INPUT_WORDS (400), CONSTRAINED (1), SERVED (1), CUDA_TESTS (1), STEP_SIZES (0: the
-#   prefill step by size, qwen_trt.bench.step_sizes), DEADLINE_S (560).
+#   prefill step by size, qwen_trt.bench.step_sizes; STEP_PIECES default,triton compares the
+#   step's norm/SiLU pieces), DEADLINE_S (560).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEADLINE_S=${DEADLINE_S:-560}
@@ -31,7 +32,8 @@ fi
 
 if [ "${STEP_SIZES:-0}" = 1 ]; then
   phase_begin step-sizes
-  timeout --kill-after=10 "$(bound 120)" "$PY" -m qwen_trt.bench.step_sizes --model "$MODEL" \
+  timeout --kill-after=10 "$(bound ${STEP_SIZES_S:-120})" "$PY" -m qwen_trt.bench.step_sizes \
+    --model "$MODEL" --pieces "${STEP_PIECES:-default}" \
     --out "$OUT/step-sizes.json" >/dev/null 2>"$WORK/step-sizes.log"
   rc=$?
   tail -20 "$WORK/step-sizes.log"

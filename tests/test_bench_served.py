@@ -74,9 +74,9 @@ def test_step_sizes_times_each_prefill_size_alone_and_beside_decode_rows(tiny_mo
     out = tmp_path / "steps.json"
     assert main(["--model", str(tiny_model_dir), "--device", "cpu", "--sizes", "16,40",
                  "--decode-rows", "3", "--decode-ctx", "20", "--repeats", "2",
-                 "--out", str(out)]) == 0
+                 "--pieces", "default,triton", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["prefill_tokens"], r["decode_rows"]) for r in rows] == [(16, 0), (16, 3),
-                                                                        (40, 0), (40, 3)]
-    assert [r["step_tokens"] for r in rows] == [16, 19, 40, 43]
+    assert [(r["pieces"], r["prefill_tokens"], r["decode_rows"]) for r in rows] == [
+        (p, n, d) for p in ("default", "triton") for n in (16, 40) for d in (0, 3)]
+    assert [r["step_tokens"] for r in rows] == [16, 19, 40, 43] * 2
     assert all(r["eager_ms"] > 0 and r["bucket"] >= r["step_tokens"] for r in rows)

@@ -38,8 +38,24 @@ def _time(fn, repeats: int) -> float:
     return statistics.median(out)
 
 
+PIECES = ("default", "triton")      # the step's norm/SiLU pieces: as the runner built them, or
+#                                     fast/step_kernels.py's Triton kernels (QWEN_TRT_STEP_TRITON)
+
+
+def _use_pieces(bm, name: str, built: tuple) -> None:
+    """The step's elementwise pieces ``name``; the step graphs are captured again on use."""
+    if name == "triton":
+        from qwen_trt.fast import step_kernels
+
+        bm._pre, bm._post = step_kernels.pre_attention, step_kernels.post_attention
+    else:
+        bm._pre, bm._post = built
+    if hasattr(bm, "_s_graphs"):
+        bm._s_graphs.clear()
+
+
 def run(model: str, sizes: list[int], decode_rows: int, decode_ctx: int, repeats: int,
-        log=print, device: str = "auto") -> dict:
+        log=print, device: str = "auto", pieces: tuple[str, ...] = ("default",)) -> dict:
     from qwen_trt.backends import BackendConfig
     from qwen_trt.fast.batched import STEP_TOKEN_BUCKETS, SeqChunk
     from qwen_trt.serving.worker import WorkerSpec, load_for_spec, make_runner, resolve
@@ -61,34 +77,38 @@ def run(model: str, sizes: list[int], decode_rows: int, decode_ctx: int, repeats
 
     dec_tables = [table(decode_ctx + 1) for _ in range(decode_rows)]
     rows: list[dict] = []
-    for n in sizes:
-        for d in (0, decode_rows) if decode_rows else (0,):
-            tokens, positions, chunks, logit_rows = [], [], [], []
-            for t in dec_tables[:d]:
-                chunks.append(SeqChunk(len(tokens), 1, decode_ctx + 1, t))
-                logit_rows.append(len(tokens))
-                tokens.append(int(torch.randint(vocab, (1,), generator=gen)))
-                positions.append(decode_ctx)
-            tab = table(n)
-            chunks.append(SeqChunk(len(tokens), n, n, tab))
-            tokens += torch.randint(vocab, (n,), generator=gen).tolist()
-            positions += list(range(n))
-            logit_rows.append(len(tokens) - 1)
-            next_block[0] -= len(tab)          # the same blocks for the next size
-            step = lambda: bm.forward(tokens, positions, chunks, logit_rows)  # noqa: E731
-            total = len(tokens)
-            bucket = next((t for t in STEP_TOKEN_BUCKETS if t >= total), None)
-            graph_ms = _time(step, repeats) if bm.step_graphs and bucket else None
-            saved, bm.step_graphs = bm.step_graphs, False
-            try:
-                eager_ms = _time(step, repeats)
-            finally:
-                bm.step_graphs = saved
-            row = {"prefill_tokens": n, "decode_rows": d, "step_tokens": total,
-                   "bucket": bucket, "graph_ms": None if graph_ms is None else round(graph_ms, 3),
-                   "eager_ms": round(eager_ms, 3)}
-            rows.append(row)
-            log(json.dumps(row))
+    built = (bm._pre, bm._post)
+    cases = [(p, n, d) for p in pieces for n in sizes
+             for d in ((0, decode_rows) if decode_rows else (0,))]
+    for piece, n, d in cases:
+        if piece != (rows[-1]["pieces"] if rows else None):
+            _use_pieces(bm, piece, built)
+        tokens, positions, chunks, logit_rows = [], [], [], []
+        for t in dec_tables[:d]:
+            chunks.append(SeqChunk(len(tokens), 1, decode_ctx + 1, t))
+            logit_rows.append(len(tokens))
+            tokens.append(int(torch.randint(vocab, (1,), generator=gen)))
+            positions.append(decode_ctx)
+        tab = table(n)
+        chunks.append(SeqChunk(len(tokens), n, n, tab))
+        tokens += torch.randint(vocab, (n,), generator=gen).tolist()
+        positions += list(range(n))
+        logit_rows.append(len(tokens) - 1)
+        next_block[0] -= len(tab)          # the same blocks for the next size
+        step = lambda: bm.forward(tokens, positions, chunks, logit_rows)  # noqa: E731
+        total = len(tokens)
+        bucket = next((t for t in STEP_TOKEN_BUCKETS if t >= total), None)
+        graph_ms = _time(step, repeats) if bm.step_graphs and bucket else None
+        saved, bm.step_graphs = bm.step_graphs, False
+        try:
+            eager_ms = _time(step, repeats)
+        finally:
+            bm.step_graphs = saved
+        row = {"pieces": piece, "prefill_tokens": n, "decode_rows": d, "step_tokens": total,
+               "bucket": bucket, "graph_ms": None if graph_ms is None else round(graph_ms, 3),
+               "eager_ms": round(eager_ms, 3)}
+        rows.append(row)
+        log(json.dumps(row))
     backend.close()
     return {"tool": "qwen_trt.bench.step_sizes", "model": model, "buckets": list(STEP_TOKEN_BUCKETS),
             "decode_ctx": decode_ctx, "repeats": repeats, "rows": rows}
@@ -102,11 +122,18 @@ def main(argv=None) -> int:
     p.add_argument("--decode-rows", type=int, default=31)
     p.add_argument("--decode-ctx", type=int, default=700)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--pieces", default="default",
+                   help="comma list of the step's norm/SiLU pieces: default (as built: "
+                        "compiled), triton (fast/step_kernels.py)")
     p.add_argument("--device", default="auto", help="cpu: a shape check on the tiny model")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
+    pieces = tuple(x.strip() for x in a.pieces.split(",") if x.strip())
+    if not pieces or set(pieces) - set(PIECES):
+        p.error(f"--pieces: a comma list of {', '.join(PIECES)}")
     res = run(a.model, [int(x) for x in a.sizes.split(",") if x.strip()], a.decode_rows,
-              a.decode_ctx, a.repeats, log=lambda m: print(m, file=sys.stderr), device=a.device)
+              a.decode_ctx, a.repeats, log=lambda m: print(m, file=sys.stderr), device=a.device,
+              pieces=pieces)
     text = json.dumps(res, indent=1)
     if a.out:
         with open(a.out, "w") as fh:
