@@ -161,3 +161,16 @@ def test_a_warm_start_skips_the_varlen_tile_timing(tmp_path, monkeypatch):
     need = {n: -(-(n + 1536) // 16) for n in batched.STEP_TOKEN_BUCKETS}
     fits = [n for n, k in need.items() if k < 200 and k <= bm.max_blocks]
     assert fits and bm.varlen_tile == {n: (32, 8) for n in fits}
+
+
+def test_the_key_covers_every_fast_module_with_triton_kernels():
+    """A warm start skips the self-checks its key recorded passing, so every fast-path module
+    that defines Triton kernels must be in the kernel-source hash."""
+    from pathlib import Path
+
+    from qwen_trt.fast import compile_cache
+
+    fast = Path(compile_cache.__file__).parent
+    with_kernels = {p.name for p in fast.glob("*.py") if "@triton.jit" in p.read_text()}
+    assert with_kernels and with_kernels <= set(compile_cache.KERNEL_SOURCES), (
+        with_kernels - set(compile_cache.KERNEL_SOURCES))

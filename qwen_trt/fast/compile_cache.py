@@ -47,9 +47,11 @@ from pathlib import Path
 ENV_CACHE_DIR = "QWEN_TRT_CACHE_DIR"
 DEFAULT_ROOT = Path("~/.cache/qwen-trt")
 PICKS = "_picks"            # autotune.json's section of named choices (never a tuner's name)
+# every module whose kernels the cache compiles or whose self-checks a warm start skips (a change
+# to any of them must give a new key: the checks' passes are only valid for the same sources)
 KERNEL_SOURCES = ("attention.py", "batched.py", "bgemm.py", "decoder.py", "gemv.py", "graphs.py",
                   "kernel_parts.py", "kv_cache.py", "model.py", "paged_kernels.py", "pdl.py",
-                  "rope_cache.py")
+                  "qformats.py", "qkernels.py", "rope_cache.py", "step_kernels.py")
 
 
 def cache_root(cache_dir: str | None = None, environ=None) -> Path:
