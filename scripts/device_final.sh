@@ -6,7 +6,8 @@
 #   carry .whl (xgrammar, fastapi, uvicorn, starlette, pydantic, ... for Python 3.12) and .dev-tok
 #   (python -m qwen_trt.bench.qwen_vocab GGUF .dev-tok); results flat in $OUT
 # Environment: MODEL, TESTS, TEST_K (a pytest -k filter), CONCURRENCY (1,32,64), REQUESTS (16), ROUNDS (2),
-#   OUTPUT_TOKENS (256), INPUT_WORDS (400), CONSTRAINED (1), SERVED (1), CUDA_TESTS (1), STEP_SIZES (0: the
+#   OUTPUT_TOKENS (256), INPUT_WORDS (400), CONSTRAINED (1), SERVED (1), CUDA_TESTS (1), SEED (0: the
+#   warm cache's tuned choices written as $OUT/tune-seed.json), STEP_SIZES (0: the
 #   prefill step by size, qwen_trt.bench.step_sizes; STEP_PIECES default,triton compares the
 #   step's norm/SiLU pieces), DEADLINE_S (560).
 set -uo pipefail
@@ -50,6 +51,13 @@ QWEN_TRT_TRACE_HOPS=1 timeout --kill-after=10 "$(bound ${SERVED_S:-280})" "$PY" 
 rc=$?
 grep -E '^\[served\]|^\|' "$WORK/served.log" | tail -24
 phase_end $rc
+fi
+
+if [ "${SEED:-0}" = 1 ]; then   # the served start's tuned choices as a seed (qwen_trt/fast/seeds)
+  phase_begin seed
+  "$PY" scripts/tune_seed.py "$OUT/tune-seed.json" \
+    --source "$(head -1 "$WORK/gpu.txt" | cut -d, -f1), $(date -u +%F), serve --max-batch 32"
+  phase_end $?
 fi
 
 if [ "${CONSTRAINED:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then

@@ -174,3 +174,57 @@ def test_the_key_covers_every_fast_module_with_triton_kernels():
     with_kernels = {p.name for p in fast.glob("*.py") if "@triton.jit" in p.read_text()}
     assert with_kernels and with_kernels <= set(compile_cache.KERNEL_SOURCES), (
         with_kernels - set(compile_cache.KERNEL_SOURCES))
+
+
+def _warm_folder(root, key=KEY):
+    c = CompileCache(root, key, print).open(set_env=False)
+    t = Tuner()
+    t.cache[(2560, 9728, 16, "torch.bfloat16")] = t.configs[2]
+    c.remember("bucket_impl", 8, "bgemm")
+    c.save_choices({"bgemm": t})
+    c.seal()
+    return c
+
+
+def test_a_new_folder_starts_from_a_matching_seed_and_only_then(tmp_path):
+    """A seed (a warm folder's choices measured on a GPU) fills a new folder's tuners and
+    warm-up picks when its GPU, Triton minor, dtype, shapes, format and buckets match, and per
+    tuner only when its configuration list is the same; a folder's own choices come first."""
+    import subprocess
+    import sys
+
+    from qwen_trt.fast.compile_cache import find_seed, make_seed
+
+    warm = _warm_folder(tmp_path / "measured")
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    seed = make_seed(warm.folder, {"bgemm": Tuner()}, "test machine")
+    (seeds / "h200.json").write_text(json.dumps(seed))
+    # another driver / torch / kernel hash and a patch release of Triton: still the seed's
+    other = replace(KEY, driver="13010", torch="2.11.1", kernels="f" * 16, triton="3.6.1")
+    fresh = CompileCache(tmp_path / "machine2", other, print).open(set_env=False)
+    t = Tuner()
+    assert fresh.load_choices({"bgemm": t}, seeds_dir=seeds) == 2
+    assert fresh.seeded == "h200.json" and not fresh.warm
+    assert t.cache[(2560, 9728, 16, "torch.bfloat16")] is t.configs[2]
+    assert fresh.pick("bucket_impl", 8, ("bgemm", "torch")) == "bgemm"
+    # another GPU, other shapes: no seed
+    for field, value in (("gpu", "NVIDIA H100"), ("shapes", '{"hidden": 4096}'),
+                         ("triton", "3.7.0"), ("buckets", "max_batch=8")):
+        assert find_seed(replace(KEY, **{field: value}), seeds) is None, field
+    # a tuner whose configuration list changed keeps nothing of the seed's rows (picks stay)
+    changed = Tuner()
+    changed.configs.append(Config(128, 8))
+    c3 = CompileCache(tmp_path / "machine3", other, print).open(set_env=False)
+    assert c3.load_choices({"bgemm": changed}, seeds_dir=seeds) == 1 and not changed.cache
+    # the folder's own choices, once it has them, are not the seed's
+    own = _warm_folder(tmp_path / "machine2", other)
+    t4 = Tuner()
+    assert own.load_choices({"bgemm": t4}, seeds_dir=seeds) == 2 and own.seeded == ""
+    # the script writes the same seed from the folder
+    out = tmp_path / "seed.json"
+    r = subprocess.run([sys.executable, "scripts/tune_seed.py", str(warm.folder), str(out),
+                        "--source", "test machine"], capture_output=True, text=True,
+                       cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["match"] == seed["match"]

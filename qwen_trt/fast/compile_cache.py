@@ -15,6 +15,13 @@ shapes, the weight format, the batch buckets and a hash of our kernel sources)::
     <root>/<digest>/checks.json    the kernel self-checks that passed, and the weights they
                                    passed on: {"weights": id, "passed": [name, ...]}
 
+A new folder starts from a **seed** when one ships for it (``qwen_trt/fast/seeds/*.json``: a
+warm folder's autotune.json measured on a GPU, :func:`make_seed`), matched on the GPU, its
+capability, Triton's minor version, the dtype, the model's shapes, the weight format and the
+buckets, and per tuner on its configuration list: the tuners then compile and time only the
+seeded configuration, and the warm-up's timings their seeded pick (a fresh machine's start).
+The self-checks still run: a seed only saves timing.
+
 ``root`` is ``--cache-dir`` / ``$QWEN_TRT_CACHE_DIR``, default ``~/.cache/qwen-trt``. A folder
 whose ``key.json`` does not match, or a choices file that does not parse, is reported in one
 line and rebuilt; a choice that names no known configuration is ignored (tuned again). The
@@ -47,6 +54,7 @@ from pathlib import Path
 ENV_CACHE_DIR = "QWEN_TRT_CACHE_DIR"
 DEFAULT_ROOT = Path("~/.cache/qwen-trt")
 PICKS = "_picks"            # autotune.json's section of named choices (never a tuner's name)
+SEEDS_DIR = Path(__file__).resolve().parent / "seeds"   # shipped choices (data, see make_seed)
 # every module whose kernels the cache compiles or whose self-checks a warm start skips (a change
 # to any of them must give a new key: the checks' passes are only valid for the same sources)
 KERNEL_SOURCES = ("attention.py", "batched.py", "bgemm.py", "decoder.py", "gemv.py", "graphs.py",
@@ -139,6 +147,7 @@ class CompileCache:
         self.weights_id = ""       # the loaded weights (:func:`weights_id`; "": unknown)
         self.passed: set[str] = set()        # self-checks recorded passing (on weights_id)
         self.skipped: list[str] = []         # self-checks this start skipped
+        self.seeded = ""                     # the seed file a new folder's choices came from
 
     def open(self, *, set_env: bool = True) -> "CompileCache":
         """Make the folder usable (rebuilding a stale or broken one) and point Triton and
@@ -195,12 +204,23 @@ class CompileCache:
             self.passed.discard(name)
 
     # -- our autotuners' choices ---------------------------------------------------------------
-    def load_choices(self, tuners: dict) -> int:
+    def load_choices(self, tuners: dict, seeds_dir: Path | None = None) -> int:
         """Fill each tuner's ``cache`` (a triton Autotuner's: key tuple -> Config) from
-        autotune.json; returns how many choices were restored."""
+        autotune.json, or, in a folder without one, from a matching seed (module docstring;
+        :attr:`seeded` names it); returns how many choices were restored."""
         path = self.folder / "autotune.json"
+        self.seeded = ""
         if not path.exists():
-            return 0
+            found = find_seed(self.key, seeds_dir)
+            if found is None:
+                return 0
+            seed_path, seed = found
+            same = {name for name, t in tuners.items()
+                    if seed.get("fingerprints", {}).get(name) == tuner_fingerprint(t)}
+            data = {k: v for k, v in seed["choices"].items() if k == PICKS or k in same}
+            n = self._apply_choices(data, tuners)
+            self.seeded = seed_path.name if n else ""
+            return n
         try:
             data = json.loads(path.read_text())
             if not isinstance(data, dict):
@@ -209,6 +229,9 @@ class CompileCache:
             self._say(f"compile cache {path}: unreadable ({type(e).__name__}); tuning again")
             path.unlink(missing_ok=True)
             return 0
+        return self._apply_choices(data, tuners)
+
+    def _apply_choices(self, data: dict, tuners: dict) -> int:
         n = 0
         picks = data.get(PICKS)
         if isinstance(picks, dict):
@@ -263,6 +286,50 @@ class CompileCache:
     def remember(self, name: str, key, value) -> None:
         """Keep ``value`` (JSON: a string, a number, a list) for the next start."""
         self.picks.setdefault(name, {})[str(key)] = value
+
+
+def seed_match(key: CacheKey) -> dict:
+    """What a seed must share with a cache key: the GPU and its capability, Triton's minor
+    version, the dtype, the model's shapes (a digest), the weight format and the buckets (not
+    the driver, torch or our sources: the choices stay valid configurations across those, and
+    a seeded start still tunes what the seed lacks)."""
+    return {"gpu": key.gpu, "capability": key.capability,
+            "triton": ".".join(key.triton.split(".")[:2]), "dtype": key.dtype,
+            "shapes": hashlib.sha256(key.shapes.encode()).hexdigest()[:16],
+            "weight_format": key.weight_format, "buckets": key.buckets}
+
+
+def tuner_fingerprint(tuner) -> str:
+    """A tuner's configuration list (a seed's indices are only valid for the same list)."""
+    parts = [repr((sorted(getattr(c, "kwargs", {}).items()), getattr(c, "num_warps", None),
+                   getattr(c, "num_stages", None))) for c in getattr(tuner, "configs", ())]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def make_seed(folder: Path, tuners: dict, source: str) -> dict:
+    """A seed (module docstring) from a complete cache folder: its key's match fields, the
+    tuners' fingerprints, its autotune.json, and ``source`` (where and when it was measured)."""
+    folder = Path(folder)
+    key = CacheKey(**json.loads((folder / "key.json").read_text()))
+    choices = json.loads((folder / "autotune.json").read_text())
+    return {"source": source, "match": seed_match(key),
+            "fingerprints": {name: tuner_fingerprint(t) for name, t in tuners.items()},
+            "choices": choices}
+
+
+def find_seed(key: CacheKey, seeds_dir: Path | None = None) -> tuple[Path, dict] | None:
+    """The first shipped seed (sorted by file name) whose match fields are ``key``'s; an
+    unreadable seed file is skipped."""
+    want = seed_match(key)
+    folder = SEEDS_DIR if seeds_dir is None else Path(seeds_dir)
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            seed = json.loads(path.read_text())
+            if seed.get("match") == want and isinstance(seed.get("choices"), dict):
+                return path, seed
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
 
 
 _ACTIVE: CompileCache | None = None
@@ -373,8 +440,9 @@ def open_for_fast_path(cfg, dtype, device, *, cache_dir: str | None, buckets: st
         return None
     n = cache.load_choices(tuners())
     _ACTIVE = cache
+    seeded = f" seeded from {cache.seeded}" if cache.seeded else ""
     say(f"compile cache {cache.folder} ({'warm' if cache.warm else 'new'}"
-        f"{f', {n} tuned choices' if n else ''})")
+        f"{f', {n} tuned choices{seeded}' if n else ''})")
     return cache
 
 
