@@ -154,7 +154,7 @@ SETTINGS: tuple[Setting, ...] = (
        group="kernel"),
     _S("QWEN_TRT_STEP_TRITON", "bool", False,
        "the batched step's norms/activation pieces as Triton kernels (no torch.compile, no "
-       "dynamo import at start; fast/step_kernels.py)", group="kernel"),
+       "dynamo import at start; batched._pre_triton / _post_triton)", group="kernel"),
     _S("QWEN_TRT_FP8_PREFILL", "str", "auto",
        "FP8 weights' prefill: auto | dequant (then bf16 GEMMs) | tensorcore (FP8 GEMMs; sm89+)",
        group="kernel", choices=("auto", "dequant", "tensorcore")),

@@ -284,10 +284,10 @@ def test_sampled_and_logprob_rows_chain_like_step_by_step(big, monkeypatch):
 
 
 def test_step_pieces_as_triton_kernels_match_the_compiled_ones(big):
-    """QWEN_TRT_STEP_TRITON=1: a step that prefills with fast/step_kernels.py's norm and SiLU·up
+    """QWEN_TRT_STEP_TRITON=1: a step that prefills with bgemm's row norm and SiLU·up
     kernels gives the logits of the same step with the compiled pieces (the same rounding, so
     well inside the bf16 bound)."""
-    from qwen_trt.fast import step_kernels
+    from qwen_trt.fast.batched import _post_triton, _pre_triton
     from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
 
     bm = big
@@ -301,7 +301,7 @@ def test_step_pieces_as_triton_kernels_match_the_compiled_ones(big):
     bm.step_graphs = False                      # eager: the pieces swapped in take effect
     try:
         compiled = bm.forward(*args).float().clone()
-        bm._pre, bm._post = step_kernels.pre_attention, step_kernels.post_attention
+        bm._pre, bm._post = _pre_triton, _post_triton
         triton_pieces = bm.forward(*args).float()
     finally:
         bm._pre, bm._post, bm.step_graphs = saved

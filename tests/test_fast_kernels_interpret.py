@@ -151,37 +151,38 @@ def test_decode_with_the_kernels_equals_the_pytorch_decode(tiny_model_dir):
     assert len(res["ref"]) == 6 and res["got"] == res["ref"]
 
 
-def test_step_kernels_match_the_batched_steps_pytorch_pieces():
-    """fast/step_kernels.py (QWEN_TRT_STEP_TRITON=1): the norm (with and without the residual
-    add) and SiLU·up of any row count, and the whole pre/post pieces, against batched.py's
-    PyTorch ops; ragged widths (masked tails) and zero rows included."""
+def test_step_pieces_as_triton_kernels_match_the_batched_steps_pytorch_pieces():
+    """QWEN_TRT_STEP_TRITON=1: bgemm's row norm (with and without the residual add) and SiLU·up
+    of any row count, and batched._pre_triton / _post_triton, against batched.py's PyTorch
+    pieces; ragged widths (masked tails) and zero rows included."""
     errs = interpret("""
         import json, torch
-        import qwen_trt.fast.step_kernels as S
-        from qwen_trt.fast.batched import _post_attention, _pre_attention
+        from qwen_trt.fast.bgemm import rms_rows, silu_mul_rows
+        from qwen_trt.fast.batched import (_post_attention, _post_triton, _pre_attention,
+                                           _pre_triton)
         from qwen_trt.fast.reference import rms_norm
         torch.manual_seed(0)
         out = {}
         for rows, k in ((1, 64), (5, 96), (3, 100), (0, 64)):
             x, r, w = torch.randn(rows, k), torch.randn(rows, k), 1 + 0.1 * torch.randn(k)
-            got = S.rms_norm_rows(x, w, 1e-6)
+            got = rms_rows(x, w, 1e-6)
             out[f"norm{rows}x{k}"] = (got - rms_norm(x, w, 1e-6)).abs().max().item() if rows else 0.0
-            h, n = S.rms_norm_rows(x, w, 1e-6, residual=r)
+            h, n = rms_rows(x, w, 1e-6, residual=r)
             if rows:
                 out[f"add{rows}x{k}"] = max((h - (x + r)).abs().max().item(),
                                             (n - rms_norm(x + r, w, 1e-6)).abs().max().item())
         for rows, i in ((2, 40), (3, 1500)):          # more than one program per row
             gu = torch.randn(rows, 2 * i)
             ref = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
-            out[f"silu{rows}x{i}"] = (S.silu_mul_rows(gu) - ref).abs().max().item()
+            out[f"silu{rows}x{i}"] = (silu_mul_rows(gu) - ref).abs().max().item()
         t, d, q, inter = 6, 64, 96, 80
         x, o = torch.randn(t, d), torch.randn(t, q)
         ln, ln2 = 1 + 0.1 * torch.randn(d), 1 + 0.1 * torch.randn(d)
         wqkv, wo = torch.randn(3 * d, d) * 0.1, torch.randn(d, q) * 0.1
         wgu, wd = torch.randn(2 * inter, d) * 0.1, torch.randn(d, inter) * 0.1
-        a, b = S.pre_attention(x, ln, wqkv, 1e-6), _pre_attention(x, ln, wqkv, 1e-6)
+        a, b = _pre_triton(x, ln, wqkv, 1e-6), _pre_attention(x, ln, wqkv, 1e-6)
         out["pre"] = ((a - b).norm() / b.norm()).item()
-        a, b = (f(x, o, wo, ln2, wgu, wd, 1e-6) for f in (S.post_attention, _post_attention))
+        a, b = (f(x, o, wo, ln2, wgu, wd, 1e-6) for f in (_post_triton, _post_attention))
         out["post"] = ((a - b).norm() / b.norm()).item()
         print(json.dumps(out))
     """)

@@ -39,15 +39,15 @@ def _time(fn, repeats: int) -> float:
 
 
 PIECES = ("default", "triton")      # the step's norm/SiLU pieces: as the runner built them, or
-#                                     fast/step_kernels.py's Triton kernels (QWEN_TRT_STEP_TRITON)
+#                                     batched._pre_triton / _post_triton (QWEN_TRT_STEP_TRITON)
 
 
 def _use_pieces(bm, name: str, built: tuple) -> None:
     """The step's elementwise pieces ``name``; the step graphs are captured again on use."""
     if name == "triton":
-        from qwen_trt.fast import step_kernels
+        from qwen_trt.fast.batched import _post_triton, _pre_triton
 
-        bm._pre, bm._post = step_kernels.pre_attention, step_kernels.post_attention
+        bm._pre, bm._post = _pre_triton, _post_triton
     else:
         bm._pre, bm._post = built
     if hasattr(bm, "_s_graphs"):
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--pieces", default="default",
                    help="comma list of the step's norm/SiLU pieces: default (as built: "
-                        "compiled), triton (fast/step_kernels.py)")
+                        "compiled), triton (bgemm's rms_rows / silu_mul_rows)")
     p.add_argument("--device", default="auto", help="cpu: a shape check on the tiny model")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)

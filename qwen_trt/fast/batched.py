@@ -78,6 +78,24 @@ def _post_attention(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torc
     return x + F.linear(F.silu(gate) * up, w_down)
 
 
+def _pre_triton(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float):
+    """:func:`_pre_attention` with the norm as :func:`~qwen_trt.fast.bgemm.rms_rows`."""
+    from qwen_trt.fast.bgemm import rms_rows
+
+    return F.linear(rms_rows(x, ln, eps), w)
+
+
+def _post_triton(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torch.Tensor,
+                 w_gate_up: torch.Tensor, w_down: torch.Tensor, eps: float):
+    """:func:`_post_attention` with the residual add fused into the norm
+    (:func:`~qwen_trt.fast.bgemm.rms_rows`) and SiLU·up as one kernel (``silu_mul_rows``):
+    the kernels inductor makes of it, the same rounding, without ``torch.compile``."""
+    from qwen_trt.fast.bgemm import rms_rows, silu_mul_rows
+
+    h, n = rms_rows(x, ln, eps, residual=F.linear(o, wo))
+    return h + F.linear(silu_mul_rows(F.linear(n, w_gate_up)), w_down)
+
+
 def _compile_for_any_rows(fn, n_row_args: int):
     """``fn`` compiled once for every row count: dim 0 of its first ``n_row_args`` arguments
     (the activations) is symbolic, the weights' shapes stay constants in the generated kernels
@@ -170,16 +188,14 @@ class BatchedModel:
         # step) and, around it, the norms / activation / residual adds compiled once for any
         # row count (fused elementwise kernels; inside a graph nothing is left of their host
         # cost). KernelOptions.step_compile=False keeps the PyTorch ops; step_triton=True
-        # runs them as fast/step_kernels.py's Triton kernels instead (no torch.compile).
+        # runs them as Triton kernels instead (_pre_triton / _post_triton: no torch.compile).
         self.varlen = self.triton
         self.step_graphs = False
         # (block_q, warps) of the varlen attention per token bucket: timed at warm-up
         self.varlen_tile: dict[int, tuple[int, int]] = {}
         self._pre, self._post = _pre_attention, _post_attention
         if self.triton and options().step_triton:       # the same kernels, no dynamo
-            from qwen_trt.fast import step_kernels
-
-            self._pre, self._post = step_kernels.pre_attention, step_kernels.post_attention
+            self._pre, self._post = _pre_triton, _post_triton
         elif self.triton and options().step_compile:
             self._pre = _compile_for_any_rows(_pre_attention, 1)
             self._post = _compile_for_any_rows(_post_attention, 2)

@@ -8,7 +8,9 @@ bound by one pass over the weights, and the small ops are fused like the GEMVs':
 * ``bgemm(w, x, gate_up=True)``       ``w = [gate; up]``: ``silu(x @ gate.T) * (x @ up.T)``
 * ``rms_rows(x, g, eps)``             RMSNorm of every row (one program per row; the norm is a
   separate tiny kernel here because every program of the projection would otherwise re-read
-  all M rows to get their statistics)
+  all M rows to get their statistics); ``residual=r``: ``h = x + r`` first, both returned
+* ``silu_mul_rows(gu)``               ``silu(gate) * up`` of a ``[M, 2 I]`` gate/up projection
+  (the cuBLAS steps that prefill: ``batched._post_triton``)
 
 Rounding follows the unfused PyTorch ops (the projection rounded to the model dtype before the
 residual add or the activation), as in :mod:`qwen_trt.fast.gemv`. float32 models use exact
@@ -51,9 +53,11 @@ def bgemm_config(n: int, k: int) -> BgemmConfig:
 
 if triton is not None:
     @triton.jit
-    def _rms_rows_kernel(x_ptr, g_ptr, out_ptr, eps, K: tl.constexpr, KP: tl.constexpr,
-                         PDL: tl.constexpr):
-        row = tl.program_id(0)
+    def _rms_rows_kernel(x_ptr, g_ptr, out_ptr, res_ptr, h_ptr, eps, K: tl.constexpr,
+                         KP: tl.constexpr, PDL: tl.constexpr, ADD: tl.constexpr):
+        """Row ``program_id(0)``'s RMSNorm; ``ADD``: of ``h = x + res`` (rounded to the dtype,
+        stored to ``h_ptr``)."""
+        row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, KP)
         ok = cols < K
         g = tl.load(g_ptr + cols, mask=ok, other=0.0)
@@ -62,9 +66,24 @@ if triton is not None:
             gdc_wait()
         dt = x_ptr.dtype.element_ty
         x = tl.load(x_ptr + row * K + cols, mask=ok, other=0.0).to(tl.float32)
+        if ADD:
+            x = (x + tl.load(res_ptr + row * K + cols, mask=ok, other=0.0).to(tl.float32)).to(dt)
+            tl.store(h_ptr + row * K + cols, x, mask=ok)
+            x = x.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, 0) / K + eps)
         y = (g.to(tl.float32) * (x * rstd).to(dt).to(tl.float32)).to(dt)
         tl.store(out_ptr + row * K + cols, y, mask=ok)
+
+    @triton.jit
+    def _silu_mul_rows_kernel(gu_ptr, out_ptr, I: tl.constexpr, BLOCK: tl.constexpr):
+        """Row ``program_id(0)``, columns ``program_id(1) * BLOCK ..`` of ``silu(gate) * up``
+        from ``gu [M, 2 I]`` (gate first)."""
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < I
+        gate = tl.load(gu_ptr + row * 2 * I + cols, mask=ok, other=0.0)
+        up = tl.load(gu_ptr + row * 2 * I + I + cols, mask=ok, other=0.0)
+        tl.store(out_ptr + row * I + cols, silu_mul(gate, up, gate.dtype), mask=ok)
 
     @triton.jit
     def _bgemm_kernel(w_ptr, x_ptr, out_ptr, res_ptr, M,
@@ -126,13 +145,33 @@ if triton is not None:
                                    do_bench=_quick_bench)(_bgemm_kernel)
 
 
-def rms_rows(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of each row of ``x [M, K]`` (the model's :func:`rms_norm` rounding)."""
+def rms_rows(x: torch.Tensor, g: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None):
+    """RMSNorm of each row of ``x [M, K]`` (the model's :func:`rms_norm` rounding); with
+    ``residual``, ``(h, rms_norm(h))`` for ``h = x + residual`` (rounded to the dtype)."""
     m, k = x.shape
     out = torch.empty_like(x)
-    pdl = pdl_enabled(x.device)
-    _rms_rows_kernel[(m,)](x, g, out, eps, K=k, KP=triton.next_power_of_2(k), PDL=pdl,
-                           num_warps=4, **launch_kwargs(pdl))
+    h = torch.empty_like(x) if residual is not None else out
+    if m:
+        pdl = pdl_enabled(x.device)
+        _rms_rows_kernel[(m,)](x, g, out, residual if residual is not None else x, h, eps,
+                               K=k, KP=triton.next_power_of_2(k), PDL=pdl,
+                               ADD=residual is not None, num_warps=4, **launch_kwargs(pdl))
+    return (h, out) if residual is not None else out
+
+
+SILU_BLOCK = 1024        # columns of silu_mul_rows' output per program
+
+
+def silu_mul_rows(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate_up [M, 2 I]`` (contiguous) -> ``[M, I]``, rounded like
+    the unfused PyTorch ops."""
+    m, two_i = gate_up.shape
+    i = two_i // 2
+    out = torch.empty(m, i, dtype=gate_up.dtype, device=gate_up.device)
+    if m:
+        _silu_mul_rows_kernel[(m, triton.cdiv(i, SILU_BLOCK))](gate_up, out, I=i,
+                                                               BLOCK=SILU_BLOCK, num_warps=4)
     return out
 
 

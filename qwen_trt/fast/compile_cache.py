@@ -59,7 +59,7 @@ SEEDS_DIR = Path(__file__).resolve().parent / "seeds"   # shipped choices (data,
 # to any of them must give a new key: the checks' passes are only valid for the same sources)
 KERNEL_SOURCES = ("attention.py", "batched.py", "bgemm.py", "decoder.py", "gemv.py", "graphs.py",
                   "kernel_parts.py", "kv_cache.py", "model.py", "paged_kernels.py", "pdl.py",
-                  "qformats.py", "qkernels.py", "rope_cache.py", "step_kernels.py")
+                  "qformats.py", "qkernels.py", "rope_cache.py")
 
 
 def cache_root(cache_dir: str | None = None, environ=None) -> Path:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from qwen_trt.fast.kernel_parts import silu_mul
+from qwen_trt.fast.kernel_parts import silu_mul, store_rows
 from qwen_trt.fast.options import options
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 from qwen_trt.fast.qformats import dense
@@ -79,19 +79,6 @@ def config_for(n: int, k: int, gate_up: bool = False) -> GemvConfig:
 
 
 if triton is not None:
-    @triton.jit
-    def _store_rows(y_acc, u_acc, rows, row_ok, res_ptr, out_ptr, dt: tl.constexpr,
-                    GATE_UP: tl.constexpr, RESIDUAL: tl.constexpr):
-        """The epilogue: float32 row sums ``y_acc`` (and the up rows' ``u_acc``) -> rounded
-        to ``dt``, ``silu(gate) * up`` and the residual add each rounded like PyTorch."""
-        y = y_acc.to(dt)
-        if GATE_UP:
-            y = silu_mul(y, u_acc.to(dt), dt)
-        if RESIDUAL:
-            r = tl.load(res_ptr + rows, mask=row_ok, other=0.0)
-            y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
-        tl.store(out_ptr + rows, y, mask=row_ok)
-
     @triton.jit
     def _gemv_kernel(w_ptr, x_ptr, out_ptr, ln_ptr, res_ptr, eps,
                      N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -156,7 +143,7 @@ if triton is not None:
         u_acc = y_acc
         if GATE_UP:
             u_acc = tl.sum(acc2_pre, 1) + tl.sum(acc2, 1)
-        _store_rows(y_acc, u_acc, rows, row_ok, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
+        store_rows(y_acc, u_acc, rows, row_ok, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
 
 
     @triton.jit

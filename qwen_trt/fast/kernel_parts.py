@@ -12,7 +12,8 @@
   writes a split's result for the merge, :func:`merge_splits` merges them; :func:`block_slots`
   looks a block up in a table;
 * :func:`silu_mul` -- the gate/up projections' ``silu(gate) * up`` epilogue, rounded like
-  PyTorch (the GEMVs of ``fast/gemv.py`` and the small-batch GEMM of ``fast/bgemm.py``).
+  PyTorch (the GEMVs of ``fast/gemv.py`` and the small-batch GEMM of ``fast/bgemm.py``);
+  :func:`store_rows` -- a GEMV's whole epilogue (``fast/gemv.py``, ``fast/qkernels.py``).
 """
 from __future__ import annotations
 
@@ -31,6 +32,20 @@ if triton is not None:
         gf = gate.to(tl.float32)
         act = (gf / (1.0 + tl.exp(-gf))).to(dt)
         return (act.to(tl.float32) * up.to(tl.float32)).to(dt)
+
+    @triton.jit
+    def store_rows(y_acc, u_acc, rows, row_ok, res_ptr, out_ptr, dt: tl.constexpr,
+                   GATE_UP: tl.constexpr, RESIDUAL: tl.constexpr):
+        """A GEMV's epilogue: float32 row sums ``y_acc`` (and the up rows' ``u_acc``) ->
+        rounded to ``dt``, ``silu(gate) * up`` and the residual add each rounded like PyTorch,
+        stored."""
+        y = y_acc.to(dt)
+        if GATE_UP:
+            y = silu_mul(y, u_acc.to(dt), dt)
+        if RESIDUAL:
+            r = tl.load(res_ptr + rows, mask=row_ok, other=0.0)
+            y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
+        tl.store(out_ptr + rows, y, mask=row_ok)
 
     @triton.jit
     def norm_rope(x1, x2, g1, g2, c1, c2, s1, s2, eps, D: tl.constexpr, AXIS: tl.constexpr,

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qwen_trt.fast.kernel_parts import silu_mul
+from qwen_trt.fast.kernel_parts import silu_mul, store_rows
 from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 from qwen_trt.fast.qformats import Fp8Linear, Int4Linear, PackedLinear
 
@@ -315,17 +315,6 @@ sub.f32 $7, t, 0f4B000000;
         return tl.rsqrt(tl.sum(xv * xv, 0) / K + eps)
 
     @triton.jit
-    def _finish_row(y, u, rows, row_ok, res_ptr, out_ptr, dt: tl.constexpr,
-                    GATE_UP: tl.constexpr, RESIDUAL: tl.constexpr):
-        y = y.to(dt)
-        if GATE_UP:
-            y = silu_mul(y, u.to(dt), dt)
-        if RESIDUAL:
-            r = tl.load(res_ptr + rows, mask=row_ok, other=0.0)
-            y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
-        tl.store(out_ptr + rows, y, mask=row_ok)
-
-    @triton.jit
     def _fp8_block(q_ptr, s_ptr, rows, ok, N: tl.constexpr, K: tl.constexpr,
                    KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr, NB0: tl.constexpr,
                    NB1: tl.constexpr, TWO: tl.constexpr, GATE_UP: tl.constexpr,
@@ -407,7 +396,7 @@ sub.f32 $7, t, 0f4B000000;
                 EVICT, WORDS)
             y, u = _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0a, x0b, x0c, x0d, x1a, x1b,
                              x1c, x1d, TWO, GATE_UP, WORDS, ASM)
-            _finish_row(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
+            store_rows(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
             if AHEAD == 2:
                 a0, a1, sa0, sa1, g0, g1, sg0, sg1 = b0, b1, sb0, sb1, h0, h1, sh0, sh1
                 b0, b1, sb0, sb1, h0, h1, sh0, sh1 = c0, c1, sc0, sc1, e0, e1, se0, se1
@@ -542,7 +531,7 @@ sub.f32 $7, t, 0f4B000000;
                 u = _f8w_dot(g0, sg0, x0a, x0b, x0c, x0d, ASM)
                 if TWO:
                     u += _f8w_dot(g1, sg1, x1a, x1b, x1c, x1d, ASM)
-            _finish_row(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
+            store_rows(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
             if AHEAD == 2:
                 a0, a1, sa0, sa1, g0, g1, sg0, sg1 = b0, b1, sb0, sb1, h0, h1, sh0, sh1
                 b0, b1, sb0, sb1, h0, h1, sh0, sh1 = c0, c1, sc0, sc1, e0, e1, se0, se1
@@ -692,7 +681,7 @@ sub.f32 $7, t, 0f4B000000;
                 if TWO:
                     u += _i4_dot(g1, sg1, zg1, q0, q1, q2, q3, q4, q5, q6, q7, qs,
                                     ASM)
-            _finish_row(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
+            store_rows(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
             if AHEAD == 2:
                 a0, a1, sa0, za0, sa1, za1, g0, g1, sg0, zg0, sg1, zg1 = (
                     b0, b1, sb0, zb0, sb1, zb1, h0, h1, sh0, zh0, sh1, zh1)
@@ -844,7 +833,7 @@ sub.f32 $7, t, 0f4B000000;
             if GATE_UP:
                 tl.store(part_ptr + sp * NOUT + N + rows, u, mask=row_ok)
         else:
-            _finish_row(y, u, rows, row_ok, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
+            store_rows(y, u, rows, row_ok, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
 
     # ---- 2..64 rows: split-K GEMM for every format ---------------------------------------
 
