@@ -41,6 +41,7 @@ from pathlib import Path
 
 from qwen_trt.backends.runner import RunnerStats, TokenEvent
 from qwen_trt.bench.measure import percentile
+from qwen_trt.bench.process import stop
 
 STEP_ENV = "FRONT_DOOR_STEP_US"       # the paced runner's step, for the engine process
 TOKEN_IDS = (14990, 1879, 11, 419, 374, 264, 1273, 13)
@@ -96,25 +97,6 @@ class PacedRunner:
                                   "paced_step_cpu_s": round(self.step_cpu_s, 6)})
 
 
-class _TokenizerOnly:
-    """Just enough of a Backend for the engine process: info, tokenizer, close."""
-
-    def __init__(self, model: str) -> None:
-        from transformers import AutoTokenizer
-
-        from qwen_trt.backends.base import BackendInfo
-
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.info = BackendInfo("paced-fake", model, "cpu", "-", 1 << 20, 1 << 20, ())
-
-    def close(self) -> None:
-        pass
-
-
-def load_tokenizer_only(cfg):
-    return _TokenizerOnly(cfg.model)
-
-
 def paced_runner(backend):
     return PacedRunner(float(os.environ.get(STEP_ENV, "2500")))
 
@@ -123,7 +105,7 @@ def _spec(model: str):
     from qwen_trt.backends import BackendConfig
     from qwen_trt.serving.worker import WorkerSpec
 
-    return WorkerSpec(BackendConfig(model=model), loader="qwen_trt.bench.front_door:load_tokenizer_only",
+    return WorkerSpec(BackendConfig(model=model), loader="qwen_trt.bench.ipc:load_fake",
                       runner="qwen_trt.bench.front_door:paced_runner")
 
 
@@ -383,12 +365,7 @@ def run_http(model: str, step_us: float, n: int, warmup: int, words: int,
         client.close()
         return out
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
 
 
 def _per_unit(short: dict, long: dict, key: str) -> tuple[float, float]:

@@ -24,3 +24,13 @@ def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float = 90,
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{what} not healthy after {timeout:.0f} s")
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Ask a child server to stop (SIGTERM), kill it after ``grace_s`` seconds; reaped."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)

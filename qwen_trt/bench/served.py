@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen_trt.bench.process import wait_healthy
+from qwen_trt.bench.process import stop, wait_healthy
 from qwen_trt.bench.measure import percentile
 from qwen_trt.params import SamplingParams
 
@@ -316,12 +316,7 @@ def run_http(cfg: ServedBenchConfig, log, workdir: Path,
         except Exception:  # noqa: BLE001 - informational
             pass
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc, 30)
     return out, info
 
 

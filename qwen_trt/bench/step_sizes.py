@@ -4,7 +4,9 @@ Times :meth:`~qwen_trt.fast.batched.BatchedModel.forward` (the steps that prefil
 chunk of ``n`` tokens, alone (a lone request's first step) and beside ``--decode-rows`` running
 streams (an arrival in a closed loop), two ways: the captured graph of the token bucket that
 holds the step (its padding rows cost compute) and the same step eagerly (the exact row count, a
-launch per kernel). Milliseconds per step (CUDA events, median of ``--repeats``); JSON out. This is what picks the token buckets (``STEP_TOKEN_BUCKETS``) and when a step runs eagerly.
+launch per kernel); ``--pieces default,triton`` also with the step's norm/SiLU pieces as
+Triton kernels (``QWEN_TRT_STEP_TRITON``). Milliseconds per step (CUDA events, median of
+``--repeats``); JSON out. Its figures chose the token buckets (``STEP_TOKEN_BUCKETS``).
 """
 from __future__ import annotations
 
@@ -54,61 +56,66 @@ def _use_pieces(bm, name: str, built: tuple) -> None:
         bm._s_graphs.clear()
 
 
+def _time_step(bm, n: int, dec_tables: list, decode_ctx: int, first_block: int,
+               gen: torch.Generator, repeats: int) -> dict:
+    """One step: a chunk of ``n`` new prompt tokens (in blocks from ``first_block`` on) beside
+    a decode row per ``dec_tables`` entry, timed as its bucket's graph and eagerly."""
+    from qwen_trt.fast.batched import STEP_TOKEN_BUCKETS, SeqChunk
+
+    vocab = bm.cfg.vocab_size
+    tokens, positions, chunks, logit_rows = [], [], [], []
+    for t in dec_tables:
+        chunks.append(SeqChunk(len(tokens), 1, decode_ctx + 1, t))
+        logit_rows.append(len(tokens))
+        tokens.append(int(torch.randint(vocab, (1,), generator=gen)))
+        positions.append(decode_ctx)
+    tab = tuple(range(first_block, first_block + -(-n // bm.block_size)))
+    chunks.append(SeqChunk(len(tokens), n, n, tab))
+    tokens += torch.randint(vocab, (n,), generator=gen).tolist()
+    positions += list(range(n))
+    logit_rows.append(len(tokens) - 1)
+
+    def step():
+        return bm.forward(tokens, positions, chunks, logit_rows)
+
+    total = len(tokens)
+    bucket = next((t for t in STEP_TOKEN_BUCKETS if t >= total), None)
+    graph_ms = _time(step, repeats) if bm.step_graphs and bucket else None
+    saved, bm.step_graphs = bm.step_graphs, False
+    try:
+        eager_ms = _time(step, repeats)
+    finally:
+        bm.step_graphs = saved
+    return {"prefill_tokens": n, "decode_rows": len(dec_tables), "step_tokens": total,
+            "bucket": bucket, "graph_ms": None if graph_ms is None else round(graph_ms, 3),
+            "eager_ms": round(eager_ms, 3)}
+
+
 def run(model: str, sizes: list[int], decode_rows: int, decode_ctx: int, repeats: int,
         log=print, device: str = "auto", pieces: tuple[str, ...] = ("default",)) -> dict:
     from qwen_trt.backends import BackendConfig
-    from qwen_trt.fast.batched import STEP_TOKEN_BUCKETS, SeqChunk
+    from qwen_trt.fast.batched import STEP_TOKEN_BUCKETS
     from qwen_trt.serving.worker import WorkerSpec, load_for_spec, make_runner, resolve
 
     spec = WorkerSpec(BackendConfig(model=model, device=device, fast="on", max_batch=32))
     backend = load_for_spec(resolve(spec.loader), spec)
     runner = make_runner(backend, max_batch=32)
     bm = runner.model
-    bs = bm.block_size
     gen = torch.Generator().manual_seed(0)
-    vocab = bm.cfg.vocab_size
-    next_block = [1]
-
-    def table(ctx: int) -> tuple[int, ...]:
-        k = -(-ctx // bs)
-        t = tuple(range(next_block[0], next_block[0] + k))
-        next_block[0] += k
-        return t
-
-    dec_tables = [table(decode_ctx + 1) for _ in range(decode_rows)]
+    per_row = -(-(decode_ctx + 1) // bm.block_size)          # blocks of a decode row's context
+    dec_tables = [tuple(range(1 + i * per_row, 1 + (i + 1) * per_row))
+                  for i in range(decode_rows)]
+    first_block = 1 + decode_rows * per_row                  # then every size's chunk
     rows: list[dict] = []
     built = (bm._pre, bm._post)
-    cases = [(p, n, d) for p in pieces for n in sizes
-             for d in ((0, decode_rows) if decode_rows else (0,))]
-    for piece, n, d in cases:
-        if piece != (rows[-1]["pieces"] if rows else None):
-            _use_pieces(bm, piece, built)
-        tokens, positions, chunks, logit_rows = [], [], [], []
-        for t in dec_tables[:d]:
-            chunks.append(SeqChunk(len(tokens), 1, decode_ctx + 1, t))
-            logit_rows.append(len(tokens))
-            tokens.append(int(torch.randint(vocab, (1,), generator=gen)))
-            positions.append(decode_ctx)
-        tab = table(n)
-        chunks.append(SeqChunk(len(tokens), n, n, tab))
-        tokens += torch.randint(vocab, (n,), generator=gen).tolist()
-        positions += list(range(n))
-        logit_rows.append(len(tokens) - 1)
-        next_block[0] -= len(tab)          # the same blocks for the next size
-        step = lambda: bm.forward(tokens, positions, chunks, logit_rows)  # noqa: E731
-        total = len(tokens)
-        bucket = next((t for t in STEP_TOKEN_BUCKETS if t >= total), None)
-        graph_ms = _time(step, repeats) if bm.step_graphs and bucket else None
-        saved, bm.step_graphs = bm.step_graphs, False
-        try:
-            eager_ms = _time(step, repeats)
-        finally:
-            bm.step_graphs = saved
-        row = {"pieces": piece, "prefill_tokens": n, "decode_rows": d, "step_tokens": total,
-               "bucket": bucket, "graph_ms": None if graph_ms is None else round(graph_ms, 3),
-               "eager_ms": round(eager_ms, 3)}
-        rows.append(row)
-        log(json.dumps(row))
+    for piece in pieces:
+        _use_pieces(bm, piece, built)
+        for n in sizes:
+            for d in (0, decode_rows) if decode_rows else (0,):
+                row = {"pieces": piece, **_time_step(bm, n, dec_tables[:d], decode_ctx,
+                                                     first_block, gen, repeats)}
+                rows.append(row)
+                log(json.dumps(row))
     backend.close()
     return {"tool": "qwen_trt.bench.step_sizes", "model": model, "buckets": list(STEP_TOKEN_BUCKETS),
             "decode_ctx": decode_ctx, "repeats": repeats, "rows": rows}

@@ -30,6 +30,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from qwen_trt.bench.process import stop
 from qwen_trt.ui.store import new_session_id
 from qwen_trt.ui.stream import HISTORY_WINDOW
 
@@ -315,11 +316,7 @@ def run(model: str | None, turns: list[int], max_new: int, repeats: int,
                     browser.close()
         finally:
             if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                stop(proc)
     summary = {}
     for n, runs in results.items():
         def med(key):

@@ -297,11 +297,13 @@ def serve(conn, runner, beat=None) -> None:
 
 
 def _quantiles(ms) -> dict:
-    xs = sorted(ms)
+    from qwen_trt.stats import percentile
+
+    xs = list(ms)
     if not xs:
         return {"n": 0}
-    at = lambda q: round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)  # noqa: E731
-    return {"n": len(xs), "p50": at(0.5), "p90": at(0.9)}
+    return {"n": len(xs), "p50": round(percentile(xs, 50), 3),
+            "p90": round(percentile(xs, 90), 3)}
 
 
 def _handle(msg, runner, conn, arrived: dict | None = None) -> bool:
