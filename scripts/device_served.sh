@@ -45,21 +45,7 @@ if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE" ]; then
       >"$WORK/before-serve.log" 2>&1 ) &
   spid=$!
   t0=$SECONDS
-  "$PY" - "$port" "$(bound 120)" "$spid" <<'PY'
-import os, sys, time, urllib.request
-port, bound, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-t = time.monotonic()
-while time.monotonic() - t < bound:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        break                      # the server exited: its log says why
-    try:
-        if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
-            break
-    except OSError:
-        time.sleep(0.5)
-PY
+  "$PY" -m qwen_trt.bench.process "http://127.0.0.1:$port" --pid "$spid" --timeout "$(bound 120)"
   echo "before: healthy after $((SECONDS - t0)) s" | tee -a "$OUT/served.log"
   for c in ${CONCURRENCY//,/ }; do
     n=$(( REQUESTS > 2 * c ? REQUESTS : 2 * c ))

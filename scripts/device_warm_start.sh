@@ -31,24 +31,8 @@ for i in $(seq 1 "$STARTS"); do
     --max-batch "$MAX_BATCH" --cache-dir "$CACHE" --port "$port" --log-level warning \
     >"$log" 2>&1 &
   spid=$!
-  "$PY" - "$port" "$(bound "$START_S")" "$spid" "$t0" "$OUT/start$i.json" <<'PY'
-import json, os, sys, time, urllib.request
-port, bound, pid, t0, out = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
-healthy = None
-while time.time() - t0 < bound:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        break                      # the server exited: its log says why
-    try:
-        if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
-            healthy = round(time.time() - t0, 2)
-            break
-    except OSError:
-        time.sleep(0.2)
-json.dump({"healthy_s": healthy}, open(out, "w"))
-print(f"healthy after {healthy} s")
-PY
+  "$PY" -m qwen_trt.bench.process "http://127.0.0.1:$port" --pid "$spid" \
+    --timeout "$(bound "$START_S")" --since "$t0" --out "$OUT/start$i.json"
   kill -TERM "$spid" 2>/dev/null
   for _ in $(seq 1 30); do kill -0 "$spid" 2>/dev/null || break; sleep 0.5; done
   kill -KILL "$spid" 2>/dev/null
