@@ -40,53 +40,34 @@ import time
 from pathlib import Path
 
 from qwen_trt.backends.runner import RunnerStats, TokenEvent
+from qwen_trt.bench.ipc import FastRunner
 from qwen_trt.bench.measure import percentile
 from qwen_trt.bench.process import stop
 
 STEP_ENV = "FRONT_DOOR_STEP_US"       # the paced runner's step, for the engine process
-TOKEN_IDS = (14990, 1879, 11, 419, 374, 264, 1273, 13)
 SPIN_S = 200e-6                       # the last part of a step is spun (sleep overshoots)
 
 
-class PacedRunner:
-    """A :class:`~qwen_trt.backends.runner.Runner` whose every step takes ``step_us`` (slept,
-    then spun the last 200 us) and gives every request its next token; ``step_cpu_s`` is the
-    CPU its steps took (so the engine process's own overhead can be told apart)."""
+class PacedRunner(FastRunner):
+    """:class:`~qwen_trt.bench.ipc.FastRunner` whose every step takes ``step_us`` slept, then
+    spun for the last 200 us (sleep overshoots), and whose ``step_cpu_s`` is the CPU its steps
+    took (so the engine process's own overhead can be told apart)."""
 
     def __init__(self, step_us: float, max_concurrency: int = 8) -> None:
-        self.max_concurrency = max_concurrency
-        self.step_s = step_us / 1e6
-        self.reqs: dict[int, list[int]] = {}
-        self.done: list[TokenEvent] = []
+        super().__init__(max_concurrency, step_us)
         self.steps = 0
         self.step_cpu_s = 0.0
 
-    def add(self, request_id, prompt_ids, params) -> None:
-        self.reqs[request_id] = [params.max_new_tokens, 0]
-
-    def abort(self, request_id) -> None:
-        if self.reqs.pop(request_id, None) is not None:
-            self.done.append(TokenEvent(request_id, finish="cancelled"))
-
-    def has_work(self) -> bool:
-        return bool(self.reqs or self.done)
-
-    def step(self) -> list[TokenEvent]:
-        c = time.thread_time()
+    def _pace(self) -> None:
         end = time.perf_counter() + self.step_s
         if self.step_s > SPIN_S:
             time.sleep(self.step_s - SPIN_S)
         while time.perf_counter() < end:
             pass
-        events, self.done = self.done, []
-        for rid, r in list(self.reqs.items()):
-            r[1] += 1
-            tok = TOKEN_IDS[r[1] % len(TOKEN_IDS)]
-            if r[1] >= r[0]:
-                del self.reqs[rid]
-                events.append(TokenEvent(rid, (tok,), finish="length"))
-            else:
-                events.append(TokenEvent(rid, (tok,)))
+
+    def step(self) -> list[TokenEvent]:
+        c = time.thread_time()
+        events = super().step()
         self.steps += 1
         self.step_cpu_s += time.thread_time() - c
         return events

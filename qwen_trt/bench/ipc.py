@@ -59,11 +59,15 @@ class FastRunner:
     def has_work(self) -> bool:
         return bool(self.reqs or self.done)
 
-    def step(self) -> list[TokenEvent]:
+    def _pace(self) -> None:
+        """The step's own time: busy-wait ``step_s``."""
         if self.step_s:
             end = time.perf_counter() + self.step_s
             while time.perf_counter() < end:
                 pass
+
+    def step(self) -> list[TokenEvent]:
+        self._pace()
         events, self.done = self.done, []
         for rid, r in list(self.reqs.items()):
             r[1] += 1

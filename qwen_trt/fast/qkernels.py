@@ -993,13 +993,7 @@ sub.f32 $7, t, 0f4B000000;
             y += tl.load(part_ptr + s * M * NOUT + m * NOUT + n, mask=ok, other=0.0)
             if GATE_UP:
                 u += tl.load(part_ptr + s * M * NOUT + m * NOUT + N + n, mask=ok, other=0.0)
-        y = y.to(dt)
-        if GATE_UP:
-            y = silu_mul(y, u.to(dt), dt)
-        if RESIDUAL:
-            r = tl.load(res_ptr + idx, mask=ok, other=0.0)
-            y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
-        tl.store(out_ptr + idx, y, mask=ok)
+        store_rows(y, u, idx, ok, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
 
     # ---- dequantize (prefill) ------------------------------------------------------------
 
