@@ -211,4 +211,4 @@ if triton is not None:
 
 else:  # pragma: no cover - CPU-only installs import the kernel modules but launch nothing
     norm_rope = rope_rows = load_kv = rope_group = write_new_kv = softmax_step = None
-    store_partial = block_slots = merge_splits = silu_mul = None
+    store_partial = block_slots = merge_splits = silu_mul = store_rows = None
