@@ -24,7 +24,9 @@ def test_served_bench_runs_both_paths_on_the_same_workload(tiny_model_dir, tmp_p
         for side in ("in_process", "http"):
             r = lv[side]
             assert r["requests"] == max(3, 2 * lv["concurrency"]) and r["errors"] == 0, (side, r)
-            assert r["output_tok_s"] > 0 and r["ttft_ms_p50"] > 0 and r["itl_ms_p50"] > 0
+            # ITL may be 0 on a loaded machine: the tiny model's steps are sub-millisecond, and
+            # a client that reads late gets a request's tokens in one SSE event
+            assert r["output_tok_s"] > 0 and r["ttft_ms_p50"] > 0 and r["itl_ms_p50"] >= 0
             assert r["ttft_ms_p90"] >= r["ttft_ms_p50"]
         assert lv["http_over_engine_tok_s"] == pytest.approx(
             lv["http"]["output_tok_s"] / lv["in_process"]["output_tok_s"], rel=1e-2)
