@@ -103,6 +103,11 @@ def CANDIDATES(Q):
                         Q.QConfig(block_n=bn, warps=warps, fold=True)))
             out.append((f"int4-fold-{bn}x{warps}-{shape}", Q.FMT_INT4, shape,
                         Q.QConfig(block_n=bn, warps=warps, fold=True, asm=True)))
+        # the sweep's --probe diagnostic (one multiply a word, the same loads)
+        out.append((f"fp8-fold-probe-{shape}", Q.FMT_FP8, shape,
+                    Q.QConfig(block_n=4, warps=8, fold=True, probe=True)))
+        out.append((f"int4-probe-{shape}", Q.FMT_INT4, shape,
+                    Q.QConfig(block_n=4, warps=8, ahead=2, probe=True)))
     # the tensor-core GEMV (QConfig.dot): the sweep's candidates
     from qwen_trt.bench.qkernel_sweep import DOT_CANDIDATES
 

@@ -111,3 +111,20 @@ def test_vs_table_sweep_times_only_the_committed_config_besides_the_new_candidat
             old = [Q.QConfig(**it["cfg"]) for it in mine if not it["cfg"].get("dot")]
             assert old == [Q.GEMV_TABLE[(f, nout, k, gate_up)]], (name, fmt)
             assert len(mine) - 1 == len(S.DOT_CANDIDATES[(fmt, name)])
+
+
+def test_probe_items_pair_each_packed_gemv_with_its_probe_and_never_win():
+    """``--probe``: per projection and format, the measured kernel and the same configuration
+    with ``probe`` (nothing else differs), beside the bf16 GEMV."""
+    its = S.items("4b", probe=True)
+    for name in S.SHAPES["4b"]:
+        assert sum(it["kind"] == "gemv" and it["shape"] == name for it in its) == 1
+        for fmt in ("fp8", "int4"):
+            mine = [it["cfg"] for it in its if it["shape"] == name and it["fmt"] == fmt]
+            probes = [c for c in mine if c.get("probe")]
+            assert len(probes) == 1, (name, fmt)
+            plain = {a: b for a, b in probes[0].items() if a != "probe"}
+            assert plain in mine, (name, fmt)
+            if fmt == "fp8":
+                assert plain.get("fold"), name        # the probe lives in the folded kernel
+    assert all(Q.QConfig(**it["cfg"]) for it in its if "cfg" in it)

@@ -146,12 +146,14 @@ def _table_cfg(it: dict, shape_set: str) -> dict | None:
             if getattr(c, f.name) != getattr(base, f.name)}
 
 
-def items(shape_set: str, only: str = "", vs_table: bool = False) -> list[dict]:
+def items(shape_set: str, only: str = "", vs_table: bool = False,
+          probe: bool = False) -> list[dict]:
     """Every (kind, format, shape, rows, config) the sweep times, in a fixed order (``only``:
     comma-separated ``kind`` or ``kind:fmt`` filters, e.g. ``qgemv:fp8,gemv``; ``vs_table``:
     of the batch-1 packed GEMV only the tensor-core candidates and the committed table's
-    configuration, so a sweep's winner is never slower than what is committed)."""
-    out = _items(shape_set)
+    configuration, so a sweep's winner is never slower than what is committed; ``probe``:
+    see :func:`probe_items`)."""
+    out = probe_items(shape_set) if probe else _items(shape_set)
     if vs_table:
         from qwen_trt.fast import qkernels as Q
 
@@ -173,6 +175,26 @@ def items(shape_set: str, only: str = "", vs_table: bool = False) -> list[dict]:
     keys = [f.split(":") for f in only.split(",") if f]
     return [it for it in out
             if any(it["kind"] == k[0] and (len(k) == 1 or it["fmt"] == k[1]) for k in keys)]
+
+
+def probe_items(shape_set: str) -> list[dict]:
+    """The diagnostic of where a packed GEMV's time goes: per shape, the bf16 GEMV, and for
+    FP8 (the folded kernel) and INT4 the committed configuration (FP8: the same rows, warps and
+    programs folded, where the table's is not) beside the same kernel with ``probe`` (the
+    same loads, one multiply a 32-bit word instead of unpacking 4 or 8 weights). If the probe
+    is much faster, the kernel is bound by its arithmetic; if not, by its memory stream."""
+    out = []
+    for name in SHAPES[shape_set]:
+        out.append({"shape": name, "kind": "gemv", "fmt": "none", "m": 1})
+        for fmt in ("fp8", "int4"):
+            it = {"shape": name, "kind": "qgemv", "fmt": fmt, "m": 1}
+            cfg = _table_cfg(it, shape_set)
+            if fmt == "fp8" and not cfg.get("fold"):
+                cfg = {a: b for a, b in cfg.items() if a != "asm"} | {"fold": True}
+                out.append(dict(it, cfg=_table_cfg(it, shape_set)))
+            out.append(dict(it, cfg=cfg))
+            out.append(dict(it, cfg=cfg | {"probe": True}))
+    return out
 
 
 def _items(shape_set: str) -> list[dict]:
@@ -421,11 +443,12 @@ def apply(path: str, shape_set: str = "4b") -> tuple[dict, dict]:
 
 
 def compile_part(shape_set: str, part: int, parts: int, device: str, only: str = "",
-                 vs_table: bool = False) -> None:
+                 vs_table: bool = False, probe: bool = False) -> None:
     """Worker: launch every ``parts``-th item once (compiles into Triton's cache)."""
     import torch
 
-    its = [it for i, it in enumerate(items(shape_set, only, vs_table)) if i % parts == part]
+    its = [it for i, it in enumerate(items(shape_set, only, vs_table, probe))
+           if i % parts == part]
     shapes = {}
     for it in its:
         if it["shape"] not in shapes:
@@ -450,6 +473,9 @@ def main(argv=None) -> int:
     p.add_argument("--vs-table", action="store_true",
                    help="batch-1 packed GEMV: only the tensor-core candidates and the committed "
                         "table's configurations")
+    p.add_argument("--probe", action="store_true",
+                   help="only the diagnostic items (probe_items): is a packed GEMV bound by "
+                        "its arithmetic or by its memory stream")
     p.add_argument("--print-tables", metavar="SWEEP_JSON",
                    help="print a finished sweep's winners as qkernels' table entries, then exit")
     args = p.parse_args(argv)
@@ -458,7 +484,7 @@ def main(argv=None) -> int:
         return 0
     if args.part:
         i, n = (int(v) for v in args.part.split("/"))
-        compile_part(args.shape, i, n, args.device, args.only, args.vs_table)
+        compile_part(args.shape, i, n, args.device, args.only, args.vs_table, args.probe)
         return 0
     import torch
 
@@ -481,7 +507,8 @@ def main(argv=None) -> int:
                                    "--out", "/dev/null", "--shape", args.shape, "--device",
                                    args.device, "--part", f"{i}/{args.jobs}",
                                    "--only", args.only]
-                                  + (["--vs-table"] if args.vs_table else []))
+                                  + (["--vs-table"] if args.vs_table else [])
+                                  + (["--probe"] if args.probe else []))
                  for i in range(args.jobs)]
         deadline = time.monotonic() + args.compile_timeout
         for pr in procs:
@@ -492,7 +519,7 @@ def main(argv=None) -> int:
         out["compile_s"] = round(time.perf_counter() - t0, 1)
         print(f"[sweep] compiled in {out['compile_s']} s", file=sys.stderr, flush=True)
     by_shape: dict[str, list] = {}
-    for it in items(args.shape, args.only, args.vs_table):
+    for it in items(args.shape, args.only, args.vs_table, args.probe):
         by_shape.setdefault(it["shape"], []).append(it)
     for name, its in by_shape.items():
         sh = Shape(SHAPES[args.shape][name], dev, args.copies_mb * 1_000_000)
@@ -503,7 +530,8 @@ def main(argv=None) -> int:
                 r = {"error": f"{type(e).__name__}: {e}"[:300]}
             out["results"][_key(it)] = r
             b = out["best"].setdefault(f"{name}|{it['kind']}|{it['fmt']}|M{it['m']}", None)
-            if "us" in r and r.get("rel_err", 1) < 2e-2 and (b is None or r["us"] < b["us"]):
+            if ("us" in r and r.get("rel_err", 1) < 2e-2 and not it.get("cfg", {}).get("probe")
+                    and (b is None or r["us"] < b["us"])):
                 out["best"][f"{name}|{it['kind']}|{it['fmt']}|M{it['m']}"] = dict(
                     us=r["us"], TBps=r["TBps"], cfg=it.get("cfg"))
         sh.drop()

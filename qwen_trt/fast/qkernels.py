@@ -83,6 +83,10 @@ class QConfig:
                           # software pipelining), ``split`` programs along K; not yet timed
     l2pre: int = 0        # GEMV ``dot``: pipeline steps of each program's weights prefetched
                           # into L2 before the PDL wait (CUDA only)
+    probe: bool = False   # GEMV fold / INT4, a diagnostic for the sweep only (wrong results):
+                          # the same loads, but each int32 word bitcast to one float32 and
+                          # multiplied once (no per-weight unpacking or conversion), to tell
+                          # the kernel's memory stream from its arithmetic
 
 
 FMT_FP8, FMT_INT4, FMT_DENSE = 0, 1, 2
@@ -448,10 +452,12 @@ sub.f32 $7, t, 0f4B000000;
         return a0, a1, sa0, sa1, g0, g1, sg0, sg1
 
     @triton.jit
-    def _f8w_dot(raw, sc, xa, xb, xc, xd, ASM: tl.constexpr):
+    def _f8w_dot(raw, sc, xa, xb, xc, xd, ASM: tl.constexpr, PROBE: tl.constexpr = False):
         """Row sums of words ``raw [BLOCK_N, NW]`` times the activations of byte positions
         0..3 (``xa .. xd [NW]``) scaled by the words' block scales ``sc``: one FMA a weight,
-        one reduction a row (no per-block sums)."""
+        one reduction a row (no per-block sums). ``PROBE``: see ``QConfig.probe``."""
+        if PROBE:
+            return tl.sum(raw.to(tl.float32, bitcast=True) * (xa * sc)[None, :], 1)
         if ASM:
             b0, b1, b2, b3 = tl.inline_asm_elementwise(
                 _FP8X4_TO_F32, "=r,=r,=r,=r,r", [raw],
@@ -483,7 +489,7 @@ sub.f32 $7, t, 0f4B000000;
                          NW1: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr,
                          RESIDUAL: tl.constexpr, GATE_UP: tl.constexpr, PDL: tl.constexpr,
                          P: tl.constexpr, AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = "",
-                         ASM: tl.constexpr = False):
+                         ASM: tl.constexpr = False, PROBE: tl.constexpr = False):
         """:func:`_fp8_gemv_kernel` with int32 word loads and each row block's scales folded
         into the activations (``x * s`` per word, once per row block, shared by its rows):
         a row is one piece of ``NW0`` words and, where that does not cover K, one of
@@ -523,14 +529,14 @@ sub.f32 $7, t, 0f4B000000;
             c0, c1, sc0, sc1, e0, e1, se0, se1 = _f8w_block(
                 q_ptr, s_ptr, nrows, nrow0, nrows < N, N, K, KS, SN, SK, NW0, NW1, TWO,
                 GATE_UP, EVICT)
-            y = _f8w_dot(a0, sa0, x0a, x0b, x0c, x0d, ASM)
+            y = _f8w_dot(a0, sa0, x0a, x0b, x0c, x0d, ASM, PROBE)
             if TWO:
-                y += _f8w_dot(a1, sa1, x1a, x1b, x1c, x1d, ASM)
+                y += _f8w_dot(a1, sa1, x1a, x1b, x1c, x1d, ASM, PROBE)
             u = y
             if GATE_UP:
-                u = _f8w_dot(g0, sg0, x0a, x0b, x0c, x0d, ASM)
+                u = _f8w_dot(g0, sg0, x0a, x0b, x0c, x0d, ASM, PROBE)
                 if TWO:
-                    u += _f8w_dot(g1, sg1, x1a, x1b, x1c, x1d, ASM)
+                    u += _f8w_dot(g1, sg1, x1a, x1b, x1c, x1d, ASM, PROBE)
             store_rows(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
             if AHEAD == 2:
                 a0, a1, sa0, sa1, g0, g1, sg0, sg1 = b0, b1, sb0, sb1, h0, h1, sh0, sh1
@@ -586,10 +592,14 @@ sub.f32 $7, t, 0f4B000000;
                 x4, x5 * 0.0625, x6 * 0.00390625, x7 * 0.000244140625, xsum)
 
     @triton.jit
-    def _i4_dot(wq, s, z, x0, x1, x2, x3, x4, x5, x6, x7, xsum, ASM: tl.constexpr = False):
+    def _i4_dot(wq, s, z, x0, x1, x2, x3, x4, x5, x6, x7, xsum, ASM: tl.constexpr = False,
+                PROBE: tl.constexpr = False):
         """Row sums of the INT4 words ``wq [BLOCK_N, NG, W]`` times the activations:
         ``sum_g s * (sum(q * x) - z * sum(x))``. ``ASM``: each nibble's mask-and-OR is one
-        ``lop3`` (Triton's code spends two logic instructions on it, in the SASS for sm_90)."""
+        ``lop3`` (Triton's code spends two logic instructions on it, in the SASS for sm_90).
+        ``PROBE``: see ``QConfig.probe``."""
+        if PROBE:
+            return tl.sum(s * tl.sum(wq.to(tl.float32, bitcast=True) * x0[None, :, :], 2), 1)
         if ASM:
             n0, n1, n2, n3, n4, n5, n6, n7 = tl.inline_asm_elementwise(
                 _I4X8_TO_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [wq],
@@ -637,9 +647,9 @@ sub.f32 $7, t, 0f4B000000;
                         BLOCK_N: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
                         GATE_UP: tl.constexpr, PDL: tl.constexpr, P: tl.constexpr,
                         AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = "",
-                        ASM: tl.constexpr = False):
+                        ASM: tl.constexpr = False, PROBE: tl.constexpr = False):
         """:func:`_fp8_gemv_kernel` for INT4: the pieces are ``NB0`` and ``NB1`` groups.
-        ``ASM``: see :func:`_i4_dot`."""
+        ``ASM``, ``PROBE``: see :func:`_i4_dot`."""
         W: tl.constexpr = SK // 8
         TWO: tl.constexpr = NB0 * SK < K
         pid = tl.program_id(0)
@@ -672,15 +682,15 @@ sub.f32 $7, t, 0f4B000000;
             c0, c1, sc0, zc0, sc1, zc1, e0, e1, se0, ze0, se1, ze1 = _i4_block(
                 q_ptr, s_ptr, z_ptr, nrows, nrows < N, N, K, KS, W, NB0, NB1, TWO, GATE_UP,
                 EVICT)
-            y = _i4_dot(a0, sa0, za0, p0, p1, p2, p3, p4, p5, p6, p7, ps, ASM)
+            y = _i4_dot(a0, sa0, za0, p0, p1, p2, p3, p4, p5, p6, p7, ps, ASM, PROBE)
             if TWO:
-                y += _i4_dot(a1, sa1, za1, q0, q1, q2, q3, q4, q5, q6, q7, qs, ASM)
+                y += _i4_dot(a1, sa1, za1, q0, q1, q2, q3, q4, q5, q6, q7, qs, ASM, PROBE)
             u = y
             if GATE_UP:
-                u = _i4_dot(g0, sg0, zg0, p0, p1, p2, p3, p4, p5, p6, p7, ps, ASM)
+                u = _i4_dot(g0, sg0, zg0, p0, p1, p2, p3, p4, p5, p6, p7, ps, ASM, PROBE)
                 if TWO:
                     u += _i4_dot(g1, sg1, zg1, q0, q1, q2, q3, q4, q5, q6, q7, qs,
-                                    ASM)
+                                    ASM, PROBE)
             store_rows(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
             if AHEAD == 2:
                 a0, a1, sa0, za0, sa1, za1, g0, g1, sg0, zg0, sg1, zg1 = (
@@ -1072,10 +1082,12 @@ def _gemv_plan(fmt: int, n: int, k: int, ks: int, sk: int, sn: int, cfg: QConfig
                 and (not gate_up or n % cfg.block_n == 0)):
             w0, w1 = (sk // 4) * nb0, (sk // 4) * nb1
             kw = {a: b for a, b in kw.items() if a not in ("NB0", "NB1")}
-            return _f8w_gemv_kernel, dict(kw, SN=sn, NW0=w0, NW1=w1, ASM=cuda)
+            return _f8w_gemv_kernel, dict(kw, SN=sn, NW0=w0, NW1=w1, ASM=cuda,
+                                          **({"PROBE": True} if cfg.probe else {}))
         words = cfg.asm and k % 16 == 0     # int32 words (the rows stay 16-byte aligned)
         return _fp8_gemv_kernel, dict(kw, SN=sn, WORDS=words, ASM=words and cuda)
-    return _i4_gemv_kernel, dict(kw, ASM=cfg.asm and cuda)
+    return _i4_gemv_kernel, dict(kw, ASM=cfg.asm and cuda,
+                                 **({"PROBE": True} if cfg.probe else {}))
 
 
 def qgemv(w: PackedLinear, x: torch.Tensor, *, ln: torch.Tensor | None = None,
