@@ -29,7 +29,8 @@ class Tuner:       # a triton Autotuner's two attributes the cache uses
 def test_key_changes_the_folder_and_the_kernel_hash_is_stable():
     assert KEY.digest() == replace(KEY).digest()
     for field, value in (("gpu", "NVIDIA H100"), ("triton", "3.5.0"), ("buckets", "max_batch=8"),
-                         ("shapes", '{"hidden": 4096}'), ("kernels", "0" * 16)):
+                         ("shapes", '{"hidden": 4096}'), ("kernels", "0" * 16),
+                         ("weight_format", "fp8-block=128x128")):
         assert replace(KEY, **{field: value}).digest() != KEY.digest(), field
     assert kernel_sources_hash() == kernel_sources_hash()
 
@@ -228,3 +229,38 @@ def test_a_new_folder_starts_from_a_matching_seed_and_only_then(tmp_path):
                        cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["match"] == seed["match"]
+
+
+def test_each_weight_format_has_its_own_key():
+    """A --quantization fp8 / int4 load (or an FP8 / AWQ checkpoint) must not take a bf16
+    start's self-check passes or tuned choices: the resolved format is in the key."""
+    from qwen_trt.fast.compile_cache import format_key
+    from qwen_trt.fast.qformats import QuantSpec
+
+    keys = {format_key(QuantSpec(m)) for m in ("none", "fp8", "int4")}
+    assert len(keys) == 3 and format_key(QuantSpec()) == KEY.weight_format
+    assert format_key(QuantSpec("int4", group=64)) != format_key(QuantSpec("int4"))
+    digests = {replace(KEY, weight_format=k).digest() for k in keys}
+    assert len(digests) == 3
+
+
+def test_the_fast_backend_keys_its_cache_with_the_resolved_format(tiny_model_dir, monkeypatch):
+    from qwen_trt.backends.fast_backend import FastBackend
+    from qwen_trt.fast import compile_cache
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_open(*a, **kw):
+        seen.append(kw["weight_format"])
+        raise Stop
+
+    monkeypatch.setattr(compile_cache, "open_for_fast_path", fake_open)
+    for q in ("auto", "fp8", "int4"):
+        try:
+            FastBackend.load(str(tiny_model_dir), device="cpu", quantization=q, warmup=False)
+        except Stop:
+            pass
+    assert seen == ["bf16-safetensors", "fp8-block=128x128", "int4-group=128"]

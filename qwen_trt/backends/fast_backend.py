@@ -137,14 +137,21 @@ class FastBackend(Backend):
         torch_dtype = pick_dtype(dtype, dev)
         n = context_limit(source, max_seq_len)
         from qwen_trt.fast import FastConfig, load_fast_decoder
-        from qwen_trt.fast.compile_cache import close_after_warmup, open_for_fast_path
+        from qwen_trt.fast.compile_cache import (
+            close_after_warmup,
+            format_key,
+            open_for_fast_path,
+        )
+        from qwen_trt.fast.loader import resolve_quant
         clock.mark("fast_import_s")
 
         cfg = FastConfig.from_hf(source.config, f"'{source.name}'/config.json")
         cache = open_for_fast_path(cfg, torch_dtype, dev, cache_dir=cache_dir,
                                    buckets=f"runner={for_runner} max_batch={max_batch} "
                                            f"max_seq_len={n}", say=_say,
-                                   weights=source.path)
+                                   weights=source.path,
+                                   weight_format=format_key(resolve_quant(source.path,
+                                                                          quantization)))
         clock.mark("cache_open_s")
         from qwen_trt.fast.options import options
 

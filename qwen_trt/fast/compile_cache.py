@@ -122,6 +122,16 @@ def key_for(cfg, dtype, device, *, weight_format: str = "bf16-safetensors",
                     weight_format=weight_format, buckets=buckets, kernels=kernel_sources_hash())
 
 
+def format_key(spec) -> str:
+    """The key's ``weight_format`` for a :class:`qwen_trt.fast.qformats.QuantSpec` (the
+    resolved format, whether the checkpoint holds it or the load quantizes to it)."""
+    if spec.method == "none":
+        return "bf16-safetensors"
+    shape = f"block={'x'.join(map(str, spec.block))}" if spec.method == "fp8" \
+        else f"group={spec.group}"
+    return f"{spec.method}-{shape}"
+
+
 def _driver_version() -> str:
     try:
         import torch
@@ -420,10 +430,13 @@ def tuners() -> dict:
 
 
 def open_for_fast_path(cfg, dtype, device, *, cache_dir: str | None, buckets: str,
-                       say=print, weights=None) -> CompileCache | None:
+                       say=print, weights=None,
+                       weight_format: str = "bf16-safetensors") -> CompileCache | None:
     """The cache for a fast-path load on ``device`` (None on CPU: nothing is compiled there,
     or when ``cache_dir`` is "off"); opened, env set, our tuners' choices restored.
-    ``weights``: the checkpoint folder (the self-checks' records are kept per weights)."""
+    ``weights``: the checkpoint folder (the self-checks' records are kept per weights);
+    ``weight_format``: how the projections are held (:func:`format_key`), so a
+    ``--quantization fp8`` start never takes a bf16 start's self-check passes or choices."""
     import torch
 
     global _ACTIVE
@@ -432,7 +445,8 @@ def open_for_fast_path(cfg, dtype, device, *, cache_dir: str | None, buckets: st
         return None
     root = cache_root(cache_dir)
     try:
-        cache = CompileCache(root, key_for(cfg, dtype, device, buckets=buckets), say)
+        cache = CompileCache(root, key_for(cfg, dtype, device, buckets=buckets,
+                                            weight_format=weight_format), say)
         cache.weights_id = weights_id(weights) if weights is not None else ""
         cache.open()
     except OSError as e:
