@@ -150,11 +150,13 @@ SETTINGS: tuple[Setting, ...] = (
        "chained greedy decode steps in the batched runner (0: every step syncs on the host)",
        group="kernel"),
     _S("QWEN_TRT_STEP_COMPILE", "bool", True,
-       "compile the batched step's norms/activation pieces (0: plain PyTorch ops, to debug)",
+       "fused kernels for the batched step's norms/activation pieces (0: plain PyTorch ops, "
+       "to debug)",
        group="kernel"),
-    _S("QWEN_TRT_STEP_TRITON", "bool", False,
+    _S("QWEN_TRT_STEP_TRITON", "bool", True,
        "the batched step's norms/activation pieces as Triton kernels (no torch.compile, no "
-       "dynamo import at start; batched._pre_triton / _post_triton)", group="kernel"),
+       "dynamo import at start; batched._pre_triton / _post_triton; 0: compiled by "
+       "torch.compile, or QWEN_TRT_STEP_COMPILE's plain ops)", group="kernel"),
     _S("QWEN_TRT_FP8_PREFILL", "str", "auto",
        "FP8 weights' prefill: auto | dequant (then bf16 GEMMs) | tensorcore (FP8 GEMMs; sm89+)",
        group="kernel", choices=("auto", "dequant", "tensorcore")),

@@ -3,14 +3,16 @@
 # sampler, the prefill step by size with the compiled and the Triton step pieces, and
 # `qwen-trt serve` started on one GPU, each start timed from the command to a 200 from /health:
 #   start1  an empty compile cache (cold)              start2  the same cache again (warm)
-#   start3  warm, QWEN_TRT_STEP_TRITON=1                start4  an empty cache seeded from the
-#           (the step pieces as Triton kernels)                 tuned choices start1 measured
+#   start3  warm, QWEN_TRT_STEP_TRITON=0                start4  an empty cache seeded from the
+#           (the step pieces by torch.compile)                  tuned choices start1 measured
 #   restart the engine process killed under start4's server; the next request restarts it:
 #           seconds from the kill to that request's answer (the warm-cache restart)
 #
-#   carry .whl and .dev-tok; results flat in $OUT (gpu.txt, cuda-tests.log, step-sizes.json,
-#   starts.json, tune-seed.json, serve-N.log)
-# Environment: CUDA_TESTS (1), TEST_K, STEP_SIZES (1), START_S (140 per start), DEADLINE_S (570).
+#   carry .whl and .dev-tok; results flat in $OUT (at most 7 files: gpu.txt, cuda-tests.log,
+#   step-sizes.json, quant-bench.json, starts.json, tune-seed.json, serve.log)
+# Environment: CUDA_TESTS (1), TEST_K, STEP_SIZES (1), QUANT (0: quant_bench's bf16 / FP8 / INT4
+#   batch-1 decode and decode graphs first), STARTS ("start1 start2 start3 start4"), RESTART (1),
+#   START_S (140 per start), DEADLINE_S (570).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEADLINE_S=${DEADLINE_S:-570}
@@ -37,6 +39,13 @@ if [ "${CUDA_TESTS:-1}" = 1 ]; then
   phase_end $rc
 fi
 
+if [ "${QUANT:-0}" = 1 ]; then
+  phase_begin quant-bench
+  timeout --kill-after=10 "$(bound 230)" "$PY" -m qwen_trt.bench.quant_bench --formats none,fp8,int4 \
+    --no-kernels --out "$OUT/quant-bench.json" 2>&1 | tr '\r' '\n' | grep -E '^\[quant-bench\]'
+  phase_end ${PIPESTATUS[0]}
+fi
+
 if [ "${STEP_SIZES:-1}" = 1 ]; then
   phase_begin step-sizes
   timeout --kill-after=10 "$(bound ${STEP_SIZES_S:-100})" "$PY" -m qwen_trt.bench.step_sizes \
@@ -48,7 +57,7 @@ if [ "${STEP_SIZES:-1}" = 1 ]; then
 fi
 
 # start NAME CACHE_DIR [ENV=VALUE ...]: serve until healthy (KEEP=1: leave it running, its pid
-# in SPID and port in PORT), its stage lines into $OUT/serve-NAME.log
+# in SPID and port in PORT), its stage lines into $OUT/serve.log
 start() {
   local name=$1 cache=$2; shift 2
   phase_begin "$name"
@@ -63,8 +72,9 @@ start() {
   if [ "${KEEP:-0}" != 1 ]; then stop_server; fi
   tr '\r' '\n' <"$log" | grep -v '%|' \
     | grep -E "qwen-trt engine|compile cache|qwen-trt batched|qwen-trt fast path|Error|error" \
-    | tail -25 > "$OUT/serve-$name.log"
-  grep -E "ready in|compile cache" "$OUT/serve-$name.log" | tail -3
+    | tail -25 > "$WORK/serve-$name.lines"
+  { echo "== $name $*"; cat "$WORK/serve-$name.lines"; } >> "$OUT/serve.log"
+  grep -E "ready in|compile cache" "$WORK/serve-$name.lines" | tail -3
   phase_end 0
 }
 stop_server() {
@@ -75,9 +85,11 @@ stop_server() {
   for _ in $(seq 1 20); do pgrep -f "qwen_trt.serving.worker import main" >/dev/null || break; sleep 0.5; done
 }
 
-start start1 "$CACHE"
-start start2 "$CACHE"
-start start3 "$CACHE" QWEN_TRT_STEP_TRITON=1
+STARTS=${STARTS:-start1 start2 start3 start4}
+case " $STARTS " in *" start1 "*) start start1 "$CACHE";; esac
+case " $STARTS " in *" start2 "*) start start2 "$CACHE";; esac
+# start3: the other step pieces, warm (the default is the Triton kernels; this is torch.compile)
+case " $STARTS " in *" start3 "*) start start3 "$CACHE" QWEN_TRT_STEP_TRITON=0;; esac
 
 phase_begin seed
 "$PY" scripts/tune_seed.py "$(ls -dt "$CACHE"/*/ | head -1)" "$OUT/tune-seed.json" \
@@ -86,7 +98,8 @@ rc=$?
 [ $rc = 0 ] && cp "$OUT/tune-seed.json" qwen_trt/fast/seeds/device-measured.json
 phase_end $rc
 
-KEEP=1 start start4 "$SEEDED"
+case " $STARTS " in *" start4 "*) KEEP=1 start start4 "$SEEDED";; *) RESTART=0;; esac
+if [ "${RESTART:-1}" = 1 ]; then
 phase_begin restart
 "$PY" - "http://127.0.0.1:$PORT" "$WORK/restart.json" "$(bound 120)" <<'PY'
 import json, subprocess, sys, time, urllib.request
@@ -119,7 +132,8 @@ PY
 phase_end $?
 stop_server
 tr '\r' '\n' <"$WORK/serve-start4.log" | grep -v '%|' | grep -E "restart|ready in|Error" | tail -8 \
-  | tee -a "$OUT/serve-start4.log"
+  | tee -a "$OUT/serve.log"
+fi
 
 "$PY" - "$WORK" "$OUT/starts.json" "$(phases_json)" <<'PY'
 import json, re, sys
@@ -132,7 +146,7 @@ for name in ("start1", "start2", "start3", "start4"):
     except (OSError, ValueError):
         pass
     try:
-        text = open(f"{work}/serve-{name}.log").read()
+        text = open(f"{work}/serve-{name}.lines").read()
     except OSError:
         text = ""
     m = re.findall(r"stages: (.*)\)", text)

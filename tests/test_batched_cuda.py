@@ -195,7 +195,7 @@ def test_qwen3_4b_bf16_step_graphs_match_the_math_step(big):
         assert err < 1e-1, (name, err)
 
 
-def test_decode_graphs_by_width_agree_and_a_chain_crosses_into_the_wider_one(big):
+def test_decode_graphs_by_width_agree_and_a_chain_crosses_into_the_wider_one(big, monkeypatch):
     """Decode graphs come per context width (the attention's grid covers only the splits of
     that many blocks): the narrow and the widest graph give the same logits for a batch that
     fits both, and a chained greedy batch whose context crosses a width (1024 tokens) moves
@@ -230,14 +230,22 @@ def test_decode_graphs_by_width_agree_and_a_chain_crosses_into_the_wider_one(big
     long = prompts(1, QWEN3_4B.vocab_size, seed=11, lo=1010, hi=1011)[0]
     short = prompts(1, QWEN3_4B.vocab_size, seed=12, lo=50, hi=51)[0]
     reqs = {0: (long, greedy(30)), 1: (short, greedy(30))}
+    widths = []                                # the chained graphs replayed, by width
+    fgraph = bm._fgraph
+
+    def spy(bucket, width):
+        widths.append(width)
+        return fgraph(bucket, width)
+    monkeypatch.setattr(bm, "_fgraph", spy)
     chained_runner = BatchRunner(bm, SchedulerConfig(max_batch=4))
     chained = run_all(chained_runner, reqs)
+    monkeypatch.undo()
     assert chained_runner.chained_steps > 20
-    ended = bm.width_for(bm._chain_ctx)       # read before the plain run steps the model again
     with use(options().replace(chain=False)):
         plain = run_all(BatchRunner(bm, SchedulerConfig(max_batch=4)), reqs)
     assert chained == plain
-    assert ended > bm.widths[0]                # the chain ended past 1024, on the wider graph
+    # the chain started on the narrow graph and went on, past 1024, on the wider one
+    assert widths[0] == bm.widths[0] and max(widths) > bm.widths[0], sorted(set(widths))
 
 
 def test_sampled_and_logprob_rows_chain_like_step_by_step(big, monkeypatch):

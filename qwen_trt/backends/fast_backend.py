@@ -156,8 +156,11 @@ class FastBackend(Backend):
         from qwen_trt.fast.options import options
 
         # the runner takes the model over and prefills with its own step pieces: with those as
-        # Triton kernels the batch-1 decoder's compiled prefill would only import dynamo
-        no_compile = for_runner and dev.startswith("cuda") and options().step_triton
+        # Triton kernels (or plain ops) the batch-1 decoder's compiled prefill would only
+        # import dynamo
+        opts = options()
+        no_compile = (for_runner and dev.startswith("cuda")
+                      and (opts.step_triton or not opts.step_compile))
         decoder = load_fast_decoder(cfg, weights=source.path, dtype=torch_dtype, device=dev,
                                     max_seq_len=n, warmup=warmup and not for_runner,
                                     quantization=quantization,

@@ -185,16 +185,17 @@ class BatchedModel:
         self.stats.attention = "triton" if self.triton else "math"
         self.stats.buckets = self.buckets if self.graphs else ()
         # Steps that prefill: the Triton varlen attention (checked at warm-up, else the math
-        # step) and, around it, the norms / activation / residual adds compiled once for any
-        # row count (fused elementwise kernels; inside a graph nothing is left of their host
-        # cost). KernelOptions.step_compile=False keeps the PyTorch ops; step_triton=True
-        # runs them as Triton kernels instead (_pre_triton / _post_triton: no torch.compile).
+        # step) and, around it, the norms / activation / residual adds as fused kernels for any
+        # row count (inside a graph nothing is left of their host cost): by default two Triton
+        # kernels (_pre_triton / _post_triton: no torch.compile, so no dynamo import at start;
+        # the same step times on the H200), with KernelOptions.step_triton=False the pieces
+        # compiled by torch.compile; step_compile=False keeps the plain PyTorch ops (to debug).
         self.varlen = self.triton
         self.step_graphs = False
         # (block_q, warps) of the varlen attention per token bucket: timed at warm-up
         self.varlen_tile: dict[int, tuple[int, int]] = {}
         self._pre, self._post = _pre_attention, _post_attention
-        if self.triton and options().step_triton:       # the same kernels, no dynamo
+        if self.triton and options().step_compile and options().step_triton:
             self._pre, self._post = _pre_triton, _post_triton
         elif self.triton and options().step_compile:
             self._pre = _compile_for_any_rows(_pre_attention, 1)

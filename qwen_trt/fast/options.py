@@ -21,7 +21,7 @@ class KernelOptions:
     attn_preload: bool = True        # first K/V tile loaded before the PDL wait (no variable:
     #                                  the kernel tests and `profile --variants` set it)
     step_compile: bool = True        # the batched step's elementwise pieces compiled
-    step_triton: bool = False        # ... or as Triton kernels (batched._post_triton): no dynamo
+    step_triton: bool = True         # ... as Triton kernels (batched._post_triton): no dynamo
     attn_split: int | None = None    # batch-1 RoPE attention keys per split (None: tuned default)
     paged_split: int | None = None   # paged RoPE attention keys per split (None: tuned default)
     fp8_prefill: str = "auto"        # FP8 weights' prefill: auto | dequant | tensorcore
