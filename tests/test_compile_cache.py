@@ -264,3 +264,27 @@ def test_the_fast_backend_keys_its_cache_with_the_resolved_format(tiny_model_dir
         except Stop:
             pass
     assert seen == ["bf16-safetensors", "fp8-block=128x128", "int4-group=128"]
+
+
+def test_the_shipped_h200_seed_matches_a_default_serve_of_the_real_model():
+    """The H200 seed (measured 2026-12-01 on the Qwen3-4B-shaped checkpoint) is found for
+    `qwen-trt serve --max-batch 32` of Qwen3-4B-Instruct-2507 in bf16 on an H200 with Triton
+    3.6: a change of the key's fields (shapes, buckets, format) that would leave it unused
+    fails here, not silently on a user's first start."""
+    from dataclasses import asdict
+
+    from qwen_trt.backends.torch_backend import DEFAULT_MAX_SEQ_LEN
+    from qwen_trt.fast import SHAPES
+    from qwen_trt.fast.compile_cache import buckets_key, find_seed, format_key
+    from qwen_trt.fast.qformats import QuantSpec
+
+    key = replace(KEY, triton="3.6.0", dtype="bfloat16",
+                  shapes=json.dumps(asdict(SHAPES["qwen3-4b"]), sort_keys=True, default=str),
+                  weight_format=format_key(QuantSpec()),
+                  buckets=buckets_key(for_runner=True, max_batch=32,
+                                      max_seq_len=min(262144, DEFAULT_MAX_SEQ_LEN)))
+    found = find_seed(key)
+    assert found is not None
+    path, seed = found
+    assert path.name.startswith("h200-") and seed["choices"].get("bgemm")
+    assert find_seed(replace(key, weight_format=format_key(QuantSpec("fp8")))) is None

@@ -138,6 +138,7 @@ class FastBackend(Backend):
         n = context_limit(source, max_seq_len)
         from qwen_trt.fast import FastConfig, load_fast_decoder
         from qwen_trt.fast.compile_cache import (
+            buckets_key,
             close_after_warmup,
             format_key,
             open_for_fast_path,
@@ -147,8 +148,9 @@ class FastBackend(Backend):
 
         cfg = FastConfig.from_hf(source.config, f"'{source.name}'/config.json")
         cache = open_for_fast_path(cfg, torch_dtype, dev, cache_dir=cache_dir,
-                                   buckets=f"runner={for_runner} max_batch={max_batch} "
-                                           f"max_seq_len={n}", say=_say,
+                                   buckets=buckets_key(for_runner=for_runner,
+                                                       max_batch=max_batch, max_seq_len=n),
+                                   say=_say,
                                    weights=source.path,
                                    weight_format=format_key(resolve_quant(source.path,
                                                                           quantization)))

@@ -122,6 +122,11 @@ def key_for(cfg, dtype, device, *, weight_format: str = "bf16-safetensors",
                     weight_format=weight_format, buckets=buckets, kernels=kernel_sources_hash())
 
 
+def buckets_key(*, for_runner: bool, max_batch: int | None, max_seq_len: int) -> str:
+    """The key's ``buckets`` for a fast-path load (what the captured graphs depend on)."""
+    return f"runner={for_runner} max_batch={max_batch} max_seq_len={max_seq_len}"
+
+
 def format_key(spec) -> str:
     """The key's ``weight_format`` for a :class:`qwen_trt.fast.qformats.QuantSpec` (the
     resolved format, whether the checkpoint holds it or the load quantizes to it)."""
