@@ -73,16 +73,22 @@ class _TokenizerPreload:
     def __init__(self, folder: str | None, name: str) -> None:
         self.folder = folder
         self._tok = None
+        self.timings: dict[str, float] = {}   # import_s, load_s, done_s (since the start)
+        self._t0 = time.monotonic()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"{name}-import")
         self._thread.start()
 
     def _run(self) -> None:
         try:
             from transformers import AutoTokenizer
+            self.timings["import_s"] = round(time.monotonic() - self._t0, 3)
             if self.folder is not None:
+                t = time.monotonic()
                 self._tok = AutoTokenizer.from_pretrained(self.folder)
+                self.timings["load_s"] = round(time.monotonic() - t, 3)
         except Exception:  # noqa: BLE001 - reported when the tokenizer is loaded again
             self._tok = None
+        self.timings["done_s"] = round(time.monotonic() - self._t0, 3)
 
     def take(self, source: str):
         if self.folder is None or source != self.folder:
@@ -498,7 +504,8 @@ class WorkerClient:
                 return None
             self._info = ready.info
             self._max_concurrency = max(1, ready.max_concurrency)
-            self.timings = {**ready.timings, "parent_tokenizer_s": round(tok_s, 3),
+            pre = {f"parent_tokenizer.{k}": v for k, v in self._preload.timings.items()}
+            self.timings = {**ready.timings, **pre, "parent_tokenizer_s": round(tok_s, 3),
                             "ready_s": round(time.monotonic() - self._spawned_at, 3)}
             self.pid = ready.pid
             was = self._state
