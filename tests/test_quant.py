@@ -280,3 +280,97 @@ def test_quantization_needs_the_fast_path(tiny_model_dir):
     backend = load_backend(BackendConfig(model=str(tiny_model_dir), device="cpu", fast="on",
                                          quantization="fp8", warmup=False))
     assert isinstance(backend.decoder.model.layers[0].wqkv, Fp8Linear)
+
+
+def _blockwise_scaled_mm_emulated(a, b, scale_a, scale_b, out_dtype):
+    """torch._scaled_mm's block-wise recipe (1x128 activations, 128x128 weights) on CPU, with
+    the layouts cuBLAS requires asserted (what fp8_scaled_linear must hand it)."""
+    m, k = a.shape
+    n = b.shape[1]
+    assert a.dtype == b.dtype == torch.float8_e4m3fn and m % 4 == 0
+    assert b.stride() == (1, k), "b must be column-major (the weights' [N, K] transposed)"
+    assert scale_a.shape == (m, k // 128) and scale_a.stride() == (1, m), scale_a.stride()
+    l4 = scale_b.shape[0]
+    assert l4 % 4 == 0 and l4 >= k // 128 and scale_b.shape[1] == n // 128
+    assert scale_b.stride() == (1, l4), scale_b.stride()
+    sa = scale_a.float().repeat_interleave(128, 1)
+    sb = scale_b[:k // 128].float().repeat_interleave(128, 0).repeat_interleave(128, 1)
+    return ((a.float() * sa) @ (b.float() * sb)).to(out_dtype)
+
+
+@pytest.mark.parametrize("rows,k", [(37, 384), (64, 640), (1, 256)])
+def test_fp8_tensor_core_linear_hands_cublas_its_layouts_and_matches_dequantized(
+        monkeypatch, rows, k):
+    """The FP8 tensor-core prefill's wrapper: activations quantized per row and 128 columns,
+    rows padded to a multiple of 4 and cut back, the scales in the strides cuBLAS's
+    block-scaled GEMM takes (asserted by the emulation), and the product within FP8's
+    activation rounding of the dequantized weights (K/128 = 3 and 5 need the scale padding)."""
+    from qwen_trt.fast.qformats import (Fp8Linear, fp8_act_quant, fp8_quantize,
+                                        fp8_scaled_linear, linear)
+
+    monkeypatch.setattr(torch, "_scaled_mm", _blockwise_scaled_mm_emulated)
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(256, k, generator=g) * 0.02
+    lin = Fp8Linear(*fp8_quantize(w), (128, 128))
+    x = torch.randn(2, rows, k, generator=g).to(torch.bfloat16)
+    ref = torch.nn.functional.linear(x.float(), lin.dequantize(torch.float32))
+    got = fp8_scaled_linear(x, lin)
+    assert got.shape == (2, rows, 256) and got.dtype == torch.bfloat16
+    err = ((got.float() - ref).norm() / ref.norm()).item()
+    assert 1e-4 < err < 0.05, err                 # FP8 activations: not exact, but close
+    lin.tensor_cores = True                       # the prefill's dispatch
+    assert torch.equal(linear(x, lin), got)
+    q, s = fp8_act_quant(x.reshape(-1, k))
+    back = q.float().view(-1, k // 128, 128) * s.unsqueeze(-1)
+    assert ((back.view(-1, k) - x.reshape(-1, k).float()).abs().max() <=
+            x.float().abs().max() * 2 ** -4)
+    assert torch.equal(fp8_act_quant(torch.zeros(4, 128))[0].float(), torch.zeros(4, 128))
+
+
+def test_fp8_prefill_setup_marks_weights_only_on_hopper_after_its_check(quantized,
+                                                                        monkeypatch):
+    """setup_fp8_prefill: nothing off Hopper or with QWEN_TRT_FP8_PREFILL=dequant; on a
+    (pretended) H200 whose check passes, every 128-aligned FP8 projection is marked and the
+    decoder's prefill then goes through them; a failed check is a note, or with
+    QWEN_TRT_FP8_PREFILL=tensorcore a one-line error."""
+    from qwen_trt.fast import loader
+    from qwen_trt.fast.qformats import Fp8Linear, fp8_quantize
+
+    dec = _load(quantized["fp8"])
+    model = dec.model
+    fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    assert fp8 and loader.setup_fp8_prefill(model) == []          # CPU: nothing
+    assert not model.fp8_tensor_core_prefill
+    monkeypatch.setattr(loader, "fp8_tensor_cores", lambda d: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
+    assert loader.setup_fp8_prefill(model, "dequant") == []
+    assert not model.fp8_tensor_core_prefill
+    monkeypatch.setattr(loader, "check_fp8_prefill", lambda d: "fp8 tensor-core prefill "
+                                                               "unavailable (X: y)")
+    notes = loader.setup_fp8_prefill(model, "auto")
+    assert len(notes) == 1 and "dequantizes" in notes[0] and not model.fp8_tensor_core_prefill
+    with pytest.raises(ModelSourceError, match="unavailable"):
+        loader.setup_fp8_prefill(model, "tensorcore")
+    monkeypatch.setattr(loader, "check_fp8_prefill", lambda d: None)
+    # the tiny model's 64-wide projections are not whole 128 blocks: none marked, said so
+    assert loader.setup_fp8_prefill(model, "auto") == [
+        f"fp8 tensor-core prefill for 0 of {len(fp8)} projections (the rest: N or K not "
+        "whole 128 blocks)"]
+    assert not model.fp8_tensor_core_prefill
+
+    class Two(torch.nn.Module):                    # one aligned projection, one not
+        device = torch.device("cpu")
+
+        def __init__(self):
+            super().__init__()
+            self.a = Fp8Linear(*fp8_quantize(torch.randn(256, 384)), (128, 128))
+            self.b = Fp8Linear(*fp8_quantize(torch.randn(256, 200)), (128, 128))
+    two = Two()
+    assert loader.setup_fp8_prefill(two, "tensorcore") == [
+        "fp8 tensor-core prefill for 1 of 2 projections (the rest: N or K not whole 128 "
+        "blocks)"]
+    assert two.a.tensor_cores and not two.b.tensor_cores
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 9))
+    with pytest.raises(ModelSourceError, match="Hopper"):
+        loader.setup_fp8_prefill(model, "tensorcore")

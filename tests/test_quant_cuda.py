@@ -163,3 +163,26 @@ def test_batched_decode_with_packed_weights_matches_math_step(tiny_model_dir, fm
                             enumerate(zip(positions, tables))], list(range(4))).float()
     assert bs >= 16
     assert ((got - ref).norm() / ref.norm()).item() < 1e-3
+
+
+@pytest.mark.parametrize("rows", [5, 512])
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_fp8_tensor_core_prefill_matches_dequantized_weights(shape, rows):
+    """The FP8 prefill on tensor cores (cuBLAS's block-scaled GEMM through torch._scaled_mm)
+    at Qwen3-4B shapes: within the FP8 activations' rounding of the dequantized product; and
+    its load-time self-check passes on this GPU (Hopper)."""
+    from qwen_trt.fast.loader import check_fp8_prefill
+    from qwen_trt.fast.qformats import Fp8Linear, fp8_quantize, fp8_scaled_linear
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuBLAS's block-scaled FP8 GEMM is Hopper's")
+    assert check_fp8_prefill(torch.device("cuda")) is None
+    n, k, _ = shape
+    g = torch.Generator(device="cuda").manual_seed(n)
+    w = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02
+    lin = Fp8Linear(*fp8_quantize(w), (128, 128)).cuda()
+    x = torch.randn(rows, k, device="cuda", generator=g, dtype=torch.bfloat16)
+    ref = F.linear(x.float(), lin.dequantize(torch.float32))
+    got = fp8_scaled_linear(x, lin).float()
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err < 0.05, err

@@ -45,7 +45,7 @@ from qwen_trt.errors import first_line
 from qwen_trt.fast import compile_cache
 from qwen_trt.fast.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK, LayerKVCache
 from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
-from qwen_trt.fast.qformats import dense, linear
+from qwen_trt.fast.qformats import dense, linear, prefill_weight
 from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_attention_ref,
                                          paged_decode_attention, paged_rope_cache,
                                          paged_rope_decode_attention,
@@ -67,22 +67,22 @@ STEP_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024)
 
 def _pre_attention(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float):
     """RMSNorm + fused q/k/v projection of every row."""
-    return F.linear(rms_norm(x, ln, eps), w)
+    return linear(rms_norm(x, ln, eps), w)
 
 
 def _post_attention(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torch.Tensor,
                     w_gate_up: torch.Tensor, w_down: torch.Tensor, eps: float):
     """o projection + residual, then the MLP block (the model's :func:`mlp`)."""
-    x = x + F.linear(o, wo)
-    gate, up = F.linear(rms_norm(x, ln, eps), w_gate_up).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, w_down)
+    x = x + linear(o, wo)
+    gate, up = linear(rms_norm(x, ln, eps), w_gate_up).chunk(2, dim=-1)
+    return x + linear(F.silu(gate) * up, w_down)
 
 
 def _pre_triton(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float):
     """:func:`_pre_attention` with the norm as :func:`~qwen_trt.fast.bgemm.rms_rows`."""
     from qwen_trt.fast.bgemm import rms_rows
 
-    return F.linear(rms_rows(x, ln, eps), w)
+    return linear(rms_rows(x, ln, eps), w)
 
 
 def _post_triton(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torch.Tensor,
@@ -92,8 +92,8 @@ def _post_triton(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torch.T
     the kernels inductor makes of it, the same rounding, without ``torch.compile``."""
     from qwen_trt.fast.bgemm import rms_rows, silu_mul_rows
 
-    h, n = rms_rows(x, ln, eps, residual=F.linear(o, wo))
-    return h + F.linear(silu_mul_rows(F.linear(n, w_gate_up)), w_down)
+    h, n = rms_rows(x, ln, eps, residual=linear(o, wo))
+    return h + linear(silu_mul_rows(linear(n, w_gate_up)), w_down)
 
 
 def _compile_for_any_rows(fn, n_row_args: int):
@@ -200,6 +200,10 @@ class BatchedModel:
         elif self.triton and options().step_compile:
             self._pre = _compile_for_any_rows(_pre_attention, 1)
             self._post = _compile_for_any_rows(_post_attention, 2)
+        # the weights a step that prefills multiplies by: FP8 ones marked for tensor cores
+        # as they are where the pieces are not compiled (qformats.prefill_weight), else dense
+        self._step_weight = (prefill_weight if self._pre in (_pre_triton, _pre_attention)
+                             else dense)
         # decode graphs by (bucket, width in blocks); the widths: WIDTH_TOKENS, then all
         self.widths = tuple(sorted({-(-t // block_size) for t in WIDTH_TOKENS
                                     if t < self.max_blocks * block_size} | {self.max_blocks}))
@@ -361,14 +365,15 @@ class BatchedModel:
         x = F.embedding(tok, m.embed)
         for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
-            dt = m.dtype    # packed projections: dequantized, then cuBLAS
-            qkv = self._pre(x, layer.ln_in, dense(layer.wqkv, dt), eps)
+            dt = m.dtype    # packed projections: dequantized, then cuBLAS (or FP8 GEMMs)
+            pw = self._step_weight
+            qkv = self._pre(x, layer.ln_in, pw(layer.wqkv, dt), eps)
             q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
                                  kc, vc, eps, cfg.heads)
             o = paged_varlen_attention(q, kc, vc, meta.tables, meta.ctx, meta.qstart, meta.qlen,
                                        meta.tile_seq, meta.tile_q0, self.block_size, *tile)
-            x = self._post(x, o.reshape(-1, cfg.q_size), dense(layer.wo, dt), layer.ln_post,
-                           dense(layer.w_gate_up, dt), dense(layer.w_down, dt), eps)
+            x = self._post(x, o.reshape(-1, cfg.q_size), pw(layer.wo, dt), layer.ln_post,
+                           pw(layer.w_gate_up, dt), pw(layer.w_down, dt), eps)
         return self._head(x.index_select(0, rows))
 
     def _forward_math(self, tokens: Sequence[int], positions: Sequence[int],
@@ -765,6 +770,7 @@ class BatchedModel:
                     self.stats.notes.append(("compiled step pieces: " + problem)
                                             .splitlines()[0][:300] + "; using PyTorch ops")
                     self._pre, self._post = _pre_attention, _post_attention
+                    self._step_weight = prefill_weight
                     continue
             # a pass after the fused pieces fell back is not one to skip on the next start
             compile_cache.record_check("varlen_step", problem or (

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from qwen_trt.errors import ModelSourceError
 from qwen_trt.fast.options import options
@@ -55,7 +56,8 @@ def fp8_tensor_cores(device: torch.device) -> bool:
 def fp8_notes(device: torch.device, mode: str | None = None) -> list[str]:
     """What an FP8 model runs on, as notes; ``mode`` (``QWEN_TRT_FP8_PREFILL``): ``auto`` /
     ``dequant`` (prefill dequantizes, then bf16 GEMMs) or ``tensorcore``, which raises a
-    one-line error on a GPU without FP8 tensor cores. Decode always runs the W8A16 kernels."""
+    one-line error on a GPU without FP8 tensor cores. Decode always runs the W8A16 kernels.
+    Whether the tensor-core prefill is then used is :func:`setup_fp8_prefill`'s."""
     mode = mode or options().fp8_prefill
     if mode not in FP8_PREFILL_MODES:
         raise ModelSourceError(f"QWEN_TRT_FP8_PREFILL={mode!r}: use "
@@ -70,10 +72,62 @@ def fp8_notes(device: torch.device, mode: str | None = None) -> list[str]:
     if not has_tc:
         notes.append(f"fp8 weights on {where} without FP8 tensor cores: W8A16 kernels "
                      "(dequantized in registers), prefill dequantizes then runs bf16 GEMMs")
-    elif mode == "tensorcore":
-        notes.append("fp8 tensor-core prefill is not built: prefill dequantizes then runs "
-                     "bf16 GEMMs")
     return notes
+
+
+def check_fp8_prefill(device: torch.device) -> str | None:
+    """The FP8 tensor-core prefill (:func:`~qwen_trt.fast.qformats.fp8_scaled_linear`) on
+    this GPU against the dequantized weights: None, or the problem in one line (cuBLAS's
+    block-scaled FP8 GEMM needs Hopper and CUDA 12.9+)."""
+    from qwen_trt.fast.qformats import Fp8Linear, fp8_quantize, fp8_scaled_linear
+
+    try:
+        g = torch.Generator(device=device).manual_seed(0)
+        w = torch.randn(256, 384, device=device, generator=g, dtype=torch.bfloat16) * 0.02
+        q, s = fp8_quantize(w)
+        lin = Fp8Linear(q, s, (128, 128)).to(device)
+        x = torch.randn(37, 384, device=device, generator=g, dtype=torch.bfloat16)
+        got = fp8_scaled_linear(x, lin).float()
+        ref = F.linear(x, lin.dequantize(torch.bfloat16)).float()
+        err = ((got - ref).norm() / ref.norm()).item()
+    except Exception as e:  # noqa: BLE001 - one line, then the dequantizing prefill
+        return f"fp8 tensor-core prefill unavailable ({type(e).__name__}: {str(e)[:160]})"
+    if not err < 0.1:
+        return f"fp8 tensor-core prefill disagrees with the dequantized weights ({err:.3f})"
+    return None
+
+
+def setup_fp8_prefill(model, mode: str | None = None) -> list[str]:
+    """Mark ``model``'s FP8 projections for the tensor-core prefill where it applies: on
+    Hopper (compute capability 9.0, cuBLAS's block-scaled recipe) once its self-check passed,
+    with ``QWEN_TRT_FP8_PREFILL`` ``auto`` or ``tensorcore`` (which is a one-line error where
+    it cannot run). Returns notes."""
+    from qwen_trt.fast.compile_cache import run_check
+    from qwen_trt.fast.qformats import Fp8Linear, fp8_tensor_core_ok
+
+    mode = mode or options().fp8_prefill
+    fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    dev = model.device
+    if not fp8 or mode == "dequant" or not fp8_tensor_cores(dev):
+        return []
+    where = torch.cuda.get_device_name(dev)
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        if mode == "tensorcore":
+            raise ModelSourceError(f"FP8 tensor-core prefill runs cuBLAS's block-scaled FP8 "
+                                   f"GEMM, built for Hopper (compute capability 9.0), not "
+                                   f"{where}: unset QWEN_TRT_FP8_PREFILL")
+        return []
+    problem = run_check("fp8_prefill", lambda: check_fp8_prefill(dev))
+    if problem:
+        if mode == "tensorcore":
+            raise ModelSourceError(problem + ": unset QWEN_TRT_FP8_PREFILL")
+        return [problem + "; prefill dequantizes then runs bf16 GEMMs"]
+    used = 0
+    for m in fp8:
+        m.tensor_cores = fp8_tensor_core_ok(m)
+        used += m.tensor_cores
+    return [] if used == len(fp8) else [f"fp8 tensor-core prefill for {used} of {len(fp8)} "
+                                        "projections (the rest: N or K not whole 128 blocks)"]
 
 
 def load_fast_decoder(cfg: FastConfig, *, weights: str | Path | dict | None, max_seq_len: int,
@@ -100,6 +154,8 @@ def load_fast_decoder(cfg: FastConfig, *, weights: str | Path | dict | None, max
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     t1 = time.perf_counter()
+    if quant.method == "fp8":
+        notes += setup_fp8_prefill(model)
     decoder = FastDecoder(model, compile=compile, graphs=graphs, kernels=kernels)
     decoder.stats.load_s = round(t1 - t, 3)
     decoder.stats.checks_s = round(time.perf_counter() - t1, 3)

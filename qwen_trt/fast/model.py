@@ -25,7 +25,7 @@ from qwen_trt.fast.attention import decode_attention, math_attend, rope_decode_a
 from qwen_trt.fast.config import FastConfig
 from qwen_trt.fast.gemv import gemv
 from qwen_trt.fast.kv_cache import StaticKVCache
-from qwen_trt.fast.qformats import PackedLinear, QuantSpec, Weight, dense, linear
+from qwen_trt.fast.qformats import PackedLinear, QuantSpec, Weight, dense, linear, prefill_weight
 from qwen_trt.fast.reference import rms_norm, rope_tables, split_norm_rope
 
 
@@ -74,7 +74,7 @@ def prefill_layer(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torc
                                            v_cache.narrow(1, 0, t).unsqueeze(0), is_causal=True,
                                            enable_gqa=True)
     o = o.squeeze(0).transpose(0, 1).reshape(t, cfg.q_size)
-    x = x + F.linear(o, wo)
+    x = x + linear(o, wo)
     return mlp(cfg, x, ln_post, w_gate_up, w_down)
 
 
@@ -159,6 +159,12 @@ class Qwen3Fast(torch.nn.Module):
         return self.embed.device
 
     @property
+    def fp8_tensor_core_prefill(self) -> bool:
+        """Whether any projection multiplies on FP8 tensor cores in prefill
+        (:func:`qwen_trt.fast.loader.setup_fp8_prefill`)."""
+        return any(getattr(m, "tensor_cores", False) for m in self.modules())
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of weights read per decode step (a tied LM head is read as the head)."""
         n = sum(b.numel() * b.element_size() for name, b in self.named_buffers()
@@ -191,11 +197,12 @@ class Qwen3Fast(torch.nn.Module):
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = self.cache.kv(i)
-            # packed projections: dequantized here, then the layer's bf16 GEMMs
+            # packed projections: dequantized here, then the layer's bf16 GEMMs (FP8 ones
+            # marked for the tensor-core prefill go as they are: qformats.prefill_weight)
             dt = self.dtype
-            weights = (layer.ln_in, dense(layer.wqkv, dt), layer.q_norm, layer.k_norm,
-                       dense(layer.wo, dt), layer.ln_post, dense(layer.w_gate_up, dt),
-                       dense(layer.w_down, dt))
+            weights = (layer.ln_in, prefill_weight(layer.wqkv, dt), layer.q_norm,
+                       layer.k_norm, prefill_weight(layer.wo, dt), layer.ln_post,
+                       prefill_weight(layer.w_gate_up, dt), prefill_weight(layer.w_down, dt))
             x = fn(self.cfg, x, pos, self.cos, self.sin, weights, k_cache, v_cache)
         return self._logits(x.index_select(0, last))
 

@@ -155,8 +155,66 @@ def dense(w: Weight, dtype: torch.dtype | None = None) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
-    """``x @ w.T`` for any format (packed weights are dequantized to ``x``'s dtype first)."""
+    """``x @ w.T`` for any format: packed weights are dequantized to ``x``'s dtype first,
+    except an :class:`Fp8Linear` marked for FP8 tensor-core prefill (:func:`prefill_weight`),
+    which multiplies on FP8 tensor cores (:func:`fp8_scaled_linear`)."""
+    if isinstance(w, Fp8Linear) and getattr(w, "tensor_cores", False):
+        return fp8_scaled_linear(x, w)
     return F.linear(x, dense(w, x.dtype))
+
+
+def prefill_weight(w: Weight, dtype: torch.dtype) -> Weight:
+    """What a prefill's GEMMs take for ``w``: the :class:`Fp8Linear` itself where it is
+    marked for FP8 tensor-core prefill (:func:`linear` then runs :func:`fp8_scaled_linear`),
+    else the dense weights (dequantized for packed formats)."""
+    if isinstance(w, Fp8Linear) and getattr(w, "tensor_cores", False):
+        return w
+    return dense(w, dtype)
+
+
+FP8_MAX = 448.0        # float8_e4m3fn's largest finite value
+
+
+def fp8_act_quant(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """The activations ``x [M, K]`` (K a multiple of ``group``) as float8_e4m3fn with one
+    float32 scale per row and ``group`` columns, the checkpoint's "dynamic" scheme:
+    ``x ~= q * scale`` with each group's largest magnitude at 448. Returns ``(q [M, K],
+    scale [M, K / group])``."""
+    m, k = x.shape
+    g = x.float().view(m, k // group, group)
+    scale = g.abs().amax(-1).clamp_min(1e-12) / FP8_MAX
+    q = (g / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q.view(m, k), scale
+
+
+def fp8_tensor_core_ok(w: "Fp8Linear") -> bool:
+    """Whether ``w`` fits cuBLAS's block-scaled FP8 GEMM (128x128 weight blocks, N and K
+    multiples of 128)."""
+    return w.block == (128, 128) and w.n % 128 == 0 and w.k % 128 == 0
+
+
+def fp8_scaled_linear(x: torch.Tensor, w: "Fp8Linear") -> torch.Tensor:
+    """``x @ w.T`` on FP8 tensor cores (Hopper, CUDA 12.9+): the activations quantized per
+    row and 128 columns (:func:`fp8_act_quant`), the weights as stored with their 128x128
+    block scales, through ``torch._scaled_mm``'s block-wise recipe (1x128 for the
+    activations, 128x128 for the weights). Layouts it needs: the activation scales
+    outer-dimension-major (``[M, K/128]`` with stride ``(1, M)``), the weight scales as
+    ``[K/128, N/128]`` with stride ``(1, K/128)`` (K/128 padded to a multiple of 4), rows of
+    ``x`` padded to a multiple of 4."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    pad = (-m) % 4
+    if pad:
+        x2 = F.pad(x2, (0, 0, 0, pad))
+    q, sx = fp8_act_quant(x2)
+    sw = w.scale
+    kb = sw.shape[1]
+    if kb % 4:
+        sw = F.pad(sw, (0, (-kb) % 4))
+    out = torch._scaled_mm(q, w.weight.t(), scale_a=sx.t().contiguous().t(),
+                           scale_b=sw.contiguous().t(), out_dtype=x.dtype)
+    return out[:m].reshape(*lead, w.n)
 
 
 def weight_format(w: Weight) -> str:
