@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 26, one short device call (<= 200 s): the FP8 tensor-core prefill's CUDA test, then
 # FP8 batch-1 first token and decode with the prefill dequantizing (QWEN_TRT_FP8_PREFILL=dequant)
-# and on tensor cores (auto), each in its own process. Results flat in $OUT.
+# and on tensor cores (tensorcore), each in its own process. Results flat in $OUT.
 set -u
 OUT=${OUT:-build/out/device}
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -12,7 +12,7 @@ t0=$SECONDS
 timeout 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_quant_cuda.py -k fp8_tensor_core_prefill \
   > "$OUT/fp8-prefill-cuda-tests.log" 2>&1
 echo "== tests status $? at $((SECONDS - t0)) s"; tail -3 "$OUT/fp8-prefill-cuda-tests.log"
-for mode in dequant auto; do
+for mode in dequant tensorcore; do
   QWEN_TRT_FP8_PREFILL=$mode timeout 70 "$PY" -m qwen_trt.bench.quant_bench --formats fp8 --no-kernels \
     --no-batched --out "$OUT/fp8-prefill-$mode.json" 2>&1 | tr '\r' '\n' | grep -E '^\[quant-bench\]|Error|error' | tail -4
   echo "== $mode status ${PIPESTATUS[0]} at $((SECONDS - t0)) s"

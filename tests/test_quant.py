@@ -329,10 +329,10 @@ def test_fp8_tensor_core_linear_hands_cublas_its_layouts_and_matches_dequantized
 
 def test_fp8_prefill_setup_marks_weights_only_on_hopper_after_its_check(quantized,
                                                                         monkeypatch):
-    """setup_fp8_prefill: nothing off Hopper or with QWEN_TRT_FP8_PREFILL=dequant; on a
-    (pretended) H200 whose check passes, every 128-aligned FP8 projection is marked and the
-    decoder's prefill then goes through them; a failed check is a note, or with
-    QWEN_TRT_FP8_PREFILL=tensorcore a one-line error."""
+    """setup_fp8_prefill: nothing on CPU, with QWEN_TRT_FP8_PREFILL=dequant or auto (the
+    default until timed on a GPU); with tensorcore on a (pretended) H200 whose check passes,
+    every 128-aligned FP8 projection is marked; a failed check or a GPU other than Hopper is a
+    one-line error."""
     from qwen_trt.fast import loader
     from qwen_trt.fast.qformats import Fp8Linear, fp8_quantize
 
@@ -346,15 +346,16 @@ def test_fp8_prefill_setup_marks_weights_only_on_hopper_after_its_check(quantize
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
     assert loader.setup_fp8_prefill(model, "dequant") == []
     assert not model.fp8_tensor_core_prefill
+    monkeypatch.setattr(loader, "check_fp8_prefill", lambda d: None)
+    assert loader.setup_fp8_prefill(model, "auto") == []   # not the default until timed
+    assert not model.fp8_tensor_core_prefill
     monkeypatch.setattr(loader, "check_fp8_prefill", lambda d: "fp8 tensor-core prefill "
                                                                "unavailable (X: y)")
-    notes = loader.setup_fp8_prefill(model, "auto")
-    assert len(notes) == 1 and "dequantizes" in notes[0] and not model.fp8_tensor_core_prefill
     with pytest.raises(ModelSourceError, match="unavailable"):
         loader.setup_fp8_prefill(model, "tensorcore")
     monkeypatch.setattr(loader, "check_fp8_prefill", lambda d: None)
     # the tiny model's 64-wide projections are not whole 128 blocks: none marked, said so
-    assert loader.setup_fp8_prefill(model, "auto") == [
+    assert loader.setup_fp8_prefill(model, "tensorcore") == [
         f"fp8 tensor-core prefill for 0 of {len(fp8)} projections (the rest: N or K not "
         "whole 128 blocks)"]
     assert not model.fp8_tensor_core_prefill
