@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -222,8 +223,9 @@ def test_killed_worker_fails_in_flight_requests_keeps_queued_ones_and_restarts(
                           SamplingParams(max_new_tokens=len(_echo_ids(tiny_tokenizer,
                                                                       "still here")) + 1))
     assert waiting.position == 1
-    first = running[0].events(poll_s=0.01)
-    assert any(isinstance(ev, Delta) for ev in first)   # streaming (stops at the first delta)
+    readers = [h.events(poll_s=0.01) for h in running]   # kept: closing one cancels it
+    for r in readers:                                    # every reply has begun streaming
+        assert any(isinstance(ev, Delta) for ev in r)    # (stops at the first delta)
     os.kill(old_pid, signal.SIGKILL)
 
     for h in running:
@@ -244,6 +246,9 @@ def test_killed_worker_fails_in_flight_requests_keeps_queued_ones_and_restarts(
 
 
 def test_cuda_error_stops_the_worker_and_the_next_request_restarts_it(echo, tiny_tokenizer):
+    """A request that crashes the engine before its reply begins is run once more on the
+    restarted engine (it may have been the crash's bystander); crashing it again, it fails,
+    and the engine waits for the next request."""
     restarts = echo.status().restarts
     bad = echo.submit(_echo_ids(tiny_tokenizer, "cuda-crash please"), GREEDY)
     bad.wait(TIMEOUT)
@@ -251,10 +256,31 @@ def test_cuda_error_stops_the_worker_and_the_next_request_restarts_it(echo, tiny
                                                  r"CUDA error: an illegal memory access"):
         bad.result(0)
     assert echo.status().state == "stopped"
+    assert echo.status().restarts == restarts + 1          # the one retry
     again = echo.submit(_echo_ids(tiny_tokenizer, "after"), GREEDY)
     assert echo.status().state == "restarting"
     assert again.result(TIMEOUT).text.startswith("after")
-    assert echo.status().restarts == restarts + 1
+    assert echo.status().restarts == restarts + 2
+
+
+def test_a_request_whose_reply_had_not_begun_survives_a_killed_worker(echo, tiny_tokenizer):
+    """Killed while a request is admitted but before its first token (a long prefill): the
+    request waits for the restarted engine and completes; nothing reaches its client but the
+    wait (one Started, no Failed)."""
+    restarts = echo.status().restarts
+    text = "slow start"
+    h = echo.submit(_echo_ids(tiny_tokenizer, text),
+                    SamplingParams(max_new_tokens=len(_echo_ids(tiny_tokenizer, text)) + 1))
+    deadline = time.monotonic() + TIMEOUT
+    while h.state != "running" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)                                       # inside the 4 s first step
+    os.kill(echo.pid, signal.SIGKILL)
+    evs = _events(h)
+    assert not any(isinstance(e, Failed) for e in evs)
+    assert sum(isinstance(e, Started) for e in evs) == 1
+    _check_stream(evs, text)
+    assert echo.status().restarts == restarts + 1 and echo.status().state == "ready"
 
 
 def test_load_errors_are_one_line(tiny_model_dir):

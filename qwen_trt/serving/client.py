@@ -62,6 +62,7 @@ class _Active:
     handle: RequestHandle
     builder: ReplyBuilder
     closing: bool = False         # finished on this side; waiting for the worker's final event
+    sent: bool = False            # the worker sent tokens for it (its reply has begun)
 
 
 class _TokenizerPreload:
@@ -169,6 +170,8 @@ class WorkerClient:
         # Import the tokenizer library (and read the tokenizer, when its folder is known) while
         # the worker loads: seconds that would otherwise follow the worker's ready.
         self._preload = _TokenizerPreload(tokenizer_hint, name)
+        # handles put back in the queue after a crash (at most once each; weakly held)
+        self._requeued: weakref.WeakSet = weakref.WeakSet()
         with self._lock:
             self._spawn()
         if wait:
@@ -355,10 +358,11 @@ class WorkerClient:
             builder = ReplyBuilder(self._tokenizer, h.params, h.params.stop_ids(self._info.stop_token_ids),
                                    len(h.prompt_ids), h.dropped_turns)
             self._active[h.id] = _Active(h, builder)
-            h.started_at = time.monotonic()
             h.state = "running"
-            h._emit(Started(waited_s=h.waited_s))
-            self._prompt_tokens += len(h.prompt_ids)
+            if h not in self._requeued:         # a request put back after a crash started once
+                h.started_at = time.monotonic()
+                h._emit(Started(waited_s=h.waited_s))
+                self._prompt_tokens += len(h.prompt_ids)
             builder.start()
             self._send(("submit", h.id, h.prompt_ids, h.params))
 
@@ -555,6 +559,8 @@ class WorkerClient:
         if a.closing:
             return
         b = a.builder
+        if token_ids:
+            a.sent = True
         text = []
         for i, tok in enumerate(token_ids):
             if b.done:
@@ -625,10 +631,24 @@ class WorkerClient:
                             f"again to restart it.")
             self._say(err_line)
             self._set_state("stopped", err_line)
+            # Requests whose reply had not begun go back to the front of the queue, in order,
+            # for the restarted engine (nothing of theirs is lost; a client sees only the
+            # wait). Once only: a request in flight at a second crash may be its cause.
+            again = []
             for a in self._active.values():
-                if not a.closing:
+                if a.closing:
+                    continue
+                if not a.sent and a.handle not in self._requeued:
+                    self._requeued.add(a.handle)
+                    a.handle.state = "queued"
+                    again.append(a.handle)
+                else:
                     a.handle._emit(Failed(WorkerStoppedError(err_line)))
                     self._served += 1
             self._active.clear()
+            self._waiting[:0] = again
+            if again:
+                self._say(f"{len(again)} request(s) whose reply had not begun wait for the "
+                          "restarted engine")
             if self._waiting or hung:      # a hung engine comes back at once (health 503 until)
                 self._restart()
