@@ -9,7 +9,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,uuid --format=csv,noheader | tee "$OUT/gpu.txt"
 t0=$SECONDS
-timeout 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_quant_cuda.py -k fp8_tensor_core_prefill \
+timeout 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_quant_cuda.py -k "fp8_tensor_core_prefill or without_tensor_cores_forced" \
   > "$OUT/fp8-prefill-cuda-tests.log" 2>&1
 echo "== tests status $? at $((SECONDS - t0)) s"; tail -3 "$OUT/fp8-prefill-cuda-tests.log"
 for mode in dequant tensorcore; do

@@ -186,3 +186,28 @@ def test_fp8_tensor_core_prefill_matches_dequantized_weights(shape, rows):
     got = fp8_scaled_linear(x, lin).float()
     err = ((got - ref).norm() / ref.norm()).item()
     assert err < 0.05, err
+
+
+def test_fp8_without_tensor_cores_forced_on_this_gpu_runs_w8a16_and_says_so(tiny_model_dir):
+    """QWEN_TRT_FP8_TENSOR_CORES=0 on the H200 (no pre-Ada GPU is at hand): an FP8 checkpoint
+    loads with the W8A16 note, gives the same greedy tokens as without the switch, and asking
+    for the tensor-core prefill then is the one-line error."""
+    from qwen_trt.errors import ModelSourceError
+    from qwen_trt.fast import load_fast_decoder
+    from qwen_trt.fast.options import KernelOptions, use
+
+    cfg = FastConfig.from_hf(json.loads((tiny_model_dir / "config.json").read_text()))
+    params = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)
+
+    def run(env):
+        with use(KernelOptions.from_env(env)):
+            dec = load_fast_decoder(cfg, weights=str(tiny_model_dir), max_seq_len=512,
+                                    dtype=torch.bfloat16, device="cuda", quantization="fp8")
+            return dec.stats.notes, list(dec.generate(PROMPT, params))
+
+    notes, forced = run({"QWEN_TRT_FP8_TENSOR_CORES": "0"})
+    assert any("without FP8 tensor cores: W8A16 kernels" in n for n in notes), notes
+    plain_notes, plain = run({})
+    assert forced == plain and not any("without FP8" in n for n in plain_notes)
+    with pytest.raises(ModelSourceError, match="needs FP8 tensor cores"):
+        run({"QWEN_TRT_FP8_TENSOR_CORES": "0", "QWEN_TRT_FP8_PREFILL": "tensorcore"})
