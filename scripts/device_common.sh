@@ -120,3 +120,16 @@ use_carried() {
   TOKENIZER=${TOKENIZER:-$( [ -f .dev-tok/tokenizer.json ] && echo "$PWD/.dev-tok" )}
   export TOKENIZER
 }
+
+# The CUDA tests phase: pytest -m cuda over FILES (-k K when given), bounded by BOUND seconds,
+# the log (progress bars out) in LOG and its summary lines on stdout.
+cuda_tests_phase() {  # FILES K BOUND LOG
+  local files=$1 k=$2 bound_s=$3 log=$4 rc
+  phase_begin cuda-tests
+  # shellcheck disable=SC2086 # FILES is a list of paths
+  timeout --kill-after=10 "$(bound "$bound_s")" "$PY" -m pytest -q -rfE -p no:cacheprovider -m cuda \
+    $files ${k:+-k "$k"} 2>&1 | tr '\r' '\n' | grep -v '%|' >"$log"
+  rc=${PIPESTATUS[0]}
+  grep -E "passed|failed|Error|assert" "$log" | tail -12
+  phase_end "$rc"
+}

@@ -22,13 +22,8 @@ ensure_model
 phase_end $?
 
 if [ "${CUDA_TESTS:-1}" = 1 ]; then
-phase_begin cuda-tests
-timeout --kill-after=10 "$(bound ${TESTS_S:-150})" "$PY" -m pytest -q -rfE -p no:cacheprovider -m cuda \
-  ${TESTS:-tests/test_batched_cuda.py tests/test_constrained_cuda.py} ${TEST_K:+-k "$TEST_K"} 2>&1 \
-  | tr '\r' '\n' | grep -v '%|' >"$WORK/cuda-tests.log"
-rc=${PIPESTATUS[0]}
-grep -E "passed|failed|Error|assert" "$WORK/cuda-tests.log" | tail -12
-phase_end $rc
+cuda_tests_phase "${TESTS:-tests/test_batched_cuda.py tests/test_constrained_cuda.py}" \
+  "${TEST_K:-}" "${TESTS_S:-150}" "$WORK/cuda-tests.log"
 fi
 
 if [ "${STEP_SIZES:-0}" = 1 ]; then

@@ -29,14 +29,9 @@ ensure_model
 phase_end $?
 
 if [ "${CUDA_TESTS:-1}" = 1 ]; then
-  phase_begin cuda-tests
-  timeout --kill-after=10 "$(bound ${TESTS_S:-130})" "$PY" -m pytest -q -rfE -p no:cacheprovider -m cuda \
-    tests/test_batched_cuda.py tests/test_constrained_cuda.py \
-    -k "${TEST_K:-width or sampled or step_pieces or triton or seen}" 2>&1 \
-    | tr '\r' '\n' | grep -v '%|' >"$OUT/cuda-tests.log"
-  rc=${PIPESTATUS[0]}
-  grep -E "passed|failed|Error|assert" "$OUT/cuda-tests.log" | tail -12
-  phase_end $rc
+  cuda_tests_phase "tests/test_batched_cuda.py tests/test_constrained_cuda.py" \
+    "${TEST_K:-width or sampled or step_pieces or triton or seen}" "${TESTS_S:-130}" \
+    "$OUT/cuda-tests.log"
 fi
 
 if [ "${QUANT:-0}" = 1 ]; then
