@@ -508,7 +508,7 @@ class WorkerClient:
                 return None
             self._info = ready.info
             self._max_concurrency = max(1, ready.max_concurrency)
-            pre = {f"parent_tokenizer.{k}": v for k, v in self._preload.timings.items()}
+            pre = {f"parent_tokenizer_{k}": v for k, v in self._preload.timings.items()}
             self.timings = {**ready.timings, **pre, "parent_tokenizer_s": round(tok_s, 3),
                             "ready_s": round(time.monotonic() - self._spawned_at, 3)}
             self.pid = ready.pid
