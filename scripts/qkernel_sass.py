@@ -27,6 +27,10 @@ def compile_kernel(fn, consts: dict, types: dict, warps: int, align: bool = True
     specializes them for tensors at aligned addresses (every weight and activation here);
     without it no load is wider than one element and none becomes an asynchronous copy."""
     names = fn.arg_names
+    # constexpr parameters left to their defaults, as the JIT does (else they would compile
+    # as runtime i32 arguments)
+    consts = {**{p.name: p.default for p in fn.params
+                 if p.is_constexpr and p.has_default and p.name not in consts}, **consts}
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in names}
     attrs = ({(i,): [["tt.divisibility", 16]]} for i, n in enumerate(names)
              if sig[n].startswith("*")) if align else ()

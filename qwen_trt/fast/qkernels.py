@@ -422,14 +422,15 @@ sub.f32 $7, t, 0f4B000000;
         return tl.load(q32 + offs, mask=m, other=0, eviction_policy=EVICT)
 
     @triton.jit
-    def _f8w_scale(s_ptr, row0, valid, W0: tl.constexpr, NW: tl.constexpr, KS: tl.constexpr,
-                   SN: tl.constexpr, SK: tl.constexpr):
+    def _f8w_scale(s_ptr, row0, END: tl.constexpr, W0: tl.constexpr, NW: tl.constexpr,
+                   KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr):
         """The block scales ``[NW]`` of words ``W0 ..`` in the scale row of ``row0`` (every
-        row of a row block is in that scale row: ``SN % BLOCK_N == 0``); nothing is read
-        unless ``valid`` (the block is inside the matrix: a program's prefetch of the block
-        after its last one starts past the end, and past the scales' last row)."""
+        row of a row block is in that scale row: ``SN % BLOCK_N == 0``); nothing is read for a
+        block at or past row ``END`` (a program's prefetch of the block after its last one
+        starts past the end of the matrix, and of the scales)."""
         b = (W0 + tl.arange(0, NW)) // (SK // 4)
-        return tl.load(s_ptr + (row0 // SN) * KS + b, mask=(b < KS) & valid, other=0.0)
+        return tl.load(s_ptr + (row0 // SN) * KS + b, mask=(b < KS) & (row0 + 0 * b < END),
+                       other=0.0)
 
     @triton.jit
     def _f8w_block(q_ptr, s_ptr, rows, row0, ok, N: tl.constexpr, K: tl.constexpr,
@@ -438,19 +439,19 @@ sub.f32 $7, t, 0f4B000000;
                    EVICT: tl.constexpr):
         """One row block: the words of both pieces, gate and up rows, and their scales."""
         a0 = _f8w_raw(q_ptr, rows, ok, 0, NW0, K, EVICT)
-        sa0 = _f8w_scale(s_ptr, row0, row0 < N, 0, NW0, KS, SN, SK)
+        sa0 = _f8w_scale(s_ptr, row0, N, 0, NW0, KS, SN, SK)
         a1, sa1 = a0, sa0
         if TWO:
             a1 = _f8w_raw(q_ptr, rows, ok, NW0, NW1, K, EVICT)
-            sa1 = _f8w_scale(s_ptr, row0, row0 < N, NW0, NW1, KS, SN, SK)
+            sa1 = _f8w_scale(s_ptr, row0, N, NW0, NW1, KS, SN, SK)
         g0, g1, sg0, sg1 = a0, a1, sa0, sa1
         if GATE_UP:
             g0 = _f8w_raw(q_ptr, rows + N, ok, 0, NW0, K, EVICT)
-            sg0 = _f8w_scale(s_ptr, row0 + N, row0 < N, 0, NW0, KS, SN, SK)
+            sg0 = _f8w_scale(s_ptr, row0 + N, 2 * N, 0, NW0, KS, SN, SK)
             g1, sg1 = g0, sg0
             if TWO:
                 g1 = _f8w_raw(q_ptr, rows + N, ok, NW0, NW1, K, EVICT)
-                sg1 = _f8w_scale(s_ptr, row0 + N, row0 < N, NW0, NW1, KS, SN, SK)
+                sg1 = _f8w_scale(s_ptr, row0 + N, 2 * N, NW0, NW1, KS, SN, SK)
         return a0, a1, sa0, sa1, g0, g1, sg0, sg1
 
     @triton.jit
