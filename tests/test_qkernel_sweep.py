@@ -127,4 +127,15 @@ def test_probe_items_pair_each_packed_gemv_with_its_probe_and_never_win():
             assert plain in mine, (name, fmt)
             if fmt == "fp8":
                 assert plain.get("fold"), name        # the probe lives in the folded kernel
-    assert all(Q.QConfig(**it["cfg"]) for it in its if "cfg" in it)
+    for it in its:                                 # every configuration is a valid one
+        if "cfg" in it:
+            Q.QConfig(**it["cfg"])
+    # a probe is never the best, however fast (its results are wrong by design)
+    best: dict = {}
+    plain = next(it for it in its if it["fmt"] == "fp8" and not it["cfg"].get("probe"))
+    probe = dict(plain, cfg=dict(plain["cfg"], probe=True))
+    S.keep_best(best, plain, {"us": 8.0, "TBps": 2.0, "rel_err": 0.002})
+    S.keep_best(best, probe, {"us": 1.0, "TBps": 16.0, "rel_err": 0.001})
+    S.keep_best(best, dict(plain, cfg={**plain["cfg"], "warps": 4}),
+                {"us": 7.0, "TBps": 2.3, "rel_err": 0.5})          # over the error bound
+    assert list(best.values()) == [{"us": 8.0, "TBps": 2.0, "cfg": plain["cfg"]}]

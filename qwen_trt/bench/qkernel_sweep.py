@@ -347,6 +347,17 @@ def run_item(it: dict, sh: Shape, timed: bool) -> dict:
     return res
 
 
+def keep_best(best: dict, it: dict, r: dict) -> None:
+    """Record item ``it``'s result ``r`` in ``best`` (per shape, kind, format and rows) when it
+    is the fastest so far among results within the error bound; a probe (``probe_items``,
+    wrong results by design) never counts."""
+    key = f"{it['shape']}|{it['kind']}|{it['fmt']}|M{it['m']}"
+    b = best.setdefault(key, None)
+    if ("us" in r and r.get("rel_err", 1) < 2e-2 and not (it.get("cfg") or {}).get("probe")
+            and (b is None or r["us"] < b["us"])):
+        best[key] = dict(us=r["us"], TBps=r["TBps"], cfg=it.get("cfg"))
+
+
 def _key(it: dict) -> str:
     cfg = it.get("cfg")
     c = "" if cfg is None else ":" + ",".join(f"{a}={b}" for a, b in cfg.items())
@@ -529,11 +540,7 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001 - keep the other configurations
                 r = {"error": f"{type(e).__name__}: {e}"[:300]}
             out["results"][_key(it)] = r
-            b = out["best"].setdefault(f"{name}|{it['kind']}|{it['fmt']}|M{it['m']}", None)
-            if ("us" in r and r.get("rel_err", 1) < 2e-2 and not it.get("cfg", {}).get("probe")
-                    and (b is None or r["us"] < b["us"])):
-                out["best"][f"{name}|{it['kind']}|{it['fmt']}|M{it['m']}"] = dict(
-                    us=r["us"], TBps=r["TBps"], cfg=it.get("cfg"))
+            keep_best(out["best"], it, r)
         sh.drop()
         del sh
         if dev.type == "cuda":

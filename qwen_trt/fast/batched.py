@@ -200,10 +200,6 @@ class BatchedModel:
         elif self.triton and options().step_compile:
             self._pre = _compile_for_any_rows(_pre_attention, 1)
             self._post = _compile_for_any_rows(_post_attention, 2)
-        # the weights a step that prefills multiplies by: FP8 ones marked for tensor cores
-        # as they are where the pieces are not compiled (qformats.prefill_weight), else dense
-        self._step_weight = (prefill_weight if self._pre in (_pre_triton, _pre_attention)
-                             else dense)
         # decode graphs by (bucket, width in blocks); the widths: WIDTH_TOKENS, then all
         self.widths = tuple(sorted({-(-t // block_size) for t in WIDTH_TOKENS
                                     if t < self.max_blocks * block_size} | {self.max_blocks}))
@@ -363,10 +359,10 @@ class BatchedModel:
         cfg, m = self.cfg, self.model
         eps = cfg.rms_eps
         x = F.embedding(tok, m.embed)
+        dt = m.dtype        # packed projections: dequantized, then cuBLAS (or FP8 GEMMs)
+        pw = self._step_weight()
         for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
-            dt = m.dtype    # packed projections: dequantized, then cuBLAS (or FP8 GEMMs)
-            pw = self._step_weight
             qkv = self._pre(x, layer.ln_in, pw(layer.wqkv, dt), eps)
             q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
                                  kc, vc, eps, cfg.heads)
@@ -375,6 +371,12 @@ class BatchedModel:
             x = self._post(x, o.reshape(-1, cfg.q_size), pw(layer.wo, dt), layer.ln_post,
                            pw(layer.w_gate_up, dt), pw(layer.w_down, dt), eps)
         return self._head(x.index_select(0, rows))
+
+    def _step_weight(self):
+        """How a step that prefills takes its weights: FP8 ones marked for tensor cores as
+        they are where its pieces are not compiled by ``torch.compile``
+        (:func:`~qwen_trt.fast.qformats.prefill_weight`), else dense."""
+        return prefill_weight if self._pre in (_pre_triton, _pre_attention) else dense
 
     def _forward_math(self, tokens: Sequence[int], positions: Sequence[int],
                       chunks: Sequence[SeqChunk], logit_rows: Sequence[int]) -> torch.Tensor:
@@ -770,7 +772,6 @@ class BatchedModel:
                     self.stats.notes.append(("compiled step pieces: " + problem)
                                             .splitlines()[0][:300] + "; using PyTorch ops")
                     self._pre, self._post = _pre_attention, _post_attention
-                    self._step_weight = prefill_weight
                     continue
             # a pass after the fused pieces fell back is not one to skip on the next start
             compile_cache.record_check("varlen_step", problem or (

@@ -25,7 +25,7 @@ from qwen_trt.fast.attention import decode_attention, math_attend, rope_decode_a
 from qwen_trt.fast.config import FastConfig
 from qwen_trt.fast.gemv import gemv
 from qwen_trt.fast.kv_cache import StaticKVCache
-from qwen_trt.fast.qformats import PackedLinear, QuantSpec, Weight, dense, linear, prefill_weight
+from qwen_trt.fast.qformats import PackedLinear, QuantSpec, Weight, linear, prefill_weight
 from qwen_trt.fast.reference import rms_norm, rope_tables, split_norm_rope
 
 
@@ -162,7 +162,7 @@ class Qwen3Fast(torch.nn.Module):
     def fp8_tensor_core_prefill(self) -> bool:
         """Whether any projection multiplies on FP8 tensor cores in prefill
         (:func:`qwen_trt.fast.loader.setup_fp8_prefill`)."""
-        return any(getattr(m, "tensor_cores", False) for m in self.modules())
+        return any(isinstance(m, PackedLinear) and m.tensor_cores for m in self.modules())
 
     @property
     def weight_bytes(self) -> int:

@@ -63,6 +63,7 @@ class PackedLinear(torch.nn.Module):
     """A projection ``[N, K]`` in a packed format (subclasses register the buffers)."""
 
     fmt = "packed"
+    tensor_cores = False     # FP8 marked for the tensor-core prefill (loader.setup_fp8_prefill)
 
     def __init__(self, n: int, k: int) -> None:
         super().__init__()
@@ -158,7 +159,7 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """``x @ w.T`` for any format: packed weights are dequantized to ``x``'s dtype first,
     except an :class:`Fp8Linear` marked for FP8 tensor-core prefill (:func:`prefill_weight`),
     which multiplies on FP8 tensor cores (:func:`fp8_scaled_linear`)."""
-    if isinstance(w, Fp8Linear) and getattr(w, "tensor_cores", False):
+    if isinstance(w, PackedLinear) and w.tensor_cores:
         return fp8_scaled_linear(x, w)
     return F.linear(x, dense(w, x.dtype))
 
@@ -167,7 +168,7 @@ def prefill_weight(w: Weight, dtype: torch.dtype) -> Weight:
     """What a prefill's GEMMs take for ``w``: the :class:`Fp8Linear` itself where it is
     marked for FP8 tensor-core prefill (:func:`linear` then runs :func:`fp8_scaled_linear`),
     else the dense weights (dequantized for packed formats)."""
-    if isinstance(w, Fp8Linear) and getattr(w, "tensor_cores", False):
+    if isinstance(w, PackedLinear) and w.tensor_cores:
         return w
     return dense(w, dtype)
 
