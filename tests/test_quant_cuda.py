@@ -42,13 +42,15 @@ def test_packed_kernels_match_dequantized_weights(fmt, shape):
     got = gemv(w, x, **kw).float()
     assert ((got - ref).norm() / ref.norm()).item() < 1e-2
     # the inline-PTX forms (FP8 word loads and in-register converts; INT4 one lop3 a nibble)
-    # and FP8 with the block scales folded into the activations
+    # and FP8 with the block scales folded into the activations, FP8 in f16x2 (``half``)
     # and the pipelined tensor-core GEMV (issue 26): wgmma (64 rows) and mma.sync (32),
     # split-K, several blocks a step, L2 prefetches before the PDL wait
     for cfg in (QConfig(block_n=2, warps=8, ctas_per_sm=2, asm=True),
                 QConfig(block_n=1, warps=4, ctas_per_sm=4, ahead=2, asm=True),
                 QConfig(block_n=2, warps=4, ctas_per_sm=4, fold=True),
                 QConfig(block_n=4, warps=8, ctas_per_sm=2, ahead=2, fold=True),
+                QConfig(block_n=8, warps=8, ctas_per_sm=2, half=True),
+                QConfig(block_n=4, warps=8, ctas_per_sm=2, ahead=2, half=True),
                 QConfig(block_n=64, warps=4, bk=128, stages=4, split=1, dot=True),
                 QConfig(block_n=64, warps=4, bk=256, stages=3, split=4, dot=True, l2pre=2),
                 QConfig(block_n=32, warps=4, bk=256, stages=4, split=2, dot=True),

@@ -62,6 +62,17 @@ GEMV_CANDIDATES = {
     ("fp8-fold", "gate_up"): [(4, 8, 2, 1), (4, 8, 3, 1), (8, 8, 2, 1), (4, 8, 2, 2),
                               (8, 16, 1, 1)],
     ("fp8-fold", "down"): [(2, 8, 2, 1), (2, 8, 3, 1), (4, 8, 2, 1), (4, 16, 1, 1), (2, 8, 2, 2)],
+    # FP8 with the products in f16x2 (QConfig.half: ~3 SASS instructions a weight against the
+    # folded kernel's 5-6, scripts/qkernel_sass.py), so more rows a block fit the issue rate;
+    # registers for sm_90 at (rows, warps, ahead): qkv 8x8x1 95, 8x4x1 182, 4x4x1 95,
+    # 8x8x2 119, 16x8x1 188; o 8x8x1 128, 4x4x1 128; gate_up 4x8x1 110, 8x8x1 145,
+    # 4x8x2 128, 2x4x1 96; down 2x8x1 95, 4x8x1 177, 2x8x2 121
+    ("fp8-half", "qkv"): [(8, 8, 2, 1), (8, 4, 2, 1), (4, 4, 4, 1), (8, 8, 2, 2), (16, 8, 1, 1),
+                          (4, 8, 2, 1)],
+    ("fp8-half", "o"): [(8, 8, 2, 1), (4, 4, 4, 1), (4, 8, 2, 1), (4, 4, 3, 1), (2, 4, 4, 1)],
+    ("fp8-half", "gate_up"): [(4, 8, 2, 1), (8, 8, 1, 1), (4, 8, 2, 2), (2, 4, 4, 1),
+                              (4, 4, 3, 1)],
+    ("fp8-half", "down"): [(2, 8, 2, 1), (4, 8, 1, 1), (2, 8, 2, 2), (1, 8, 2, 1), (2, 4, 4, 1)],
     ("int4-asm", "qkv"): [(4, 8, 2, 2), (8, 8, 2, 2), (16, 16, 1, 2), (8, 16, 1, 2)],
     ("int4-asm", "o"): [(4, 8, 2, 2), (16, 8, 2, 1), (8, 8, 2, 2), (16, 16, 1, 2)],
     ("int4-asm", "gate_up"): [(4, 8, 2, 2), (8, 8, 2, 2), (8, 16, 1, 2)],
@@ -103,8 +114,9 @@ def gemv_candidates(fmt: str, shape: str) -> list[dict]:
     cands = [(c, False) for c in GEMV_CANDIDATES.get((fmt, shape), [(2, 4, 2, 1), (1, 4, 4, 2)])]
     cands += [(c, True) for c in GEMV_CANDIDATES.get((fmt + "-asm", shape), [])]
     cands += [(c, "fold") for c in GEMV_CANDIDATES.get((fmt + "-fold", shape), [])]
+    cands += [(c, "half") for c in GEMV_CANDIDATES.get((fmt + "-half", shape), [])]
     out = [dict({"block_n": bn, "warps": w, "ctas_per_sm": c, "ahead": a},
-                **({"fold": True} if asm == "fold" else {"asm": True} if asm else {}))
+                **({asm: True} if asm in ("fold", "half") else {"asm": True} if asm else {}))
            for (bn, w, c, a), asm in cands]
     out += [{"block_n": bn, "warps": w, "bk": bk, "stages": st, "split": sp, "dot": True,
              **({"l2pre": pre} if pre else {})}
@@ -430,7 +442,8 @@ def table_source(sweep: dict, shape_set: str = "4b") -> str:
             lines.append(f"    ({names[f]}, {n}, {k}, {gu}): QConfig({c.block_n}, {c.warps}, "
                          f"bk={c.bk}, stages={c.stages}, split={c.split}, dot=True{pre}),")
             continue
-        asm = (", asm=True" if c.asm else "") + (", fold=True" if c.fold else "")
+        asm = ((", asm=True" if c.asm else "") + (", fold=True" if c.fold else "")
+               + (", half=True" if c.half else ""))
         lines.append(f"    ({names[f]}, {n}, {k}, {gu}): QConfig({c.block_n}, {c.warps}, "
                      f"{c.ctas_per_sm}, ahead={c.ahead}{asm}),")
     lines += ["}", "GEMM_TABLE = {"]

@@ -102,7 +102,7 @@ def setup_fp8_prefill(model, mode: str | None = None) -> list[str]:
     ``QWEN_TRT_FP8_PREFILL=tensorcore``, on Hopper (compute capability 9.0, cuBLAS's
     block-scaled recipe) once its self-check passed, else a one-line error. ``auto`` keeps the
     dequantizing prefill: the tensor-core one is not yet timed on a GPU
-    (``scripts/device_fp8_prefill.sh`` compares the two). Returns notes."""
+    (``scripts/device_fp8.sh`` compares the two). Returns notes."""
     from qwen_trt.fast.compile_cache import run_check
     from qwen_trt.fast.qformats import Fp8Linear, fp8_tensor_core_ok
 

@@ -83,6 +83,9 @@ class QConfig:
                           # software pipelining), ``split`` programs along K; not yet timed
     l2pre: int = 0        # GEMV ``dot``: pipeline steps of each program's weights prefetched
                           # into L2 before the PDL wait (CUDA only)
+    half: bool = False    # GEMV: FP8 with int64 word loads and the products formed and summed
+                          # four at a time in f16x2 (the activations scaled by a power of two
+                          # that keeps them in range), about 1.5 instructions a weight
     probe: bool = False   # GEMV fold / INT4, a diagnostic for the sweep only (wrong results):
                           # the same loads, but each int32 word bitcast to one float32 and
                           # multiplied once (no per-weight unpacking or conversion), to tell
@@ -196,6 +199,31 @@ cvt.f32.f16 $1, e1;
 cvt.f32.f16 $2, e2;
 cvt.f32.f16 $3, e3;
 }""")
+    # one int64 word of eight float8_e4m3fn bytes times eight activations held as four f16x2
+    # pairs ($2..$5: bytes 2i, 2i + 1) -> one float32: four cvt.rn.f16x2.e4m3x2 (exact), the
+    # products summed in f16x2 (four a lane: bytes 0, 2, 4, 6 and 1, 3, 5, 7), the two lanes
+    # converted and added in float32 (QConfig.half)
+    _FP8X8_DOT_F16 = tl.constexpr("""{
+.reg .b32 w0, w1, h0, h1, h2, h3, acc;
+.reg .b16 l0, l1, l2, l3;
+.reg .f16 e0, e1;
+.reg .f32 f0, f1;
+mov.b64 {w0, w1}, $1;
+mov.b32 {l0, l1}, w0;
+mov.b32 {l2, l3}, w1;
+cvt.rn.f16x2.e4m3x2 h0, l0;
+cvt.rn.f16x2.e4m3x2 h1, l1;
+cvt.rn.f16x2.e4m3x2 h2, l2;
+cvt.rn.f16x2.e4m3x2 h3, l3;
+mul.rn.f16x2 acc, h0, $2;
+fma.rn.f16x2 acc, h1, $3, acc;
+fma.rn.f16x2 acc, h2, $4, acc;
+fma.rn.f16x2 acc, h3, $5, acc;
+mov.b32 {e0, e1}, acc;
+cvt.f32.f16 f0, e0;
+cvt.f32.f16 f1, e1;
+add.f32 $0, f0, f1;
+}""")
     # one int32 word of eight nibbles -> eight float32 q * 16**(i % 4): nibble i masked in
     # place (in the high half for i >= 4) and OR-ed into 2**23 by one lop3, minus 2**23
     _I4X8_TO_F32 = tl.constexpr("""{
@@ -233,11 +261,19 @@ sub.f32 $7, t, 0f4B000000;
 
     @triton.jit
     def _fp8_raw(q_ptr, rows, row_ok, B0: tl.constexpr, NB: tl.constexpr, K: tl.constexpr,
-                 SK: tl.constexpr, EVICT: tl.constexpr, WORDS: tl.constexpr = False):
+                 SK: tl.constexpr, EVICT: tl.constexpr, WORDS: tl.constexpr = False,
+                 HALF: tl.constexpr = False):
         """The bytes ``[BLOCK_N, NB, SK]`` of ``rows`` in scale blocks ``B0 .. B0 + NB``
         (``WORDS``: as int32 words ``[BLOCK_N, NB, SK / 4]``, byte ``i`` of word ``c`` being
-        column ``4c + i``)."""
-        if WORDS:
+        column ``4c + i``; ``HALF``: int64 words ``[BLOCK_N, NB, SK / 8]``, two a thread)."""
+        if HALF:
+            j = (B0 + tl.arange(0, NB))[:, None] * (SK // 8) + tl.arange(0, SK // 8)[None, :]
+            m = row_ok[:, None, None] & (j < K // 8)[None, :, :]
+            q64 = q_ptr.to(tl.pointer_type(tl.int64))
+            offs = tl.max_contiguous(tl.multiple_of(rows[:, None, None] * (K // 8)
+                                                    + j[None, :, :], [1, 1, 2]), [1, 1, 2])
+            out = tl.load(q64 + offs, mask=m, other=0, eviction_policy=EVICT)
+        elif WORDS:
             j = (B0 + tl.arange(0, NB))[:, None] * (SK // 4) + tl.arange(0, SK // 4)[None, :]
             m = row_ok[:, None, None] & (j < K // 4)[None, :, :]
             q32 = q_ptr.to(tl.pointer_type(tl.int32))
@@ -269,15 +305,46 @@ sub.f32 $7, t, 0f4B000000;
             tl.float32)
 
     @triton.jit
+    def _h16(p, HI: tl.constexpr):
+        """The low (high, ``HI``) f16 of packed f16x2 int32 words, as float16."""
+        v = (p >> 16) if HI else p
+        return (v & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+
+    @triton.jit
+    def _b16(w, i: tl.constexpr):
+        """Byte ``i`` of int64 words as float8_e4m3fn -> float16 (exact)."""
+        return ((w >> (8 * i)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(
+            tl.float16)
+
+    @triton.jit
+    def _fp8_half_dot(raw, xa, xb, xc, xd, ASM: tl.constexpr):
+        """Per int64 word of ``raw`` (eight bytes): the sum of its eight products with the
+        activations ``xa .. xd`` (f16x2 pairs of bytes 0-1 .. 6-7), formed and summed in
+        float16 four to a lane, the two lanes added in float32 (``_FP8X8_DOT_F16``; here
+        the same sums in Triton ops)."""
+        if ASM:
+            return tl.inline_asm_elementwise(_FP8X8_DOT_F16, "=r,l,r,r,r,r",
+                                             [raw, xa, xb, xc, xd], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        lo = (_b16(raw, 0) * _h16(xa, False) + _b16(raw, 2) * _h16(xb, False)
+              + _b16(raw, 4) * _h16(xc, False) + _b16(raw, 6) * _h16(xd, False))
+        hi = (_b16(raw, 1) * _h16(xa, True) + _b16(raw, 3) * _h16(xb, True)
+              + _b16(raw, 5) * _h16(xc, True) + _b16(raw, 7) * _h16(xd, True))
+        return lo.to(tl.float32) + hi.to(tl.float32)
+
+    @triton.jit
     def _fp8_dot(raw, sc, xa, xb, xc, xd, WORDS: tl.constexpr = False,
-                 ASM: tl.constexpr = False):
+                 ASM: tl.constexpr = False, HALF: tl.constexpr = False):
         """Row sums of ``raw`` times the activations, reduced per block, then scaled: bytes
         times ``xa [NB, SK]``, or (``WORDS``) words times ``xa .. xd [NB, SK / 4]``, the
         activations of byte positions 0..3. ``ASM``: a word's four bytes convert in the
         register they were loaded into (two ``cvt.rn.f16x2.e4m3x2``, four ``cvt.f32.f16``);
         Triton's own conversion first splits the bytes into a register each and packs them
-        back in pairs (about two instructions per weight more, in the SASS for sm_90)."""
-        if WORDS:
+        back in pairs (about two instructions per weight more, in the SASS for sm_90).
+        ``HALF``: int64 words times f16x2 activation pairs (:func:`_fp8_half_dot`)."""
+        if HALF:
+            prod = _fp8_half_dot(raw, xa, xb, xc, xd, ASM)
+        elif WORDS:
             if ASM:
                 b0, b1, b2, b3 = tl.inline_asm_elementwise(
                     _FP8X4_TO_F32, "=r,=r,=r,=r,r", [raw],
@@ -294,11 +361,24 @@ sub.f32 $7, t, 0f4B000000;
     @triton.jit
     def _fp8_x(x_ptr, ln_ptr, B0: tl.constexpr, NB: tl.constexpr, SK: tl.constexpr,
                K: tl.constexpr, rstd, dt: tl.constexpr, NORM: tl.constexpr,
-               WORDS: tl.constexpr):
+               WORDS: tl.constexpr, HALF: tl.constexpr = False, scale=1.0):
         """The activations of blocks ``B0 .. B0 + NB`` for :func:`_fp8_dot`: one
         ``[NB, SK]`` tile (repeated), or (``WORDS``) one ``[NB, SK / 4]`` tile per byte
-        position."""
-        if WORDS:
+        position, or (``HALF``) four ``[NB, SK / 8]`` int32 tiles, the f16x2 pairs of byte
+        positions 0-1, 2-3, 4-5, 6-7 times ``scale`` (a power of two)."""
+        if HALF:
+            col = ((B0 + tl.arange(0, NB))[:, None] * (SK // 8)
+                   + tl.arange(0, SK // 8)[None, :]) * 8
+            ok = col < K
+            xa = _f16_pair(_norm_x(x_ptr, ln_ptr, col, ok, rstd, dt, NORM) * scale,
+                           _norm_x(x_ptr, ln_ptr, col + 1, ok, rstd, dt, NORM) * scale)
+            xb = _f16_pair(_norm_x(x_ptr, ln_ptr, col + 2, ok, rstd, dt, NORM) * scale,
+                           _norm_x(x_ptr, ln_ptr, col + 3, ok, rstd, dt, NORM) * scale)
+            xc = _f16_pair(_norm_x(x_ptr, ln_ptr, col + 4, ok, rstd, dt, NORM) * scale,
+                           _norm_x(x_ptr, ln_ptr, col + 5, ok, rstd, dt, NORM) * scale)
+            xd = _f16_pair(_norm_x(x_ptr, ln_ptr, col + 6, ok, rstd, dt, NORM) * scale,
+                           _norm_x(x_ptr, ln_ptr, col + 7, ok, rstd, dt, NORM) * scale)
+        elif WORDS:
             col = ((B0 + tl.arange(0, NB))[:, None] * (SK // 4)
                    + tl.arange(0, SK // 4)[None, :]) * 4
             ok = col < K
@@ -313,6 +393,27 @@ sub.f32 $7, t, 0f4B000000;
         return xa, xb, xc, xd
 
     @triton.jit
+    def _f16_pair(lo, hi):
+        """float32 tiles -> int32 words of f16x2 (``lo`` in the low half)."""
+        a = lo.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.int32)
+        b = hi.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.int32)
+        return a | (b << 16)
+
+    @triton.jit
+    def _half_scale(x_ptr, ln_ptr, K: tl.constexpr, KP: tl.constexpr, rstd, dt: tl.constexpr,
+                    NORM: tl.constexpr):
+        """``(p, 1 / p)``: the power of two ``p`` that brings the activations' largest
+        magnitude (after the RMSNorm prologue) into ``[16, 32)``, so that four products with
+        FP8 weights (``|q| <= 448``) and their sum stay inside float16's range (NaN and
+        infinity stay what they are)."""
+        cols = tl.arange(0, KP)
+        amax = tl.max(tl.abs(_norm_x(x_ptr, ln_ptr, cols, cols < K, rstd, dt, NORM)), 0)
+        e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF     # amax < 2 ** (e - 126)
+        pe = tl.minimum(tl.maximum(258 - e, 1), 253)           # p = 2 ** (131 - e)
+        return (pe << 23).to(tl.float32, bitcast=True), ((254 - pe) << 23).to(
+            tl.float32, bitcast=True)
+
+    @triton.jit
     def _x_rstd(x_ptr, K: tl.constexpr, KP: tl.constexpr, eps):
         cols = tl.arange(0, KP)
         xv = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
@@ -322,38 +423,38 @@ sub.f32 $7, t, 0f4B000000;
     def _fp8_block(q_ptr, s_ptr, rows, ok, N: tl.constexpr, K: tl.constexpr,
                    KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr, NB0: tl.constexpr,
                    NB1: tl.constexpr, TWO: tl.constexpr, GATE_UP: tl.constexpr,
-                   EVICT: tl.constexpr, WORDS: tl.constexpr):
+                   EVICT: tl.constexpr, WORDS: tl.constexpr, HALF: tl.constexpr = False):
         """One row block's weights and scales: both pieces (``TWO``), gate and up rows
         (``GATE_UP``); what a form lacks is a copy of what it has."""
-        a0 = _fp8_raw(q_ptr, rows, ok, 0, NB0, K, SK, EVICT, WORDS)
+        a0 = _fp8_raw(q_ptr, rows, ok, 0, NB0, K, SK, EVICT, WORDS, HALF)
         sa0 = _fp8_scales(s_ptr, rows, ok, 0, NB0, KS, SN)
         a1, sa1 = a0, sa0
         if TWO:
-            a1 = _fp8_raw(q_ptr, rows, ok, NB0, NB1, K, SK, EVICT, WORDS)
+            a1 = _fp8_raw(q_ptr, rows, ok, NB0, NB1, K, SK, EVICT, WORDS, HALF)
             sa1 = _fp8_scales(s_ptr, rows, ok, NB0, NB1, KS, SN)
         g0, g1, sg0, sg1 = a0, a1, sa0, sa1
         if GATE_UP:
-            g0 = _fp8_raw(q_ptr, rows + N, ok, 0, NB0, K, SK, EVICT, WORDS)
+            g0 = _fp8_raw(q_ptr, rows + N, ok, 0, NB0, K, SK, EVICT, WORDS, HALF)
             sg0 = _fp8_scales(s_ptr, rows + N, ok, 0, NB0, KS, SN)
             g1, sg1 = g0, sg0
             if TWO:
-                g1 = _fp8_raw(q_ptr, rows + N, ok, NB0, NB1, K, SK, EVICT, WORDS)
+                g1 = _fp8_raw(q_ptr, rows + N, ok, NB0, NB1, K, SK, EVICT, WORDS, HALF)
                 sg1 = _fp8_scales(s_ptr, rows + N, ok, NB0, NB1, KS, SN)
         return a0, a1, sa0, sa1, g0, g1, sg0, sg1
 
     @triton.jit
     def _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0a, x0b, x0c, x0d, x1a, x1b, x1c,
                   x1d, TWO: tl.constexpr, GATE_UP: tl.constexpr, WORDS: tl.constexpr,
-                  ASM: tl.constexpr):
+                  ASM: tl.constexpr, HALF: tl.constexpr = False):
         """Row sums ``(y, u)`` of one row block (``u``: the up rows, with ``GATE_UP``)."""
-        y = _fp8_dot(a0, sa0, x0a, x0b, x0c, x0d, WORDS, ASM)
+        y = _fp8_dot(a0, sa0, x0a, x0b, x0c, x0d, WORDS, ASM, HALF)
         if TWO:
-            y += _fp8_dot(a1, sa1, x1a, x1b, x1c, x1d, WORDS, ASM)
+            y += _fp8_dot(a1, sa1, x1a, x1b, x1c, x1d, WORDS, ASM, HALF)
         u = y
         if GATE_UP:
-            u = _fp8_dot(g0, sg0, x0a, x0b, x0c, x0d, WORDS, ASM)
+            u = _fp8_dot(g0, sg0, x0a, x0b, x0c, x0d, WORDS, ASM, HALF)
             if TWO:
-                u += _fp8_dot(g1, sg1, x1a, x1b, x1c, x1d, WORDS, ASM)
+                u += _fp8_dot(g1, sg1, x1a, x1b, x1c, x1d, WORDS, ASM, HALF)
         return y, u
 
     @triton.jit
@@ -363,10 +464,13 @@ sub.f32 $7, t, 0f4B000000;
                          NB1: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr,
                          RESIDUAL: tl.constexpr, GATE_UP: tl.constexpr, PDL: tl.constexpr,
                          P: tl.constexpr, AHEAD: tl.constexpr = 1, EVICT: tl.constexpr = "",
-                         WORDS: tl.constexpr = False, ASM: tl.constexpr = False):
+                         WORDS: tl.constexpr = False, ASM: tl.constexpr = False,
+                         HALF: tl.constexpr = False):
         """Program ``pid`` reduces row blocks ``pid, pid + P, ...`` with the next ``AHEAD``
         (1 or 2) blocks' loads in flight; a row is a piece of ``NB0`` scale blocks and, where
-        that does not cover K, one of ``NB1``. ``WORDS``, ``ASM``: see :func:`_fp8_dot`."""
+        that does not cover K, one of ``NB1``. ``WORDS``, ``ASM``, ``HALF``: see
+        :func:`_fp8_dot` (``HALF``: the activations scaled by :func:`_half_scale`'s power of
+        two, the row sums by its inverse)."""
         TWO: tl.constexpr = NB0 * SK < K
         pid = tl.program_id(0)
         n_blocks: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
@@ -376,30 +480,38 @@ sub.f32 $7, t, 0f4B000000;
         rows = pid * BLOCK_N + r
         a0, a1, sa0, sa1, g0, g1, sg0, sg1 = _fp8_block(
             q_ptr, s_ptr, rows, rows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP, EVICT,
-            WORDS)
+            WORDS, HALF)
         if AHEAD == 2:
             rows = rows + P * BLOCK_N
             b0, b1, sb0, sb1, h0, h1, sh0, sh1 = _fp8_block(
                 q_ptr, s_ptr, rows, rows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP, EVICT,
-            WORDS)
+                WORDS, HALF)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
         rstd = 0.0
         if NORM:
             rstd = _x_rstd(x_ptr, K, KP, eps)
-        x0a, x0b, x0c, x0d = _fp8_x(x_ptr, ln_ptr, 0, NB0, SK, K, rstd, dt, NORM, WORDS)
+        p, inv_p = 1.0, 1.0
+        if HALF:
+            p, inv_p = _half_scale(x_ptr, ln_ptr, K, KP, rstd, dt, NORM)
+        x0a, x0b, x0c, x0d = _fp8_x(x_ptr, ln_ptr, 0, NB0, SK, K, rstd, dt, NORM, WORDS, HALF,
+                                    p)
         x1a, x1b, x1c, x1d = x0a, x0b, x0c, x0d
         if TWO:
-            x1a, x1b, x1c, x1d = _fp8_x(x_ptr, ln_ptr, NB0, NB1, SK, K, rstd, dt, NORM, WORDS)
+            x1a, x1b, x1c, x1d = _fp8_x(x_ptr, ln_ptr, NB0, NB1, SK, K, rstd, dt, NORM, WORDS,
+                                        HALF, p)
         for it in range(iters):
             rows = (pid + it * P) * BLOCK_N + r
             nrows = rows + AHEAD * P * BLOCK_N
             c0, c1, sc0, sc1, e0, e1, se0, se1 = _fp8_block(
                 q_ptr, s_ptr, nrows, nrows < N, N, K, KS, SN, SK, NB0, NB1, TWO, GATE_UP,
-                EVICT, WORDS)
+                EVICT, WORDS, HALF)
             y, u = _fp8_sums(a0, a1, sa0, sa1, g0, g1, sg0, sg1, x0a, x0b, x0c, x0d, x1a, x1b,
-                             x1c, x1d, TWO, GATE_UP, WORDS, ASM)
+                             x1c, x1d, TWO, GATE_UP, WORDS, ASM, HALF)
+            if HALF:
+                y = y * inv_p
+                u = u * inv_p
             store_rows(y, u, rows, rows < N, res_ptr, out_ptr, dt, GATE_UP, RESIDUAL)
             if AHEAD == 2:
                 a0, a1, sa0, sa1, g0, g1, sg0, sg1 = b0, b1, sb0, sb1, h0, h1, sh0, sh1
@@ -1087,6 +1199,8 @@ def _gemv_plan(fmt: int, n: int, k: int, ks: int, sk: int, sn: int, cfg: QConfig
             kw = {a: b for a, b in kw.items() if a not in ("NB0", "NB1")}
             return _f8w_gemv_kernel, dict(kw, SN=sn, NW0=w0, NW1=w1, ASM=cuda,
                                           **({"PROBE": True} if cfg.probe else {}))
+        if cfg.half and k % 16 == 0 and sk % 8 == 0:    # int64 words, 16-byte aligned rows
+            return _fp8_gemv_kernel, dict(kw, SN=sn, WORDS=False, ASM=cuda, HALF=True)
         words = cfg.asm and k % 16 == 0     # int32 words (the rows stay 16-byte aligned)
         return _fp8_gemv_kernel, dict(kw, SN=sn, WORDS=words, ASM=words and cuda)
     return _i4_gemv_kernel, dict(kw, ASM=cfg.asm and cuda,

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 26, one device call (<= 480 s): the packed-kernel and FP8-prefill CUDA tests; the FP8
+# GEMV sweep (every candidate, the f16x2 ``half`` form among them) beside the bf16 GEMV; then,
+# with the sweep's winners applied, bf16 and FP8 batch 1 (first token and decode) with the FP8
+# prefill dequantizing (QWEN_TRT_FP8_PREFILL=dequant), and FP8 again on tensor cores
+# (tensorcore), each in its own process. At most 7 files, flat in $OUT.
+#   SWEEP=0   skip the sweep (the committed tables)    TESTS=0   skip the CUDA tests
+#   FORMATS=none,fp8   the dequant run's formats        BATCHED=1  also the 8/32-row graphs
+set -u
+OUT=${OUT:-build/out/device}
+PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+nvidia-smi --query-gpu=name,uuid --format=csv,noheader | tee "$OUT/gpu.txt"
+t0=$SECONDS
+if [ "${TESTS:-1}" = 1 ]; then
+  timeout 170 "$PY" -m pytest -q -p no:cacheprovider tests/test_quant_cuda.py \
+    -k "packed_kernels_match or fp8_tensor_core_prefill or without_tensor_cores_forced" \
+    > "$OUT/fp8-cuda-tests.log" 2>&1
+  echo "== tests status $? at $((SECONDS - t0)) s"; tail -3 "$OUT/fp8-cuda-tests.log"
+fi
+APPLY=()
+if [ "${SWEEP:-1}" = 1 ]; then
+  timeout 120 "$PY" -m qwen_trt.bench.qkernel_sweep --only qgemv:fp8,gemv --jobs 14 \
+    --compile-timeout 50 --out "$OUT/qkernel-sweep-half-h200.json" > "$OUT/sweep.log" 2>&1
+  echo "== sweep status $? at $((SECONDS - t0)) s"
+  "$PY" -m qwen_trt.bench.qkernel_sweep --out - --print-tables "$OUT/qkernel-sweep-half-h200.json" 2>&1 | head -12
+  APPLY=(--apply-sweep "$OUT/qkernel-sweep-half-h200.json")
+fi
+NB=--no-batched
+[ "${BATCHED:-0}" = 1 ] && NB=
+run() {  # MODE FORMATS
+  QWEN_TRT_FP8_PREFILL=$1 timeout 150 "$PY" -m qwen_trt.bench.quant_bench --formats "$2" --no-kernels \
+    $NB "${APPLY[@]}" --out "$OUT/quant-bench-$1.json" 2>&1 | tr '\r' '\n' | grep -E '^\[quant-bench\]|Error|error' | tail -6
+  echo "== $1 status ${PIPESTATUS[0]} at $((SECONDS - t0)) s"
+  "$PY" -c "
+import json, sys
+for f, d in json.load(open(sys.argv[1]))['decode'].items():
+    print('[$1]', f, d.get('batch1'), d.get('notes'), d.get('error', '')[:300])" "$OUT/quant-bench-$1.json" || true
+}
+run dequant "${FORMATS:-none,fp8}"
+run tensorcore fp8
