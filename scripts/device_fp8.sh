@@ -6,6 +6,7 @@
 # (tensorcore), each in its own process. At most 7 files, flat in $OUT.
 #   SWEEP=0   skip the sweep (the committed tables)    TESTS=0   skip the CUDA tests
 #   FORMATS=none,fp8   the dequant run's formats        BATCHED=1  also the 8/32-row graphs
+#   TEST_K="..."       which CUDA tests (pytest -k)
 set -u
 OUT=${OUT:-build/out/device}
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -15,7 +16,7 @@ nvidia-smi --query-gpu=name,uuid --format=csv,noheader | tee "$OUT/gpu.txt"
 t0=$SECONDS
 if [ "${TESTS:-1}" = 1 ]; then
   timeout 170 "$PY" -m pytest -q -p no:cacheprovider tests/test_quant_cuda.py \
-    -k "packed_kernels_match or fp8_tensor_core_prefill or without_tensor_cores_forced" \
+    -k "${TEST_K:-packed_kernels_match or fp8_tensor_core_prefill or without_tensor_cores_forced}" \
     > "$OUT/fp8-cuda-tests.log" 2>&1
   echo "== tests status $? at $((SECONDS - t0)) s"; tail -3 "$OUT/fp8-cuda-tests.log"
 fi

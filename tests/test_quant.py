@@ -290,23 +290,26 @@ def _blockwise_scaled_mm_emulated(a, b, scale_a, scale_b, out_dtype):
     assert a.dtype == b.dtype == torch.float8_e4m3fn and m % 4 == 0
     assert b.stride() == (1, k), "b must be column-major (the weights' [N, K] transposed)"
     assert scale_a.shape == (m, k // 128) and scale_a.stride() == (1, m), scale_a.stride()
-    l4 = scale_b.shape[0]
-    assert l4 % 4 == 0 and l4 >= k // 128 and scale_b.shape[1] == n // 128
-    assert scale_b.stride() == (1, l4), scale_b.stride()
+    # the weight scales' transpose [N/128, K/128] row-major, rows 16-byte aligned
+    assert scale_b.dtype == torch.float32 and scale_b.shape == (k // 128, n // 128)
+    assert scale_b.stride() == (1, k // 128) and (k // 128) % 4 == 0, scale_b.stride()
     sa = scale_a.float().repeat_interleave(128, 1)
-    sb = scale_b[:k // 128].float().repeat_interleave(128, 0).repeat_interleave(128, 1)
+    sb = scale_b.float().repeat_interleave(128, 0).repeat_interleave(128, 1)
     return ((a.float() * sa) @ (b.float() * sb)).to(out_dtype)
 
 
-@pytest.mark.parametrize("rows,k", [(37, 384), (64, 640), (1, 256)])
+@pytest.mark.parametrize("rows,k", [(37, 512), (64, 1536), (1, 2560)])
 def test_fp8_tensor_core_linear_hands_cublas_its_layouts_and_matches_dequantized(
         monkeypatch, rows, k):
     """The FP8 tensor-core prefill's wrapper: activations quantized per row and 128 columns,
     rows padded to a multiple of 4 and cut back, the scales in the strides cuBLAS's
     block-scaled GEMM takes (asserted by the emulation), and the product within FP8's
-    activation rounding of the dequantized weights (K/128 = 3 and 5 need the scale padding)."""
+    activation rounding of the dequantized weights; K not a multiple of 512 stays on the
+    dequantizing prefill (its scale rows would not be 16-byte aligned)."""
     from qwen_trt.fast.qformats import (Fp8Linear, fp8_act_quant, fp8_quantize,
-                                        fp8_scaled_linear, linear)
+                                        fp8_scaled_linear, fp8_tensor_core_ok, linear)
+
+    assert not fp8_tensor_core_ok(Fp8Linear(*fp8_quantize(torch.randn(256, 384)), (128, 128)))
 
     monkeypatch.setattr(torch, "_scaled_mm", _blockwise_scaled_mm_emulated)
     g = torch.Generator().manual_seed(rows)
@@ -354,10 +357,10 @@ def test_fp8_prefill_setup_marks_weights_only_on_hopper_after_its_check(quantize
     with pytest.raises(ModelSourceError, match="unavailable"):
         loader.setup_fp8_prefill(model, "tensorcore")
     monkeypatch.setattr(loader, "check_fp8_prefill", lambda d: None)
-    # the tiny model's 64-wide projections are not whole 128 blocks: none marked, said so
+    # the tiny model's 64-wide projections do not fit the recipe: none marked, said so
     assert loader.setup_fp8_prefill(model, "tensorcore") == [
-        f"fp8 tensor-core prefill for 0 of {len(fp8)} projections (the rest: N or K not "
-        "whole 128 blocks)"]
+        f"fp8 tensor-core prefill for 0 of {len(fp8)} projections (the rest: N not a "
+        "multiple of 128 or K not of 512)"]
     assert not model.fp8_tensor_core_prefill
 
     class Two(torch.nn.Module):                    # one aligned projection, one not
@@ -365,12 +368,12 @@ def test_fp8_prefill_setup_marks_weights_only_on_hopper_after_its_check(quantize
 
         def __init__(self):
             super().__init__()
-            self.a = Fp8Linear(*fp8_quantize(torch.randn(256, 384)), (128, 128))
+            self.a = Fp8Linear(*fp8_quantize(torch.randn(256, 512)), (128, 128))
             self.b = Fp8Linear(*fp8_quantize(torch.randn(256, 200)), (128, 128))
     two = Two()
     assert loader.setup_fp8_prefill(two, "tensorcore") == [
-        "fp8 tensor-core prefill for 1 of 2 projections (the rest: N or K not whole 128 "
-        "blocks)"]
+        "fp8 tensor-core prefill for 1 of 2 projections (the rest: N not a multiple of 128 "
+        "or K not of 512)"]
     assert two.a.tensor_cores and not two.b.tensor_cores
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 9))
     with pytest.raises(ModelSourceError, match="Hopper"):

@@ -83,10 +83,10 @@ def check_fp8_prefill(device: torch.device) -> str | None:
 
     try:
         g = torch.Generator(device=device).manual_seed(0)
-        w = torch.randn(256, 384, device=device, generator=g, dtype=torch.bfloat16) * 0.02
+        w = torch.randn(256, 512, device=device, generator=g, dtype=torch.bfloat16) * 0.02
         q, s = fp8_quantize(w)
         lin = Fp8Linear(q, s, (128, 128)).to(device)
-        x = torch.randn(37, 384, device=device, generator=g, dtype=torch.bfloat16)
+        x = torch.randn(37, 512, device=device, generator=g, dtype=torch.bfloat16)
         got = fp8_scaled_linear(x, lin).float()
         ref = F.linear(x, lin.dequantize(torch.bfloat16)).float()
         err = ((got - ref).norm() / ref.norm()).item()
@@ -128,7 +128,8 @@ def setup_fp8_prefill(model, mode: str | None = None) -> list[str]:
         m.tensor_cores = fp8_tensor_core_ok(m)
         used += m.tensor_cores
     return [] if used == len(fp8) else [f"fp8 tensor-core prefill for {used} of {len(fp8)} "
-                                        "projections (the rest: N or K not whole 128 blocks)"]
+                                        "projections (the rest: N not a multiple of 128 "
+                                        "or K not of 512)"]
 
 
 def load_fast_decoder(cfg: FastConfig, *, weights: str | Path | dict | None, max_seq_len: int,

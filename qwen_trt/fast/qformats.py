@@ -189,19 +189,21 @@ def fp8_act_quant(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torc
 
 
 def fp8_tensor_core_ok(w: "Fp8Linear") -> bool:
-    """Whether ``w`` fits cuBLAS's block-scaled FP8 GEMM (128x128 weight blocks, N and K
-    multiples of 128)."""
-    return w.block == (128, 128) and w.n % 128 == 0 and w.k % 128 == 0
+    """Whether ``w`` fits cuBLAS's block-scaled FP8 GEMM: 128x128 weight blocks, N a multiple
+    of 128, K of 512 (rows of four float32 block scales: the 16-byte aligned stride the recipe
+    asks for; Qwen3-4B's K are 2560, 4096 and 9728)."""
+    return w.block == (128, 128) and w.n % 128 == 0 and w.k % 512 == 0
 
 
 def fp8_scaled_linear(x: torch.Tensor, w: "Fp8Linear") -> torch.Tensor:
     """``x @ w.T`` on FP8 tensor cores (Hopper, CUDA 12.9+): the activations quantized per
     row and 128 columns (:func:`fp8_act_quant`), the weights as stored with their 128x128
     block scales, through ``torch._scaled_mm``'s block-wise recipe (1x128 for the
-    activations, 128x128 for the weights). Layouts it needs: the activation scales
-    outer-dimension-major (``[M, K/128]`` with stride ``(1, M)``), the weight scales as
-    ``[K/128, N/128]`` with stride ``(1, K/128)`` (K/128 padded to a multiple of 4), rows of
-    ``x`` padded to a multiple of 4."""
+    activations, 128x128 for the weights). Layouts it needs (``ScaledBlas.cpp``,
+    ``is_blockwise_1x128_scaling`` / ``is_blockwise_128x128_scaling``): the activation
+    scales outer-dimension-major (``[M, K/128]`` with stride ``(1, M)``), the weight scales'
+    transpose ``[N/128, K/128]`` row-major with 16-byte aligned rows (so K/128 a multiple of 4:
+    :func:`fp8_tensor_core_ok`), rows of ``x`` padded to a multiple of 4."""
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
@@ -209,12 +211,8 @@ def fp8_scaled_linear(x: torch.Tensor, w: "Fp8Linear") -> torch.Tensor:
     if pad:
         x2 = F.pad(x2, (0, 0, 0, pad))
     q, sx = fp8_act_quant(x2)
-    sw = w.scale
-    kb = sw.shape[1]
-    if kb % 4:
-        sw = F.pad(sw, (0, (-kb) % 4))
     out = torch._scaled_mm(q, w.weight.t(), scale_a=sx.t().contiguous().t(),
-                           scale_b=sw.contiguous().t(), out_dtype=x.dtype)
+                           scale_b=w.scale.float().contiguous().t(), out_dtype=x.dtype)
     return out[:m].reshape(*lead, w.n)
 
 
