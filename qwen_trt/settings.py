@@ -158,9 +158,9 @@ SETTINGS: tuple[Setting, ...] = (
        "dynamo import at start; batched._pre_triton / _post_triton; 0: compiled by "
        "torch.compile, or QWEN_TRT_STEP_COMPILE's plain ops)", group="kernel"),
     _S("QWEN_TRT_FP8_PREFILL", "str", "auto",
-       "FP8 weights' prefill: auto (today: dequant) | dequant (then bf16 GEMMs) | tensorcore "
-       "(activations in FP8 per 128 columns, cuBLAS's block-scaled FP8 GEMM; Hopper, "
-       "checked at load)",
+       "FP8 weights' prefill: auto (tensorcore on Hopper when its load-time check passes, "
+       "else dequant) | dequant (then bf16 GEMMs) | tensorcore (activations in FP8 per 128 "
+       "columns, cuBLAS's block-scaled FP8 GEMM; Hopper, checked at load, else an error)",
        group="kernel", choices=("auto", "dequant", "tensorcore")),
     _S("QWEN_TRT_FP8_TENSOR_CORES", "bool", True,
        "0: act as if the GPU had no FP8 tensor cores (tests the W8A16 fallback anywhere)",

@@ -3,10 +3,12 @@
 # GEMV sweep (every candidate, the f16x2 ``half`` form among them) beside the bf16 GEMV; then,
 # with the sweep's winners applied, bf16 and FP8 batch 1 (first token and decode) with the FP8
 # prefill dequantizing (QWEN_TRT_FP8_PREFILL=dequant), and FP8 again on tensor cores
-# (tensorcore), each in its own process. At most 7 files, flat in $OUT.
+# (tensorcore), each in its own process; with RUNNER=1 the batched runner's prefill (a 512-token
+# prompt arriving while 8 streams decode, and 8 arriving at once: `qwen-trt bench`) with FP8
+# dequantizing and on tensor cores. At most 8 files, flat in $OUT.
 #   SWEEP=0   skip the sweep (the committed tables)    TESTS=0   skip the CUDA tests
 #   FORMATS=none,fp8   the dequant run's formats        BATCHED=1  also the 8/32-row graphs
-#   TEST_K="..."       which CUDA tests (pytest -k)
+#   TEST_K="..."       which CUDA tests (pytest -k)       RUNNER=1   the runner's prefill too
 set -u
 OUT=${OUT:-build/out/device}
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -41,3 +43,19 @@ for f, d in json.load(open(sys.argv[1]))['decode'].items():
 }
 run dequant "${FORMATS:-none,fp8}"
 run tensorcore fp8
+if [ "${RUNNER:-0}" = 1 ]; then
+  WORK=${WORK:-/tmp/qwen-trt-device}
+  source scripts/device_common.sh
+  ensure_model > "$WORK/model.log" 2>&1; echo "== model status $? at $((SECONDS - t0)) s"
+  for mode in dequant tensorcore; do
+    QWEN_TRT_FP8_PREFILL=$mode timeout 150 "$PY" -m qwen_trt bench --model "$MODEL" \
+      --concurrency 8 --prompt-lens 512 --new-tokens 128 --no-fifo --no-batch1 --turns 1 \
+      --long-prompt 512 --quantization fp8 --out "$OUT/runner-fp8-$mode.json" 2>&1 \
+      | tr '\r' '\n' | grep -E '^\[bench\]|Error' | tail -4
+    echo "== runner $mode status ${PIPESTATUS[0]} at $((SECONDS - t0)) s"
+    "$PY" -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+print('[runner $mode] long', d.get('long_prompt'), 'burst', {k: (v.get('ttft_ms_p50'), v.get('aggregate_decode_tok_s')) for k, v in d.get('burst', {}).items()})" "$OUT/runner-fp8-$mode.json" || true
+  done
+fi

@@ -306,8 +306,9 @@ def test_fp8_tensor_core_linear_hands_cublas_its_layouts_and_matches_dequantized
     block-scaled GEMM takes (asserted by the emulation), and the product within FP8's
     activation rounding of the dequantized weights; K not a multiple of 512 stays on the
     dequantizing prefill (its scale rows would not be 16-byte aligned)."""
-    from qwen_trt.fast.qformats import (Fp8Linear, fp8_act_quant, fp8_quantize,
-                                        fp8_scaled_linear, fp8_tensor_core_ok, linear)
+    from qwen_trt.fast.qformats import (FP8_TC_MIN_ROWS, Fp8Linear, fp8_act_quant,
+                                        fp8_quantize, fp8_scaled_linear, fp8_tensor_core_ok,
+                                        linear)
 
     assert not fp8_tensor_core_ok(Fp8Linear(*fp8_quantize(torch.randn(256, 384)), (128, 128)))
 
@@ -321,8 +322,12 @@ def test_fp8_tensor_core_linear_hands_cublas_its_layouts_and_matches_dequantized
     assert got.shape == (2, rows, 256) and got.dtype == torch.bfloat16
     err = ((got.float() - ref).norm() / ref.norm()).item()
     assert 1e-4 < err < 0.05, err                 # FP8 activations: not exact, but close
-    lin.tensor_cores = True                       # the prefill's dispatch
-    assert torch.equal(linear(x, lin), got)
+    lin.tensor_cores = True                       # the prefill's dispatch: from 16 rows
+    if 2 * rows >= FP8_TC_MIN_ROWS:
+        assert torch.equal(linear(x, lin), got)
+    else:                                         # fewer (a decode): bf16 activations
+        assert torch.equal(linear(x, lin),
+                           torch.nn.functional.linear(x, lin.dequantize(x.dtype)))
     q, s = fp8_act_quant(x.reshape(-1, k))
     back = q.float().view(-1, k // 128, 128) * s.unsqueeze(-1)
     assert ((back.view(-1, k) - x.reshape(-1, k).float()).abs().max() <=
@@ -332,10 +337,10 @@ def test_fp8_tensor_core_linear_hands_cublas_its_layouts_and_matches_dequantized
 
 def test_fp8_prefill_setup_marks_weights_only_on_hopper_after_its_check(quantized,
                                                                         monkeypatch):
-    """setup_fp8_prefill: nothing on CPU, with QWEN_TRT_FP8_PREFILL=dequant or auto (the
-    default until timed on a GPU); with tensorcore on a (pretended) H200 whose check passes,
-    every 128-aligned FP8 projection is marked; a failed check or a GPU other than Hopper is a
-    one-line error."""
+    """setup_fp8_prefill: nothing on CPU or with QWEN_TRT_FP8_PREFILL=dequant; with tensorcore
+    or auto (the default) on a (pretended) H200 whose check passes, every FP8 projection the
+    recipe fits is marked; a failed check or a GPU other than Hopper is a one-line error with
+    tensorcore, the dequantizing prefill (with a note for the check) with auto."""
     from qwen_trt.fast import loader
     from qwen_trt.fast.qformats import Fp8Linear, fp8_quantize
 
@@ -349,13 +354,14 @@ def test_fp8_prefill_setup_marks_weights_only_on_hopper_after_its_check(quantize
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
     assert loader.setup_fp8_prefill(model, "dequant") == []
     assert not model.fp8_tensor_core_prefill
-    monkeypatch.setattr(loader, "check_fp8_prefill", lambda d: None)
-    assert loader.setup_fp8_prefill(model, "auto") == []   # not the default until timed
-    assert not model.fp8_tensor_core_prefill
     monkeypatch.setattr(loader, "check_fp8_prefill", lambda d: "fp8 tensor-core prefill "
                                                                "unavailable (X: y)")
     with pytest.raises(ModelSourceError, match="unavailable"):
         loader.setup_fp8_prefill(model, "tensorcore")
+    # auto (the default): the failed check is a note, and the dequantizing prefill
+    assert loader.setup_fp8_prefill(model, "auto") == [
+        "fp8 tensor-core prefill unavailable (X: y); prefill dequantizes then runs bf16 GEMMs"]
+    assert not model.fp8_tensor_core_prefill
     monkeypatch.setattr(loader, "check_fp8_prefill", lambda d: None)
     # the tiny model's 64-wide projections do not fit the recipe: none marked, said so
     assert loader.setup_fp8_prefill(model, "tensorcore") == [
@@ -375,6 +381,12 @@ def test_fp8_prefill_setup_marks_weights_only_on_hopper_after_its_check(quantize
         "fp8 tensor-core prefill for 1 of 2 projections (the rest: N not a multiple of 128 "
         "or K not of 512)"]
     assert two.a.tensor_cores and not two.b.tensor_cores
+    two.a.tensor_cores = False
+    assert loader.setup_fp8_prefill(two, "auto") == [     # auto marks as tensorcore does
+        "fp8 tensor-core prefill for 1 of 2 projections (the rest: N not a multiple of 128 "
+        "or K not of 512)"]
+    assert two.a.tensor_cores and not two.b.tensor_cores
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 9))
+    assert loader.setup_fp8_prefill(model, "auto") == []  # not Hopper: auto dequantizes
     with pytest.raises(ModelSourceError, match="Hopper"):
         loader.setup_fp8_prefill(model, "tensorcore")

@@ -190,6 +190,26 @@ def test_fp8_tensor_core_prefill_matches_dequantized_weights(shape, rows):
     assert err < 0.05, err
 
 
+def test_fp8_act_quant_kernel_matches_the_torch_ops():
+    """The activations' FP8 quantization in one Triton kernel (the batched steps' tensor-core
+    prefill) against :func:`fp8_act_quant`'s PyTorch ops: the same scales, written
+    outer-dimension-major, and the same FP8 values (a division rounded differently may move
+    a value across a rounding boundary: at most one in a thousand); rows ragged against the
+    kernel's block."""
+    from qwen_trt.fast.qformats import fp8_act_quant
+    from qwen_trt.fast.qkernels import act_quant
+
+    torch.manual_seed(0)
+    for m, k in ((1, 2560), (37, 4096), (512, 9728)):
+        x = (torch.randn(m, k, device="cuda") * 3).to(torch.bfloat16)
+        q, s = act_quant(x)
+        q_ref, s_ref = fp8_act_quant(x)
+        assert s.shape == s_ref.shape and s.stride() == (1, m), (s.shape, s.stride())
+        assert torch.allclose(s, s_ref, rtol=1e-6, atol=0), (m, k)
+        same = (q.float() == q_ref.float()).float().mean().item()
+        assert same >= 0.999, (m, k, same)
+
+
 def test_fp8_without_tensor_cores_forced_on_this_gpu_runs_w8a16_and_says_so(tiny_model_dir):
     """QWEN_TRT_FP8_TENSOR_CORES=0 on the H200 (no pre-Ada GPU is at hand): an FP8 checkpoint
     loads with the W8A16 note, gives the same greedy tokens as without the switch, and asking

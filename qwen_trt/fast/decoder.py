@@ -219,11 +219,11 @@ class FastDecoder:
             self._decode_fn = model.decode if kernels == "triton" else torch.compile(
                 model.decode, fullgraph=True, options=DECODE_COMPILE_OPTIONS)
             # One compile of one layer serves all layers and every prompt length: seconds
-            # instead of a minute for the whole 36-layer graph on a cold cache. FP8 weights
-            # on tensor cores (the layer takes the packed modules) run eagerly, inside the
-            # prefill graphs as everything else.
-            self._prefill_layer = (prefill_layer if model.fp8_tensor_core_prefill
-                                   else torch.compile(prefill_layer, fullgraph=True))
+            # instead of a minute for the whole 36-layer graph on a cold cache. FP8 weights on
+            # tensor cores too: compiled, their activation quantization fuses with the ops
+            # around it (H200, 512 tokens: first token 7.7 ms, against 18.7 ms eager and
+            # 11.0 ms dequantizing).
+            self._prefill_layer = torch.compile(prefill_layer, fullgraph=True)
         else:
             self._decode_fn = model.decode
             self._prefill_layer = prefill_layer

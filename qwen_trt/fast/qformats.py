@@ -158,8 +158,10 @@ def dense(w: Weight, dtype: torch.dtype | None = None) -> torch.Tensor:
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """``x @ w.T`` for any format: packed weights are dequantized to ``x``'s dtype first,
     except an :class:`Fp8Linear` marked for FP8 tensor-core prefill (:func:`prefill_weight`),
-    which multiplies on FP8 tensor cores (:func:`fp8_scaled_linear`)."""
-    if isinstance(w, PackedLinear) and w.tensor_cores:
+    which multiplies on FP8 tensor cores (:func:`fp8_scaled_linear`) when ``x`` has at least
+    :data:`FP8_TC_MIN_ROWS` rows (fewer, e.g. the PyTorch decode, keep bf16 activations)."""
+    if (isinstance(w, PackedLinear) and w.tensor_cores
+            and x.numel() >= FP8_TC_MIN_ROWS * x.shape[-1]):
         return fp8_scaled_linear(x, w)
     return F.linear(x, dense(w, x.dtype))
 
@@ -173,7 +175,7 @@ def prefill_weight(w: Weight, dtype: torch.dtype) -> Weight:
     return dense(w, dtype)
 
 
-FP8_MAX = 448.0        # float8_e4m3fn's largest finite value
+FP8_TC_MIN_ROWS = 16   # rows from which a marked FP8 projection runs on tensor cores
 
 
 def fp8_act_quant(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,8 +212,14 @@ def fp8_scaled_linear(x: torch.Tensor, w: "Fp8Linear") -> torch.Tensor:
     pad = (-m) % 4
     if pad:
         x2 = F.pad(x2, (0, 0, 0, pad))
-    q, sx = fp8_act_quant(x2)
-    out = torch._scaled_mm(q, w.weight.t(), scale_a=sx.t().contiguous().t(),
+    if x2.is_cuda and not torch.compiler.is_compiling():
+        from qwen_trt.fast.qkernels import act_quant   # one kernel (the batched steps)
+
+        q, sx = act_quant(x2)
+    else:                                   # torch.compile fuses these (the batch-1 prefill)
+        q, sx = fp8_act_quant(x2)
+        sx = sx.t().contiguous().t()
+    out = torch._scaled_mm(q, w.weight.t(), scale_a=sx,
                            scale_b=w.scale.float().contiguous().t(), out_dtype=x.dtype)
     return out[:m].reshape(*lead, w.n)
 

@@ -1126,6 +1126,24 @@ sub.f32 $7, t, 0f4B000000;
     # ---- dequantize (prefill) ------------------------------------------------------------
 
     @triton.jit
+    def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K: tl.constexpr, G: tl.constexpr,
+                          BLOCK_M: tl.constexpr):
+        """:func:`~qwen_trt.fast.qformats.fp8_act_quant` for ``BLOCK_M`` rows and one group of
+        ``G`` columns: float8_e4m3fn values, and the float32 scale of each row's group written
+        outer-dimension-major (``[K / G, M]``: the layout ``torch._scaled_mm`` takes)."""
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        g = tl.program_id(1)
+        cols = g * G + tl.arange(0, G)
+        ok = (rows < M)[:, None]
+        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=ok, other=0.0).to(
+            tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) / 448.0
+        q = tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0)
+        tl.store(q_ptr + rows[:, None] * K + cols[None, :],
+                 q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=ok)
+        tl.store(s_ptr + g * M + rows, scale, mask=rows < M)
+
+    @triton.jit
     def _dequant_kernel(q_ptr, s_ptr, z_ptr, out_ptr, N: tl.constexpr, K: tl.constexpr,
                         KS: tl.constexpr, SN: tl.constexpr, SK: tl.constexpr,
                         BLOCK_N: tl.constexpr, FMT: tl.constexpr):
@@ -1299,3 +1317,17 @@ def dequantize(w: PackedLinear, dtype: torch.dtype, block_n: int = 32) -> torch.
         q, s, z, out, N=w.n, K=w.k, KS=ks, SN=sn, SK=sk, BLOCK_N=block_n, FMT=fmt,
         num_warps=4)
     return out
+
+
+def act_quant(x: torch.Tensor, group: int = 128, block_m: int = 16
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~qwen_trt.fast.qformats.fp8_act_quant` in one Triton kernel: ``(q [M, K],
+    scale [M, K / group])``, the scales outer-dimension-major (stride ``(1, M)``)."""
+    m, k = x.shape
+    x = x.contiguous()
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(k // group, m, dtype=torch.float32, device=x.device)
+    _act_quant_kernel[(triton.cdiv(m, block_m), k // group)](
+        x, q.view(torch.uint8), s, m, K=k, G=group,
+        BLOCK_M=block_m, num_warps=4)
+    return q, s.t()
