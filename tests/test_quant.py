@@ -390,3 +390,22 @@ def test_fp8_prefill_setup_marks_weights_only_on_hopper_after_its_check(quantize
     assert loader.setup_fp8_prefill(model, "auto") == []  # not Hopper: auto dequantizes
     with pytest.raises(ModelSourceError, match="Hopper"):
         loader.setup_fp8_prefill(model, "tensorcore")
+
+
+def test_batched_steps_use_fp8_tensor_cores_only_when_asked():
+    """The batched runner's steps that prefill take FP8 weights marked for tensor cores as they
+    are only with QWEN_TRT_FP8_PREFILL=tensorcore (and Triton pieces); under auto, the default,
+    they dequantize (measured slower on tensor cores on the H200), as with dequant."""
+    from types import SimpleNamespace
+
+    from qwen_trt.fast import batched
+    from qwen_trt.fast.options import KernelOptions, use
+    from qwen_trt.fast.qformats import dense, prefill_weight
+
+    step = SimpleNamespace(_pre=batched._pre_triton)
+    for mode, want in (("tensorcore", prefill_weight), ("auto", dense), ("dequant", dense)):
+        with use(KernelOptions(fp8_prefill=mode)):
+            assert batched.BatchedModel._step_weight(step) is want, mode
+    with use(KernelOptions(fp8_prefill="tensorcore")):
+        step_compiled = SimpleNamespace(_pre=object())     # pieces compiled by torch.compile
+        assert batched.BatchedModel._step_weight(step_compiled) is dense

@@ -374,9 +374,13 @@ class BatchedModel:
 
     def _step_weight(self):
         """How a step that prefills takes its weights: FP8 ones marked for tensor cores as
-        they are where its pieces are not compiled by ``torch.compile``
-        (:func:`~qwen_trt.fast.qformats.prefill_weight`), else dense."""
-        return prefill_weight if self._pre in (_pre_triton, _pre_attention) else dense
+        they are (:func:`~qwen_trt.fast.qformats.prefill_weight`) only when
+        ``QWEN_TRT_FP8_PREFILL=tensorcore`` asks and its pieces are not compiled by
+        ``torch.compile``, else dense. Under ``auto`` the runner dequantizes: on the H200 its
+        tensor-core steps were slower (8 prompts of 512 at once: first token 243 ms against
+        50 ms; docs/benchmarks.md), while the batch-1 decoder's compiled prefill is faster."""
+        tc = options().fp8_prefill == "tensorcore"
+        return prefill_weight if tc and self._pre in (_pre_triton, _pre_attention) else dense
 
     def _forward_math(self, tokens: Sequence[int], positions: Sequence[int],
                       chunks: Sequence[SeqChunk], logit_rows: Sequence[int]) -> torch.Tensor:
