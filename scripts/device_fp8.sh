@@ -9,6 +9,8 @@
 #   SWEEP=0   skip the sweep (the committed tables)    TESTS=0   skip the CUDA tests
 #   FORMATS=none,fp8   the dequant run's formats        BATCHED=1  also the 8/32-row graphs
 #   TEST_K="..."       which CUDA tests (pytest -k)       RUNNER=1   the runner's prefill too
+#   SWEEP_ONLY=qgemv:fp8,gemv   what the sweep times      SWEEP_OUT=qkernel-sweep-half-h200.json
+#   MODES="dequant tensorcore"  the prefill modes run (the first with FORMATS, the rest FP8)
 set -u
 OUT=${OUT:-build/out/device}
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -24,16 +26,17 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 APPLY=()
 if [ "${SWEEP:-1}" = 1 ]; then
-  timeout 120 "$PY" -m qwen_trt.bench.qkernel_sweep --only qgemv:fp8,gemv --jobs 14 \
-    --compile-timeout 50 --out "$OUT/qkernel-sweep-half-h200.json" > "$OUT/sweep.log" 2>&1
+  SW="$OUT/${SWEEP_OUT:-qkernel-sweep-half-h200.json}"
+  timeout 150 "$PY" -m qwen_trt.bench.qkernel_sweep --only "${SWEEP_ONLY:-qgemv:fp8,gemv}" \
+    --jobs 14 --compile-timeout 50 --out "$SW" > "$OUT/sweep.log" 2>&1
   echo "== sweep status $? at $((SECONDS - t0)) s"
-  "$PY" -m qwen_trt.bench.qkernel_sweep --out - --print-tables "$OUT/qkernel-sweep-half-h200.json" 2>&1 | head -12
-  APPLY=(--apply-sweep "$OUT/qkernel-sweep-half-h200.json")
+  "$PY" -m qwen_trt.bench.qkernel_sweep --out - --print-tables "$SW" 2>&1 | head -12
+  APPLY=(--apply-sweep "$SW")
 fi
 NB=--no-batched
 [ "${BATCHED:-0}" = 1 ] && NB=
 run() {  # MODE FORMATS
-  QWEN_TRT_FP8_PREFILL=$1 timeout 150 "$PY" -m qwen_trt.bench.quant_bench --formats "$2" --no-kernels \
+  QWEN_TRT_FP8_PREFILL=$1 timeout 200 "$PY" -m qwen_trt.bench.quant_bench --formats "$2" --no-kernels \
     $NB "${APPLY[@]}" --out "$OUT/quant-bench-$1.json" 2>&1 | tr '\r' '\n' | grep -E '^\[quant-bench\]|Error|error' | tail -6
   echo "== $1 status ${PIPESTATUS[0]} at $((SECONDS - t0)) s"
   "$PY" -c "
@@ -41,8 +44,11 @@ import json, sys
 for f, d in json.load(open(sys.argv[1]))['decode'].items():
     print('[$1]', f, d.get('batch1'), d.get('notes'), d.get('error', '')[:300])" "$OUT/quant-bench-$1.json" || true
 }
-run dequant "${FORMATS:-none,fp8}"
-run tensorcore fp8
+first=1
+for mode in ${MODES:-dequant tensorcore}; do
+  if [ $first = 1 ]; then run "$mode" "${FORMATS:-none,fp8}"; else run "$mode" fp8; fi
+  first=0
+done
 if [ "${RUNNER:-0}" = 1 ]; then
   WORK=${WORK:-/tmp/qwen-trt-device}
   source scripts/device_common.sh

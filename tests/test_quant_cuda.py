@@ -51,6 +51,7 @@ def test_packed_kernels_match_dequantized_weights(fmt, shape):
                 QConfig(block_n=4, warps=8, ctas_per_sm=2, ahead=2, fold=True),
                 QConfig(block_n=8, warps=8, ctas_per_sm=2, half=True),
                 QConfig(block_n=4, warps=8, ctas_per_sm=2, ahead=2, half=True),
+                QConfig(block_n=8, warps=4, ctas_per_sm=2, half=True),
                 QConfig(block_n=64, warps=4, bk=128, stages=4, split=1, dot=True),
                 QConfig(block_n=64, warps=4, bk=256, stages=3, split=4, dot=True, l2pre=2),
                 QConfig(block_n=32, warps=4, bk=256, stages=4, split=2, dot=True),

@@ -73,6 +73,14 @@ GEMV_CANDIDATES = {
     ("fp8-half", "gate_up"): [(4, 8, 2, 1), (8, 8, 1, 1), (4, 8, 2, 2), (2, 4, 4, 1),
                               (4, 4, 3, 1)],
     ("fp8-half", "down"): [(2, 8, 2, 1), (4, 8, 1, 1), (2, 8, 2, 2), (1, 8, 2, 1), (2, 4, 4, 1)],
+    # INT4 in f16x2 (QConfig.half: int64 pairs of words, two nibbles a lop3 into 1024.0, the
+    # zero point subtracted exactly in f16; 3.0-3.8 SASS instructions a weight at 8 rows
+    # against 4.7-6.5 for the inline-PTX form); registers for sm_90: qkv 8x8 128, 8x4 168,
+    # 4x8 80; o 8x8 128; gate_up 8x8 128, 4x4 128, 4x8 101; down 2x8 115, 4x8 167
+    ("int4-half", "qkv"): [(8, 8, 2, 1), (8, 4, 2, 1), (4, 8, 2, 1), (8, 8, 2, 2)],
+    ("int4-half", "o"): [(8, 8, 2, 1), (8, 4, 2, 1), (4, 8, 2, 1), (8, 8, 1, 2)],
+    ("int4-half", "gate_up"): [(8, 8, 2, 1), (4, 4, 3, 1), (4, 8, 2, 1), (8, 8, 1, 1)],
+    ("int4-half", "down"): [(4, 8, 1, 1), (2, 8, 2, 1), (4, 4, 2, 1), (2, 8, 2, 2)],
     ("int4-asm", "qkv"): [(4, 8, 2, 2), (8, 8, 2, 2), (16, 16, 1, 2), (8, 16, 1, 2)],
     ("int4-asm", "o"): [(4, 8, 2, 2), (16, 8, 2, 1), (8, 8, 2, 2), (16, 16, 1, 2)],
     ("int4-asm", "gate_up"): [(4, 8, 2, 2), (8, 8, 2, 2), (8, 16, 1, 2)],
