@@ -65,11 +65,12 @@ def test_printed_tables_reproduce_the_committed_ones():
 
     root = Path(__file__).resolve().parents[1]
     # the full sweep, then the FP8/INT4 GEMV sweep of the folded-scale kernel, then the FP8
-    # one with the f16x2 form (issue 26)
+    # one with the f16x2 form, then FP8 and INT4 with it (issue 26)
     sweep = S.merged(*(json.loads((root / "docs/measurements" / name).read_text())
                        for name in ("qkernel-sweep-h200.json",
                                     "qkernel-sweep-fold-h200.json",
-                                    "qkernel-sweep-half-h200.json")))
+                                    "qkernel-sweep-half-h200.json",
+                                    "qkernel-sweep-int4-half-h200.json")))
     ns = {"QConfig": Q.QConfig, "FMT_FP8": Q.FMT_FP8, "FMT_INT4": Q.FMT_INT4,
           "FMT_DENSE": Q.FMT_DENSE}
     exec(S.table_source(sweep), ns)      # noqa: S102 - our own generated source

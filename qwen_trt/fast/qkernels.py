@@ -121,18 +121,20 @@ def _pieces(blocks: int) -> tuple[int, int]:
 # (fmt, n, k, gate_up) -> GEMV config (block_n, warps, ctas_per_sm, ahead), µs per call and
 # TB/s of packed bytes; the FP8 rows from the GEMV-only sweeps of the folded-scale kernel
 # (docs/measurements/qkernel-sweep-fold-h200.json) and of the f16x2 one, with every earlier
-# candidate (qkernel-sweep-half-h200.json). Shapes not listed use :func:`_gemv_default`.
+# candidate (qkernel-sweep-half-h200.json); the INT4 rows (all f16x2) and the FP8 ones again
+# from the sweep of both formats (qkernel-sweep-int4-half-h200.json). Shapes not listed use
+# :func:`_gemv_default`.
 GEMV_TABLE: dict[tuple[int, int, int, bool], QConfig] = {
     (FMT_FP8, 6144, 2560, False): QConfig(4, 8, 2, ahead=1, fold=True),  # 7.96 us, 1.976 TB/s
-    (FMT_INT4, 6144, 2560, False): QConfig(4, 8, 2, ahead=2),  # 10.73 us, 0.767 TB/s
+    (FMT_INT4, 6144, 2560, False): QConfig(8, 8, 2, ahead=1, half=True),  # 8.64 us, 0.953 TB/s
     (FMT_FP8, 2560, 4096, False): QConfig(4, 8, 2, ahead=1, fold=True),  # 5.49 us, 1.91 TB/s
-    (FMT_INT4, 2560, 4096, False): QConfig(8, 8, 1, ahead=2),  # 8.49 us, 0.646 TB/s
+    (FMT_INT4, 2560, 4096, False): QConfig(8, 8, 1, ahead=2, half=True),  # 6.88 us, 0.798 TB/s
     # gate_up: the f16x2 form (docs/measurements/qkernel-sweep-half-h200.json, 2026-12-01),
     # against 20.28 us for the inline-PTX byte form in the same run
     (FMT_FP8, 9728, 2560, True): QConfig(8, 8, 1, ahead=1, half=True),  # 17.07 us, 2.918 TB/s
-    (FMT_INT4, 9728, 2560, True): QConfig(4, 4, 2, ahead=2),  # 20.88 us, 1.248 TB/s
+    (FMT_INT4, 9728, 2560, True): QConfig(4, 4, 3, ahead=1, half=True),  # 19.38 us, 1.345 TB/s
     (FMT_FP8, 2560, 9728, False): QConfig(4, 16, 1, ahead=1, fold=True),  # 12.02 us, 2.073 TB/s
-    (FMT_INT4, 2560, 9728, False): QConfig(2, 4, 2, ahead=2),  # 18.62 us, 0.7 TB/s
+    (FMT_INT4, 2560, 9728, False): QConfig(4, 8, 1, ahead=1, half=True),  # 14.4 us, 0.905 TB/s
 }
 
 
