@@ -577,8 +577,8 @@ class BatchedModel:
                 qkv = gemv(layer.wqkv, x.view(cfg.hidden), ln=layer.ln_in, eps=eps).view(1, -1)
             elif impl == "bgemm":
                 qkv = bgemm(layer.wqkv, rms_rows(x, layer.ln_in, eps))
-            else:
-                qkv = linear(rms_norm(x, layer.ln_in, eps), layer.wqkv)
+            else:   # dense: a decode step never runs FP8 weights on tensor cores
+                qkv = linear(rms_norm(x, layer.ln_in, eps), dense(layer.wqkv, m.dtype))
             o = paged_rope_decode_attention(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin,
                                             pos, slots, kc, vc, tables, lens,
                                             self.block_size, eps, cfg.heads)
@@ -591,8 +591,9 @@ class BatchedModel:
                 act = bgemm(layer.w_gate_up, rms_rows(x, layer.ln_post, eps), gate_up=True)
                 x = bgemm(layer.w_down, act, residual=x)
             else:
-                x = x + linear(o.view(b, cfg.q_size), layer.wo)
-                x = mlp(cfg, x, layer.ln_post, layer.w_gate_up, layer.w_down)
+                x = x + linear(o.view(b, cfg.q_size), dense(layer.wo, m.dtype))
+                x = mlp(cfg, x, layer.ln_post, dense(layer.w_gate_up, m.dtype),
+                        dense(layer.w_down, m.dtype))
         if impl == "gemv":
             logits = gemv(m._head(), x.view(cfg.hidden), ln=m.ln_final, eps=eps).view(1, -1)
         elif impl == "bgemm":
