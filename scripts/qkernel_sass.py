@@ -107,6 +107,11 @@ def CANDIDATES(Q):
                         Q.QConfig(block_n=bn, warps=warps, fold=True)))
             out.append((f"int4-fold-{bn}x{warps}-{shape}", Q.FMT_INT4, shape,
                         Q.QConfig(block_n=bn, warps=warps, fold=True, asm=True)))
+        # the f16x2 forms (QConfig.half)
+        for bn, warps in ((4, 8), (8, 8), (8, 4)):
+            for fmt, fname in ((Q.FMT_FP8, "fp8"), (Q.FMT_INT4, "int4")):
+                out.append((f"{fname}-half-{bn}x{warps}-{shape}", fmt, shape,
+                            Q.QConfig(block_n=bn, warps=warps, half=True)))
         # the sweep's --probe diagnostic (one multiply a word, the same loads)
         out.append((f"fp8-fold-probe-{shape}", Q.FMT_FP8, shape,
                     Q.QConfig(block_n=4, warps=8, fold=True, probe=True)))

@@ -73,47 +73,12 @@ def test_packed_gemv_gemm_and_dequantize_match_dequantized_weights():
     assert max(res["deq"]) == 0.0
 
 
-def test_fp8_half_gemv_matches_dequantized_weights_at_any_activation_scale():
-    """The FP8 GEMV with its products in f16x2 (``QConfig.half``): every fusion, K one block,
-    several, two pieces (640 = 4 + 1 blocks), K not a multiple of 16 (the plain kernel
-    then); activations from 1e-5 to 1e4 (the power of two that keeps four products in float16's
-    range); within bf16 rounding (2 ** -8) of the dequantized weights."""
-    res = interpret("""
-        import json, torch
-        from qwen_trt.fast import qkernels as K
-        from qwen_trt.fast.gemv import gemv_ref
-        from qwen_trt.fast.qformats import QuantSpec, quantize
-        torch.manual_seed(0)
-        cases = [(96, 256, dict(ln=True)), (50, 384, dict(residual=True)),
-                 (130, 128, dict(ln=True, gate_up=True)), (20, 640, dict(ln=True)),
-                 (36, 256, dict(gate_up=True, residual=True)), (40, 200, {})]
-        errs, n = [], 0
-        for rows, k, f in cases:
-            w = quantize(torch.randn(rows, k) * 0.1, QuantSpec("fp8"))
-            wd = w.dequantize(torch.float32)
-            nout = rows // 2 if f.get("gate_up") else rows
-            kw = dict(eps=1e-6, gate_up=f.get("gate_up", False),
-                      ln=1 + 0.1 * torch.randn(k) if f.get("ln") else None,
-                      residual=torch.randn(nout) if f.get("residual") else None)
-            for scale in (1.0, 1e4, 1e-5):
-                x = torch.randn(k) * scale
-                ref = gemv_ref(wd, x, **kw)
-                for bn, programs, ahead in ((1, 3, 1), (4, 2, 2), (2, 3, 1)):
-                    cfg = K.QConfig(block_n=bn, programs=programs, ahead=ahead, half=True)
-                    got = K.qgemv(w, x, config=cfg, **kw)
-                    errs.append(((got - ref).norm() / ref.norm()).item())
-                    n += 1
-        print(json.dumps({"errs": errs, "n": n}))
-    """)
-    assert res["n"] == 6 * 3 * 3, res
-    assert max(res["errs"]) < 3.9e-3, res["errs"]   # bf16 rounding: 2 ** -8
-
-
-def test_int4_half_gemv_matches_dequantized_weights_at_any_activation_scale():
-    """The INT4 GEMV in f16x2 (``QConfig.half``: int64 pairs of words, the zero point
-    subtracted exactly in float16): every fusion, groups of 64 and 128, K one group, several,
-    two pieces (640 = 4 + 1 groups of 128); activations from 1e-5 to 1e4; within bf16
-    rounding (2 ** -8) of the dequantized weights."""
+def test_half_gemvs_match_dequantized_weights_at_any_activation_scale():
+    """The FP8 and INT4 GEMVs in f16x2 (``QConfig.half``: the products formed and summed in
+    float16; INT4's zero point subtracted exactly): every fusion, K one block / group, several,
+    two pieces (640 = 4 + 1 of 128), INT4 groups of 64 and 128, FP8 with K not a multiple of 16
+    (the plain kernel then); activations from 1e-5 to 1e4 (the power of two that keeps the
+    float16 sums in range); within bf16 rounding (2 ** -8) of the dequantized weights."""
     res = interpret("""
         import json, torch
         from qwen_trt.fast import qkernels as K
@@ -122,27 +87,31 @@ def test_int4_half_gemv_matches_dequantized_weights_at_any_activation_scale():
         torch.manual_seed(0)
         cases = [(96, 256, 64, dict(ln=True)), (50, 384, 128, dict(residual=True)),
                  (130, 128, 64, dict(ln=True, gate_up=True)), (20, 640, 128, dict(ln=True)),
-                 (36, 256, 128, dict(gate_up=True, residual=True))]
-        errs, n = [], 0
-        for rows, k, group, f in cases:
-            w = quantize(torch.randn(rows, k) * 0.1, QuantSpec("int4", group=group))
-            wd = w.dequantize(torch.float32)
-            nout = rows // 2 if f.get("gate_up") else rows
-            kw = dict(eps=1e-6, gate_up=f.get("gate_up", False),
-                      ln=1 + 0.1 * torch.randn(k) if f.get("ln") else None,
-                      residual=torch.randn(nout) if f.get("residual") else None)
-            for scale in (1.0, 1e4, 1e-5):
-                x = torch.randn(k) * scale
-                ref = gemv_ref(wd, x, **kw)
-                for bn, programs, ahead in ((1, 3, 1), (4, 2, 2)):
-                    cfg = K.QConfig(block_n=bn, programs=programs, ahead=ahead, half=True)
-                    got = K.qgemv(w, x, config=cfg, **kw)
-                    errs.append(((got - ref).norm() / ref.norm()).item())
-                    n += 1
+                 (36, 256, 128, dict(gate_up=True, residual=True)), (40, 200, 64, {})]
+        errs, n = {"fp8": [], "int4": []}, 0
+        for fmt in ("fp8", "int4"):
+            for rows, k, group, f in cases:
+                if fmt == "int4" and k % group:
+                    continue
+                w = quantize(torch.randn(rows, k) * 0.1, QuantSpec(fmt, group=group))
+                wd = w.dequantize(torch.float32)
+                nout = rows // 2 if f.get("gate_up") else rows
+                kw = dict(eps=1e-6, gate_up=f.get("gate_up", False),
+                          ln=1 + 0.1 * torch.randn(k) if f.get("ln") else None,
+                          residual=torch.randn(nout) if f.get("residual") else None)
+                for scale in (1.0, 1e4, 1e-5):
+                    x = torch.randn(k) * scale
+                    ref = gemv_ref(wd, x, **kw)
+                    for bn, programs, ahead in ((1, 3, 1), (4, 2, 2)):
+                        cfg = K.QConfig(block_n=bn, programs=programs, ahead=ahead, half=True)
+                        got = K.qgemv(w, x, config=cfg, **kw)
+                        errs[fmt].append(((got - ref).norm() / ref.norm()).item())
+                        n += 1
         print(json.dumps({"errs": errs, "n": n}))
     """)
-    assert res["n"] == 5 * 3 * 2, res
-    assert max(res["errs"]) < 3.9e-3, res["errs"]   # bf16 rounding: 2 ** -8
+    assert res["n"] == (6 + 5) * 3 * 2, res
+    for fmt, errs in res["errs"].items():
+        assert max(errs) < 3.9e-3, (fmt, errs)      # bf16 rounding: 2 ** -8
 
 
 def test_tensor_core_gemv_matches_dequantized_weights():

@@ -189,6 +189,23 @@ def gemm_config(fmt: int, n: int, k: int, block_m: int) -> QConfig:
     return QConfig(block_n=bn, warps=4, stages=3, split=split)
 
 
+def _i4_word_ptx(word: str, xs: tuple[str, str, str, str], first: bool) -> str:
+    """PTX of one int32 word's eight nibbles into the f16x2 accumulator ``acc`` (for
+    ``_I4X16_DOT_F16``): nibble pairs (0, 4) and (1, 5) of ``word``, then (2, 6) and (3, 7)
+    of ``word >> 8``, each pair OR-ed into 1024.0 by one lop3, less the zero points ($10 for
+    the plain pairs, $11 for the 16-times ones), times the activation pairs ``xs``; ``first``:
+    the first product starts the sum."""
+    lines = [f"shr.u32 u, {word}, 8;"]
+    regs = (("t0", word, "0x000F000F", "$10"), ("t1", word, "0x00F000F0", "$11"),
+            ("t2", "u", "0x000F000F", "$10"), ("t3", "u", "0x00F000F0", "$11"))
+    lines += [f"lop3.b32 {t}, {src}, {mask}, 0x64006400, 0xEA;" for t, src, mask, _ in regs]
+    lines += [f"sub.rn.f16x2 {t}, {t}, {z};" for t, _, _, z in regs]
+    lines += [(f"mul.rn.f16x2 acc, {t}, {x};" if first and i == 0
+               else f"fma.rn.f16x2 acc, {t}, {x}, acc;")
+              for i, ((t, _, _, _), x) in enumerate(zip(regs, xs))]
+    return "\n".join(lines) + "\n"
+
+
 if triton is not None:
     # four float8_e4m3fn bytes of one 32-bit register (byte i = element i) -> four float32
     _FP8X4_TO_F32 = tl.constexpr("""{
@@ -259,42 +276,12 @@ sub.f32 $7, t, 0f4B000000;
     # (0x6400) by one lop3 (the odd ones 16 times too large, hence the activations / 16), less
     # 1024 + z ($10) and 1024 + 16 z ($11): q - z and 16 (q - z), exact; eight products a
     # lane formed and summed in f16x2, the lanes added in float32 (QConfig.half for INT4)
-    _I4X16_DOT_F16 = tl.constexpr("""{
-.reg .b32 w0, w1, u, t0, t1, t2, t3, acc;
-.reg .f16 e0, e1;
-.reg .f32 f0, f1;
-mov.b64 {w0, w1}, $1;
-shr.u32 u, w0, 8;
-lop3.b32 t0, w0, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 t1, w0, 0x00F000F0, 0x64006400, 0xEA;
-lop3.b32 t2, u, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 t3, u, 0x00F000F0, 0x64006400, 0xEA;
-sub.rn.f16x2 t0, t0, $10;
-sub.rn.f16x2 t1, t1, $11;
-sub.rn.f16x2 t2, t2, $10;
-sub.rn.f16x2 t3, t3, $11;
-mul.rn.f16x2 acc, t0, $2;
-fma.rn.f16x2 acc, t1, $3, acc;
-fma.rn.f16x2 acc, t2, $4, acc;
-fma.rn.f16x2 acc, t3, $5, acc;
-shr.u32 u, w1, 8;
-lop3.b32 t0, w1, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 t1, w1, 0x00F000F0, 0x64006400, 0xEA;
-lop3.b32 t2, u, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 t3, u, 0x00F000F0, 0x64006400, 0xEA;
-sub.rn.f16x2 t0, t0, $10;
-sub.rn.f16x2 t1, t1, $11;
-sub.rn.f16x2 t2, t2, $10;
-sub.rn.f16x2 t3, t3, $11;
-fma.rn.f16x2 acc, t0, $6, acc;
-fma.rn.f16x2 acc, t1, $7, acc;
-fma.rn.f16x2 acc, t2, $8, acc;
-fma.rn.f16x2 acc, t3, $9, acc;
-mov.b32 {e0, e1}, acc;
-cvt.f32.f16 f0, e0;
-cvt.f32.f16 f1, e1;
-add.f32 $0, f0, f1;
-}""")
+    _I4X16_DOT_F16 = tl.constexpr(
+        "{\n.reg .b32 w0, w1, u, t0, t1, t2, t3, acc;\n.reg .f16 e0, e1;\n.reg .f32 f0, f1;\n"
+        "mov.b64 {w0, w1}, $1;\n" + _i4_word_ptx("w0", ("$2", "$3", "$4", "$5"), True)
+        + _i4_word_ptx("w1", ("$6", "$7", "$8", "$9"), False)
+        + "mov.b32 {e0, e1}, acc;\ncvt.f32.f16 f0, e0;\ncvt.f32.f16 f1, e1;\n"
+        "add.f32 $0, f0, f1;\n}")
 
     @triton.jit
     def _norm_x(x_ptr, ln_ptr, offs, ok, rstd, dt: tl.constexpr, NORM: tl.constexpr):
