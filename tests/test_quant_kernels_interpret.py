@@ -78,7 +78,8 @@ def test_half_gemvs_match_dequantized_weights_at_any_activation_scale():
     float16; INT4's zero point subtracted exactly): every fusion, K one block / group, several,
     two pieces (640 = 4 + 1 of 128), INT4 groups of 64 and 128, FP8 with K not a multiple of 16
     (the plain kernel then); activations from 1e-5 to 1e4 (the power of two that keeps the
-    float16 sums in range); within bf16 rounding (2 ** -8) of the dequantized weights."""
+    float16 sums in range) and all zero; within bf16 rounding (2 ** -8) of the dequantized
+    weights."""
     res = interpret("""
         import json, torch
         from qwen_trt.fast import qkernels as K
@@ -107,8 +108,16 @@ def test_half_gemvs_match_dequantized_weights_at_any_activation_scale():
                         got = K.qgemv(w, x, config=cfg, **kw)
                         errs[fmt].append(((got - ref).norm() / ref.norm()).item())
                         n += 1
-        print(json.dumps({"errs": errs, "n": n}))
+        # all-zero activations (the largest magnitude 0: the scale saturates, nothing is NaN)
+        zero = []
+        for fmt in ("fp8", "int4"):
+            w = quantize(torch.randn(64, 256) * 0.1, QuantSpec(fmt, group=128))
+            r = torch.randn(64)
+            got = K.qgemv(w, torch.zeros(256), residual=r, config=K.QConfig(half=True))
+            zero.append(bool(torch.equal(got, r)))
+        print(json.dumps({"errs": errs, "n": n, "zero": zero}))
     """)
+    assert res["zero"] == [True, True], res["zero"]
     assert res["n"] == (6 + 5) * 3 * 2, res
     for fmt, errs in res["errs"].items():
         assert max(errs) < 3.9e-3, (fmt, errs)      # bf16 rounding: 2 ** -8
