@@ -405,15 +405,11 @@ sub.f32 $7, t, 0f4B000000;
         if HALF:
             col = ((B0 + tl.arange(0, NB))[:, None] * (SK // 8)
                    + tl.arange(0, SK // 8)[None, :]) * 8
-            ok = col < K
-            xa = _f16_pair(_norm_x(x_ptr, ln_ptr, col, ok, rstd, dt, NORM) * scale,
-                           _norm_x(x_ptr, ln_ptr, col + 1, ok, rstd, dt, NORM) * scale)
-            xb = _f16_pair(_norm_x(x_ptr, ln_ptr, col + 2, ok, rstd, dt, NORM) * scale,
-                           _norm_x(x_ptr, ln_ptr, col + 3, ok, rstd, dt, NORM) * scale)
-            xc = _f16_pair(_norm_x(x_ptr, ln_ptr, col + 4, ok, rstd, dt, NORM) * scale,
-                           _norm_x(x_ptr, ln_ptr, col + 5, ok, rstd, dt, NORM) * scale)
-            xd = _f16_pair(_norm_x(x_ptr, ln_ptr, col + 6, ok, rstd, dt, NORM) * scale,
-                           _norm_x(x_ptr, ln_ptr, col + 7, ok, rstd, dt, NORM) * scale)
+            x0, x1, x2, x3, x4, x5, x6, x7 = _x8(x_ptr, ln_ptr, col, col < K, rstd, dt, NORM)
+            xa = _f16_pair(x0 * scale, x1 * scale)
+            xb = _f16_pair(x2 * scale, x3 * scale)
+            xc = _f16_pair(x4 * scale, x5 * scale)
+            xd = _f16_pair(x6 * scale, x7 * scale)
         elif WORDS:
             col = ((B0 + tl.arange(0, NB))[:, None] * (SK // 4)
                    + tl.arange(0, SK // 4)[None, :]) * 4
@@ -427,6 +423,18 @@ sub.f32 $7, t, 0f4B000000;
             xa = _norm_x(x_ptr, ln_ptr, kk, kk < K, rstd, dt, NORM)
             xb, xc, xd = xa, xa, xa
         return xa, xb, xc, xd
+
+    @triton.jit
+    def _x8(x_ptr, ln_ptr, col, ok, rstd, dt: tl.constexpr, NORM: tl.constexpr):
+        """:func:`_norm_x` of columns ``col .. col + 7`` (eight float32 tiles)."""
+        return (_norm_x(x_ptr, ln_ptr, col, ok, rstd, dt, NORM),
+                _norm_x(x_ptr, ln_ptr, col + 1, ok, rstd, dt, NORM),
+                _norm_x(x_ptr, ln_ptr, col + 2, ok, rstd, dt, NORM),
+                _norm_x(x_ptr, ln_ptr, col + 3, ok, rstd, dt, NORM),
+                _norm_x(x_ptr, ln_ptr, col + 4, ok, rstd, dt, NORM),
+                _norm_x(x_ptr, ln_ptr, col + 5, ok, rstd, dt, NORM),
+                _norm_x(x_ptr, ln_ptr, col + 6, ok, rstd, dt, NORM),
+                _norm_x(x_ptr, ln_ptr, col + 7, ok, rstd, dt, NORM))
 
     @triton.jit
     def _f16_pair(lo, hi):
@@ -755,22 +763,8 @@ sub.f32 $7, t, 0f4B000000;
                + tl.arange(0, W // 2)[None, :]) * 16
         ok = col < K
         sc = scale * 0.0625
-        x0 = _norm_x(x_ptr, ln_ptr, col, ok, rstd, dt, NORM)
-        x1 = _norm_x(x_ptr, ln_ptr, col + 1, ok, rstd, dt, NORM)
-        x2 = _norm_x(x_ptr, ln_ptr, col + 2, ok, rstd, dt, NORM)
-        x3 = _norm_x(x_ptr, ln_ptr, col + 3, ok, rstd, dt, NORM)
-        x4 = _norm_x(x_ptr, ln_ptr, col + 4, ok, rstd, dt, NORM)
-        x5 = _norm_x(x_ptr, ln_ptr, col + 5, ok, rstd, dt, NORM)
-        x6 = _norm_x(x_ptr, ln_ptr, col + 6, ok, rstd, dt, NORM)
-        x7 = _norm_x(x_ptr, ln_ptr, col + 7, ok, rstd, dt, NORM)
-        y0 = _norm_x(x_ptr, ln_ptr, col + 8, ok, rstd, dt, NORM)
-        y1 = _norm_x(x_ptr, ln_ptr, col + 9, ok, rstd, dt, NORM)
-        y2 = _norm_x(x_ptr, ln_ptr, col + 10, ok, rstd, dt, NORM)
-        y3 = _norm_x(x_ptr, ln_ptr, col + 11, ok, rstd, dt, NORM)
-        y4 = _norm_x(x_ptr, ln_ptr, col + 12, ok, rstd, dt, NORM)
-        y5 = _norm_x(x_ptr, ln_ptr, col + 13, ok, rstd, dt, NORM)
-        y6 = _norm_x(x_ptr, ln_ptr, col + 14, ok, rstd, dt, NORM)
-        y7 = _norm_x(x_ptr, ln_ptr, col + 15, ok, rstd, dt, NORM)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _x8(x_ptr, ln_ptr, col, ok, rstd, dt, NORM)
+        y0, y1, y2, y3, y4, y5, y6, y7 = _x8(x_ptr, ln_ptr, col + 8, ok, rstd, dt, NORM)
         xsum = tl.sum((((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)))
                       + (((y0 + y1) + (y2 + y3)) + ((y4 + y5) + (y6 + y7))), 1)
         return (_f16_pair(x0 * scale, x4 * scale), _f16_pair(x1 * sc, x5 * sc),
@@ -783,15 +777,7 @@ sub.f32 $7, t, 0f4B000000;
                K: tl.constexpr, rstd, dt: tl.constexpr, NORM: tl.constexpr):
         """:func:`_i4_x` without ``HALF``."""
         col = ((G0 + tl.arange(0, NG))[:, None] * W + tl.arange(0, W)[None, :]) * 8
-        ok = col < K
-        x0 = _norm_x(x_ptr, ln_ptr, col, ok, rstd, dt, NORM)
-        x1 = _norm_x(x_ptr, ln_ptr, col + 1, ok, rstd, dt, NORM)
-        x2 = _norm_x(x_ptr, ln_ptr, col + 2, ok, rstd, dt, NORM)
-        x3 = _norm_x(x_ptr, ln_ptr, col + 3, ok, rstd, dt, NORM)
-        x4 = _norm_x(x_ptr, ln_ptr, col + 4, ok, rstd, dt, NORM)
-        x5 = _norm_x(x_ptr, ln_ptr, col + 5, ok, rstd, dt, NORM)
-        x6 = _norm_x(x_ptr, ln_ptr, col + 6, ok, rstd, dt, NORM)
-        x7 = _norm_x(x_ptr, ln_ptr, col + 7, ok, rstd, dt, NORM)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _x8(x_ptr, ln_ptr, col, col < K, rstd, dt, NORM)
         xsum = tl.sum(((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), 1)
         return (x0, x1 * 0.0625, x2 * 0.00390625, x3 * 0.000244140625,
                 x4, x5 * 0.0625, x6 * 0.00390625, x7 * 0.000244140625, xsum)
