@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from qwen_trt.fast import QWEN3_4B, TINY, FastDecoder, build_model
-from qwen_trt.fast.batched import (GRAPH_BUCKETS, STEP_TOKEN_BUCKETS, SeqChunk, check_paged,
+from qwen_trt.fast.step.batched import (GRAPH_BUCKETS, STEP_TOKEN_BUCKETS, SeqChunk, check_paged,
                                    make_batched)
-from qwen_trt.fast.weights import init_random
+from qwen_trt.fast.model.weights import init_random
 from qwen_trt.params import SamplingParams
 from qwen_trt.backends.runner import generate
 from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig
@@ -295,7 +295,7 @@ def test_step_pieces_as_triton_kernels_match_the_compiled_ones(big):
     """QWEN_TRT_STEP_TRITON=1: a step that prefills with bgemm's row norm and SiLU·up
     kernels gives the logits of the same step with the compiled pieces (the same rounding, so
     well inside the bf16 bound)."""
-    from qwen_trt.fast.batched import _post_triton, _pre_triton
+    from qwen_trt.fast.step.batched import _post_triton, _pre_triton
     from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
 
     bm = big

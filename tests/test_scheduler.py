@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from qwen_trt.fast import TINY, FastDecoder, build_model
-from qwen_trt.fast.batched import BatchedModel
-from qwen_trt.fast.weights import init_random
+from qwen_trt.fast.step.batched import BatchedModel
+from qwen_trt.fast.model.weights import init_random
 from qwen_trt.params import SamplingParams
 from qwen_trt.backends.runner import generate
 from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig

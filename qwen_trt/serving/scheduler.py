@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qwen_trt.fast.sampling import (Picked, SamplerState, pick_rows, pick_rows_device,
+from qwen_trt.fast.step.sampling import (Picked, SamplerState, pick_rows, pick_rows_device,
                                     sampler_kind)
-from qwen_trt.fast.batched import BatchedModel, SeqChunk
+from qwen_trt.fast.step.batched import BatchedModel, SeqChunk
 from qwen_trt.params import SamplingParams, fit_problem
 from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
 from qwen_trt.backends.runner import RunnerStats, StepFinish, TokenEvent
@@ -247,7 +247,7 @@ class BatchRunner:
                  stop_ids: Collection[int] = (), grammars=None) -> None:
         """``stop_ids``: the backend's stop ids (``BackendInfo.stop_token_ids``), added to each
         request's own unless it sets ``ignore_eos``. ``grammars``: a callable returning the
-        :class:`~qwen_trt.fast.grammar.GrammarBook` of the model's tokenizer (requests
+        :class:`~qwen_trt.fast.step.grammar.GrammarBook` of the model's tokenizer (requests
         with a grammar fail without it)."""
         self.model = model
         self.config = config or SchedulerConfig()
@@ -475,7 +475,7 @@ class BatchRunner:
 
     def _pick(self, logits: torch.Tensor, seqs: list[_Seq]) -> list[int]:
         """One token per row of ``logits`` with each sequence's settings: the shared sampler
-        (:func:`qwen_trt.fast.sampling.pick_rows`) over those sequences' rows of the
+        (:func:`qwen_trt.fast.step.sampling.pick_rows`) over those sequences' rows of the
         sampler state, with the grammar masks of the constrained ones (filled on the host
         while the step's forward runs on the GPU: it was launched before this call)."""
         if not seqs:
@@ -541,9 +541,9 @@ def make_batch_runner(model, config: SchedulerConfig | None = None, *,
                       checked: bool = False, stop_ids: Collection[int] = (),
                       grammars=None) -> BatchRunner:
     """A :class:`BatchRunner` over the weights of ``model`` (a
-    :class:`~qwen_trt.fast.model.Qwen3Fast`); its batch-1 static cache is freed. ``kv_tokens``
+    :class:`~qwen_trt.fast.model.model.Qwen3Fast`); its batch-1 static cache is freed. ``kv_tokens``
     caps the paged cache (default: what fits in free GPU memory; 8192 tokens on CPU)."""
-    from qwen_trt.fast.batched import make_batched
+    from qwen_trt.fast.step.batched import make_batched
     from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE
 
     bm = make_batched(model, block_size=block_size or DEFAULT_BLOCK_SIZE, kv_tokens=kv_tokens,

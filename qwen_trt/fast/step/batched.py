@@ -10,7 +10,7 @@ On CUDA every step replays a CUDA graph:
 * decode-only steps: a graph per batch-size bucket (1, 2, 4, 8, 16, 32; the batch is padded
   up, padded rows write the scratch block) and context width (1k, 2k, 4k, 8k tokens, the
   longest: the narrowest that holds every row), attention by
-  :func:`~qwen_trt.fast.paged_kernels.paged_decode_attention` (flash-decoding). Bucket 1 keeps
+  :func:`~qwen_trt.fast.kernels.paged_kernels.paged_decode_attention` (flash-decoding). Bucket 1 keeps
   the batch-1 decoder's fused Triton GEMVs (``model.decode_impl == "triton"``); larger buckets
   pick the small-batch Triton projections or cuBLAS by timing at warm-up. Decode steps of the
   same rows chain (:meth:`BatchedModel.decode_launch`): each step's tokens (its argmax inside
@@ -18,16 +18,16 @@ On CUDA every step replays a CUDA graph:
   step's inputs on the device.
 * steps that prefill (any mix of prefill chunks and decode rows): a graph per token-count
   bucket (16 .. 1024 rows, padded up), attention by
-  :func:`~qwen_trt.fast.paged_kernels.paged_varlen_attention`, which reads every sequence's
+  :func:`~qwen_trt.fast.kernels.paged_kernels.paged_varlen_attention`, which reads every sequence's
   rows, lengths and block table on the device, so one graph serves any mix of sequences and
   context lengths (no per-context buckets, no K/V gather, no mask tensor).
 
 Token choice runs on the device after the step, per row, with each row's own settings, by the
-one sampler of both torch paths (:mod:`qwen_trt.fast.sampling`, driven by the runner). On
+one sampler of both torch paths (:mod:`qwen_trt.fast.step.sampling`, driven by the runner). On
 CPU (and where a Triton self-check failed) the step runs eagerly with the math attention
-(:func:`~qwen_trt.fast.paged_kernels.paged_attention_ref`), which CI tests on the tiny model.
+(:func:`~qwen_trt.fast.kernels.paged_kernels.paged_attention_ref`), which CI tests on the tiny model.
 
-The weights are the :class:`~qwen_trt.fast.model.Qwen3Fast` ones; its static batch-1 cache is
+The weights are the :class:`~qwen_trt.fast.model.model.Qwen3Fast` ones; its static batch-1 cache is
 not used (``make_batched`` shrinks it).
 """
 from __future__ import annotations
@@ -43,15 +43,15 @@ import torch.nn.functional as F
 
 from qwen_trt.errors import first_line
 from qwen_trt.fast import compile_cache
-from qwen_trt.fast.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK, LayerKVCache
-from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
-from qwen_trt.fast.qformats import dense, linear, prefill_weight
-from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_attention_ref,
+from qwen_trt.fast.model.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK, LayerKVCache
+from qwen_trt.fast.model.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
+from qwen_trt.fast.kernels.linear import dense, linear, prefill_weight
+from qwen_trt.fast.kernels.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_attention_ref,
                                          paged_decode_attention, paged_rope_cache,
                                          paged_rope_decode_attention,
                                          paged_varlen_attention, triton, varlen_max_tiles,
                                          varlen_tiles)
-from qwen_trt.fast.graphs import capture, replay_ms
+from qwen_trt.fast.step.graphs import capture, replay_ms
 from qwen_trt.fast.options import options
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -79,8 +79,8 @@ def _post_attention(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torc
 
 
 def _pre_triton(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float):
-    """:func:`_pre_attention` with the norm as :func:`~qwen_trt.fast.bgemm.rms_rows`."""
-    from qwen_trt.fast.bgemm import rms_rows
+    """:func:`_pre_attention` with the norm as :func:`~qwen_trt.fast.kernels.bgemm.rms_rows`."""
+    from qwen_trt.fast.kernels.bgemm import rms_rows
 
     return linear(rms_rows(x, ln, eps), w)
 
@@ -88,9 +88,9 @@ def _pre_triton(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float):
 def _post_triton(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torch.Tensor,
                  w_gate_up: torch.Tensor, w_down: torch.Tensor, eps: float):
     """:func:`_post_attention` with the residual add fused into the norm
-    (:func:`~qwen_trt.fast.bgemm.rms_rows`) and SiLU·up as one kernel (``silu_mul_rows``):
+    (:func:`~qwen_trt.fast.kernels.bgemm.rms_rows`) and SiLU·up as one kernel (``silu_mul_rows``):
     the kernels inductor makes of it, the same rounding, without ``torch.compile``."""
-    from qwen_trt.fast.bgemm import rms_rows, silu_mul_rows
+    from qwen_trt.fast.kernels.bgemm import rms_rows, silu_mul_rows
 
     h, n = rms_rows(x, ln, eps, residual=linear(o, wo))
     return h + linear(silu_mul_rows(linear(n, w_gate_up)), w_down)
@@ -374,7 +374,7 @@ class BatchedModel:
 
     def _step_weight(self):
         """How a step that prefills takes its weights: FP8 ones marked for tensor cores as
-        they are (:func:`~qwen_trt.fast.qformats.prefill_weight`) only when
+        they are (:func:`~qwen_trt.fast.kernels.linear.prefill_weight`) only when
         ``QWEN_TRT_FP8_PREFILL=tensorcore`` asks and its pieces are not compiled by
         ``torch.compile``, else dense. Under ``auto`` the runner dequantizes: on the H200 its
         tensor-core steps were slower (8 prompts of 512 at once: first token 243 ms against
@@ -559,7 +559,7 @@ class BatchedModel:
     def _decode_body(self, b: int, impl: str, width: int | None = None) -> None:
         """One decode step of the first ``b`` rows of the static buffers. ``impl``: ``gemv``
         (b == 1: the batch-1 decoder's fused GEMVs), ``bgemm`` (the small-batch
-        Triton projections of :mod:`qwen_trt.fast.bgemm`) or
+        Triton projections of :mod:`qwen_trt.fast.kernels.bgemm`) or
         ``torch`` (cuBLAS + PyTorch ops)."""
         cfg, m = self.cfg, self.model
         eps = cfg.rms_eps
@@ -568,9 +568,9 @@ class BatchedModel:
         x = F.embedding(self.g_tok[:b], m.embed)                    # [b, hidden]
         # norms + RoPE + cache write inside the first attention kernel (fast/paged_kernels.py)
         if impl == "gemv":
-            from qwen_trt.fast.gemv import gemv
+            from qwen_trt.fast.kernels.gemv import gemv
         elif impl == "bgemm":
-            from qwen_trt.fast.bgemm import bgemm, rms_rows
+            from qwen_trt.fast.kernels.bgemm import bgemm, rms_rows
         for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
             if impl == "gemv":
@@ -873,7 +873,7 @@ def check_paged(device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim:
         got = paged_decode_attention(q.to(dtype), kc.to(dtype), vc.to(dtype), tables,
                                      torch.tensor(lens, dtype=torch.int32, device=device),
                                      block_size).float()
-        from qwen_trt.fast.paged_kernels import table_slots
+        from qwen_trt.fast.kernels.paged_kernels import table_slots
         for i, n in enumerate(lens):
             ref = paged_attention_ref(q[i:i + 1], kc, vc, table_slots(tables[i], n, block_size),
                                       torch.tensor([n - 1], device=device))[0]
@@ -893,10 +893,10 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
     worth, else what fits in free GPU memory). Frees the model's batch-1 static cache.
 
     On CUDA the Triton kernels are self-checked first (the batch-1 checks of
-    :mod:`qwen_trt.fast.decoder` unless a :class:`FastDecoder` already ran them: ``checked``,
+    :mod:`qwen_trt.fast.step.decoder` unless a :class:`FastDecoder` already ran them: ``checked``,
     then the paged attention); a failing check falls back to PyTorch ops with a note."""
-    from qwen_trt.fast.attention import check_triton, triton_usable
-    from qwen_trt.fast.kv_cache import StaticKVCache
+    from qwen_trt.fast.kernels.attention import check_triton, triton_usable
+    from qwen_trt.fast.model.kv_cache import StaticKVCache
 
     cfg = model.cfg
     notes: list[str] = []
@@ -912,7 +912,7 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
                 notes.append(problem)
             else:
                 model.attn_impl = "triton"
-                from qwen_trt.fast.decoder import check_decode_kernels
+                from qwen_trt.fast.step.decoder import check_decode_kernels
 
                 problem = run_check("decode_kernels", lambda: check_decode_kernels(model))
                 if problem:
