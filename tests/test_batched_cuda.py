@@ -254,12 +254,14 @@ def test_sampled_and_logprob_rows_chain_like_step_by_step(big, monkeypatch):
     raises on one); tokens and logprobs equal those of step-by-step decoding."""
     from qwen_trt.fast.options import options, use
 
-    queue_only = BatchRunner._emit_step
+    from qwen_trt.fast.step.executor import StepExecutor
 
-    def strict(self, seqs, rows):
+    queue_only = StepExecutor._emit
+
+    def strict(self, rows, live):
         torch.cuda.set_sync_debug_mode("error")
         try:
-            return queue_only(self, seqs, rows)
+            return queue_only(self, rows, live)
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
@@ -281,7 +283,7 @@ def test_sampled_and_logprob_rows_chain_like_step_by_step(big, monkeypatch):
                 lps[ev.request_id] += [(lp.token_id, round(lp.logprob, 3)) for lp in ev.logprobs]
         return runner, out, lps
 
-    monkeypatch.setattr(BatchRunner, "_emit_step", strict)
+    monkeypatch.setattr(StepExecutor, "_emit", strict)
     chained, out_c, lp_c = run()
     monkeypatch.undo()
     with use(options().replace(chain=False)):

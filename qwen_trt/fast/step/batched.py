@@ -54,7 +54,22 @@ from qwen_trt.fast.kernels.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, p
 from qwen_trt.fast.step.graphs import capture, replay_ms
 from qwen_trt.fast.options import options
 
-GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
+DEFAULT_MAX_BATCH = 32      # sequences decoded together (serve --max-batch), the one default
+
+
+def graph_buckets(max_batch: int = DEFAULT_MAX_BATCH) -> tuple[int, ...]:
+    """The decode graphs' batch buckets for ``max_batch`` rows: powers of two below it, then
+    ``max_batch`` itself (a step pads its rows up to the next bucket)."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return tuple(out) + (max_batch,)
+
+
+GRAPH_BUCKETS = graph_buckets()
 # Decode graphs per context width too (tokens; the last is the model's max_seq_len): the
 # attention's grid spans every split of its table's width, so a graph as wide as the longest
 # context a row can have launches ~18x the programs a 1.7k-token batch needs (H200, 32 rows,
@@ -164,7 +179,11 @@ class BatchedModel:
 
     def __init__(self, model: Qwen3Fast, *, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  max_seq_len: int | None = None, graphs: bool | None = None,
-                 buckets: Sequence[int] = GRAPH_BUCKETS) -> None:
+                 buckets: Sequence[int] = GRAPH_BUCKETS, verify_tokens: int = 0) -> None:
+        """``buckets``: the decode graphs' batch buckets (:func:`graph_buckets` of the
+        runner's ``max_batch``: the largest is the most sequences a step holds);
+        ``verify_tokens``: the most draft tokens a sequence verifies in a step (the step
+        graphs then return up to ``1 + verify_tokens`` logit rows a sequence)."""
         self.model = model
         self.cfg = model.cfg
         self.device = model.device
@@ -234,14 +253,16 @@ class BatchedModel:
             t_max, s_max = STEP_TOKEN_BUCKETS[-1], n
             nt = varlen_max_tiles(t_max, s_max)
             self.s_max, self.t_buckets = s_max, STEP_TOKEN_BUCKETS
+            # logit rows a step returns: one a sequence, 1 + verify_tokens with drafts
+            self.l_max = min(t_max, s_max * (1 + verify_tokens))
             self.s_meta = torch.zeros(3, t_max, dtype=torch.long, device=dev)
-            self.s_rows = torch.zeros(s_max, dtype=torch.long, device=dev)
+            self.s_rows = torch.zeros(self.l_max, dtype=torch.long, device=dev)
             self.s_i32 = torch.zeros(3 * s_max + 2 * nt + s_max * self.max_blocks,
                                      dtype=torch.int32, device=dev)
-            self.s_logits = torch.zeros(s_max, self.cfg.vocab_size, dtype=model.dtype,
+            self.s_logits = torch.zeros(self.l_max, self.cfg.vocab_size, dtype=model.dtype,
                                         device=dev)
             self.h_s_meta = torch.zeros(3, t_max, dtype=torch.long, pin_memory=True)
-            self.h_s_rows = torch.zeros(s_max, dtype=torch.long, pin_memory=True)
+            self.h_s_rows = torch.zeros(self.l_max, dtype=torch.long, pin_memory=True)
             self.h_s_i32 = torch.zeros_like(self.s_i32, device="cpu").pin_memory()
             self._s_graphs: dict[int, torch.cuda.CUDAGraph] = {}
             self.step_graphs = True
@@ -278,7 +299,7 @@ class BatchedModel:
         n = len(tokens)
         bucket = next((t for t in self.t_buckets if t >= n), None) if (
             self.graphs and self.step_graphs and len(chunks) <= self.s_max
-            and len(logit_rows) <= self.s_max) else None
+            and len(logit_rows) <= self.l_max) else None
         if bucket is None:   # eager, with the same kernels
             tile = self._tile(n)
             meta_np, rows_np, i32_np = self._stage(tokens, positions, chunks, logit_rows, n,
@@ -290,7 +311,7 @@ class BatchedModel:
                                                        len(chunks), n),
                                      torch.from_numpy(rows_np).to(dev), tile)
         t_max = self.t_buckets[-1]
-        self._stage(tokens, positions, chunks, logit_rows, t_max, self.s_max, self.s_max,
+        self._stage(tokens, positions, chunks, logit_rows, t_max, self.s_max, self.l_max,
                     self._tile(bucket),
                     (self.h_s_meta.numpy(), self.h_s_rows.numpy(), self.h_s_i32.numpy()))
         self.s_meta[:, :bucket].copy_(self.h_s_meta[:, :bucket], non_blocking=True)
@@ -420,15 +441,18 @@ class BatchedModel:
                                      tiles=varlen_max_tiles(bucket, s_cap, tile[0]))
 
             def reset() -> None:   # every row padding: scratch slot, position 0, no tiles
-                self._stage([], [], [], [], t_max, s_cap, s_cap, tile,
+                self._stage([], [], [], [], t_max, s_cap, self.l_max, tile,
                             (self.h_s_meta.numpy(), self.h_s_rows.numpy(), self.h_s_i32.numpy()))
                 self.s_meta.copy_(self.h_s_meta)
                 self.s_rows.copy_(self.h_s_rows)
                 self.s_i32.copy_(self.h_s_i32)
 
+            nl = min(bucket, self.l_max)        # a step has no more logit rows than tokens
+
             def body() -> None:
                 tok, pos, slots = (self.s_meta[j, :bucket] for j in range(3))
-                self.s_logits.copy_(self._varlen_body(tok, pos, slots, meta, self.s_rows, tile))
+                self.s_logits[:nl].copy_(self._varlen_body(tok, pos, slots, meta,
+                                                           self.s_rows[:nl], tile))
 
             graph = capture(body, reset, self._pool)
             self._s_graphs[bucket] = graph
@@ -888,9 +912,12 @@ def check_paged(device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim:
 def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
                  block_size: int = DEFAULT_BLOCK_SIZE, kv_tokens: int | None = None,
                  graphs: bool | None = None, warmup: bool = True,
-                 checked: bool = False) -> BatchedModel:
+                 checked: bool = False, max_batch: int = DEFAULT_MAX_BATCH,
+                 verify_tokens: int = 0) -> BatchedModel:
     """A :class:`BatchedModel` over ``model``'s weights. ``num_blocks`` (else ``kv_tokens``
     worth, else what fits in free GPU memory). Frees the model's batch-1 static cache.
+    ``max_batch``: the most sequences a step holds (the decode graphs' buckets follow it);
+    ``verify_tokens``: the most draft tokens a sequence verifies in a step.
 
     On CUDA the Triton kernels are self-checked first (the batch-1 checks of
     :mod:`qwen_trt.fast.step.decoder` unless a :class:`FastDecoder` already ran them: ``checked``,
@@ -931,7 +958,8 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
         torch.cuda.empty_cache()
     if num_blocks is None:
         num_blocks = kv_blocks_for_memory(model, block_size, cap_tokens=kv_tokens) + 1
-    bm = BatchedModel(model, num_blocks=num_blocks, block_size=block_size, graphs=graphs)
+    bm = BatchedModel(model, num_blocks=num_blocks, block_size=block_size, graphs=graphs,
+                      buckets=graph_buckets(max_batch), verify_tokens=verify_tokens)
     bm.stats.phases_s["checks_and_cache"] = round(time.perf_counter() - t0, 2)
     bm.stats.notes += notes
     for note in notes:
