@@ -60,25 +60,57 @@ def rate_for(tau: float, k: int) -> float:
 
 
 class Oracle:
-    """Drafts from the recorded greedy continuations, corrupted token by token."""
+    """Controlled acceptance (bench only): drafts of ``k`` tokens for every sequence (the n-gram
+    lookup has run first, so its cost is spent; its tokens, topped up with the recorded
+    continuation), and an acceptance count drawn per verify row, each draft accepted with
+    probability ``rate`` until the first that is not. The verify step computes every
+    position as usual; only its accept decision is the bench's."""
 
     def __init__(self, continuations: dict[tuple[int, ...], list[int]], rate: float,
-                 vocab: int, seed: int) -> None:
-        self.cont, self.rate, self.vocab = continuations, rate, vocab
+                 seed: int) -> None:
+        self.cont, self.rate = continuations, rate
         self.rng = random.Random(seed)
         self.by_seq: dict[int, list[int]] = {}
 
-    def __call__(self, s, generated: int, k: int) -> list[int]:
+    def propose(self, s, generated: int, k: int) -> list[int]:
         c = self.by_seq.get(id(s))
         if c is None:
             c = self.by_seq[id(s)] = self.cont[tuple(s.index.tokens[:s.prompt_len])]
-        out = []
-        for tok in c[generated:generated + k]:
-            if self.rng.random() >= self.rate:
-                out.append((tok + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab)
-            else:
-                out.append(tok)
-        return out
+        looked = s.index.propose(k)
+        return (looked + c[generated:generated + k] + [1] * k)[:k] if self.rate > 0 else looked
+
+    def accept(self, row) -> int:
+        a = 0
+        while a < row.draft and self.rng.random() < self.rate:
+            a += 1
+        return a
+
+
+def agreement(runner, reqs, cont, cfg) -> dict:
+    """Greedy with real acceptance, the drafts being the off run's own continuation: how
+    far each reply agrees with the off run's (bf16 rounding between a k+1-row verify step and
+    a 1-row decode step flips near-tied argmaxes of random weights; after a flip the two
+    replies part), and the acceptance until then."""
+    from qwen_trt.bench.serving import drive
+
+    def propose(s, generated, k):
+        s.index.propose(k)
+        return cont[tuple(s.index.tokens[:s.prompt_len])][generated:generated + k]
+
+    r = runner(propose)
+    streams, _ = drive(r, reqs)
+    same = []
+    for (_, p, _), s in zip(reqs, streams):
+        ref = cont[tuple(p)]
+        n = 0
+        while n < min(len(ref), len(s.ids)) and ref[n] == s.ids[n]:
+            n += 1
+        same.append(n)
+    c = r.stats().extra["spec_decode"]
+    return {"tokens_equal_prefix_mean": round(sum(same) / len(same), 1),
+            "of_tokens": cfg.new_tokens, "identical_replies": sum(x == cfg.new_tokens
+                                                               for x in same),
+            "replies": len(same), "tau_measured": c["mean_acceptance_length"]}
 
 
 def run_spec_bench(cfg: SpecBenchConfig, log=print) -> dict:
@@ -138,11 +170,13 @@ def run_spec_bench(cfg: SpecBenchConfig, log=print) -> dict:
             f"{off['aggregate_decode_tok_s']} aggregate, ttft {off['ttft_ms_p50']} ms")
         for tau in cfg.taus:
             a = 0.0 if tau <= 1.0 else rate_for(tau, cfg.design_k)
-            r = runner(Oracle(cont, a, hi, cfg.seed))
+            oracle = Oracle(cont, a, cfg.seed)
+            r = runner(oracle.propose)
+            r.executor.forced_accept = oracle.accept
             streams, _ = drive(r, reqs)
             res = summarize(streams)
             c = r.stats().extra["spec_decode"]
-            res["exact"] = all(s.ids == cont[tuple(p)] for p, s in zip(prompts, streams))
+            res["tokens_ok"] = all(len(s.ids) == cfg.new_tokens for s in streams)
             res["acceptance_rate_set"] = round(a, 4)
             res["tau_measured"] = c["mean_acceptance_length"]
             res["verify_steps"] = c["drafts"]
@@ -155,7 +189,11 @@ def run_spec_bench(cfg: SpecBenchConfig, log=print) -> dict:
             log(f"[bench] c={n} tau={tau:g} (measured {res['tau_measured']}): "
                 f"{res['per_stream_tok_s_p50']} tok/s a stream "
                 f"({res.get('per_stream_vs_off_p50')}x), {res['aggregate_decode_tok_s']} "
-                f"aggregate ({res.get('aggregate_decode_vs_off')}x), exact {res['exact']}")
+                f"aggregate ({res.get('aggregate_decode_vs_off')}x), k drafted {round(c['draft_tokens'] / max(1, c['drafts']), 2)}")
+        if n == min(cfg.concurrency):
+            row["agreement"] = agreement(runner, reqs, cont, cfg)
+            log(f"[bench] c={n} real acceptance on the off run's continuation: "
+                f"{row['agreement']}")
         results[str(n)] = row
     out["results"] = results
     return out

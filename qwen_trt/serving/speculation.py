@@ -87,7 +87,7 @@ def step_cost(batch: int, k: int) -> float:
     if k == 0:
         return 1.0
     rows = batch * (k + 1)
-    return 1.1 + max(0, rows - 32) / 128
+    return 1.15 + 0.02 * k + max(0, rows - 32) / 128
 
 
 def auto_tokens(rate: float, batch: int, cap: int = AUTO_MAX) -> int:
@@ -124,7 +124,7 @@ class Speculator:
             s.wait -= 1
 
     def rate(self, s: SeqSpec) -> float:
-        prior_d, prior_a = 4.0, 2.4          # a prior of 60 % over four tokens
+        prior_d, prior_a = 2.0, 1.2          # a prior of 60 % over two tokens
         return (s.accepted + prior_a) / (s.drafted + prior_d)
 
     def propose(self, s: SeqSpec, batch: int, room: int) -> tuple[int, ...]:
@@ -143,7 +143,7 @@ class Speculator:
         return tuple(draft)
 
     def record(self, s: SeqSpec, drafted: int, accepted: int) -> None:
-        decay = 0.9
+        decay = 0.95
         s.drafted = s.drafted * decay + drafted
         s.accepted = s.accepted * decay + accepted
         st = self.stats

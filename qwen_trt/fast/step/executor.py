@@ -50,6 +50,9 @@ class StepExecutor:
         self.model = model
         self.sampler = sampler
         self._mask_host: torch.Tensor | None = None
+        # benchmarks only (qwen_trt.bench.speculative): how many drafts a greedy verify row
+        # accepts, decided by the bench instead of the target (the step's cost is the same)
+        self.forced_accept = None
 
     # ---- one step, read back at once --------------------------------------------------------
     @torch.inference_mode()
@@ -77,8 +80,11 @@ class StepExecutor:
         out: dict[int, RowOutput] = {}
         if plain:
             rows = [r for _, r in plain]
-            idx = torch.tensor([i for i, _ in plain], dtype=torch.long, device=logits.device)
-            sel = logits if len(plain) == logits.shape[0] else logits.index_select(0, idx)
+            sel = logits
+            if len(plain) != logits.shape[0]:      # verify rows beside: this row's last position
+                from qwen_trt.fast.step.sampling import device_index
+
+                sel = logits.index_select(0, device_index([i for i, _ in plain], logits.device))
             picks, lps = pick_rows(self.sampler, sel, [r.sampler_row for r in rows],
                                    [r.params for r in rows], self._masks(rows, live))
             for r, tok, lp in zip(rows, picks, lps):
@@ -86,7 +92,7 @@ class StepExecutor:
         if verify:
             rows = [r for _, r in verify]
             for r, (toks_r, acc, lps) in zip(rows, verify_rows(
-                    self.sampler, logits, [i for i, _ in verify], rows)):
+                    self.sampler, logits, [i for i, _ in verify], rows, self.forced_accept)):
                 out[r.rid] = RowOutput(r.rid, tuple(toks_r), acc, tuple(lps))
         return StepOutput(tuple(out[r.rid] if r.rid in out else RowOutput(r.rid)
                                 for r in plan.rows))

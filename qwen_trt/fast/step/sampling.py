@@ -362,8 +362,8 @@ def filtered_probs(lf: torch.Tensor, view) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, idx, probs)
 
 
-def verify_rows(st: SamplerState, logits: torch.Tensor, firsts: Sequence[int], rows
-                ) -> list[tuple[list[int], int, list[TokenLogprob]]]:
+def verify_rows(st: SamplerState, logits: torch.Tensor, firsts: Sequence[int], rows,
+                forced=None) -> list[tuple[list[int], int, list[TokenLogprob]]]:
     """Accept each verify row's drafts against the target (the executor's verify rows:
     ``rows[i]`` has ``draft`` drafts, its ``draft + 1`` scored positions are the logits rows
     ``firsts[i] ..``); returns per row ``(emitted tokens, accepted drafts, logprobs)`` and
@@ -374,7 +374,9 @@ def verify_rows(st: SamplerState, logits: torch.Tensor, firsts: Sequence[int], r
     before that position as generated), then exact acceptance
     (:func:`qwen_trt.fast.spec.rejection.accept`): a greedy row accepts while the draft is the
     argmax of the processed logits; a sampled one by rejection sampling with the row's
-    pre-drawn uniforms. Rows with a grammar do not draft (the scheduler's rule)."""
+    pre-drawn uniforms. Rows with a grammar do not draft (the scheduler's rule). ``forced``:
+    benchmarks only, a callable giving the drafts a greedy row accepts (the target's choice
+    replaced, at the same cost)."""
     from qwen_trt.fast.spec.rejection import accept
 
     dev = logits.device
@@ -392,6 +394,8 @@ def verify_rows(st: SamplerState, logits: torch.Tensor, firsts: Sequence[int], r
             a = 0
             while a < k and r.drafts[a] == top[a]:
                 a += 1
+            if forced is not None:
+                a = min(forced(r), k)
             out[i] = (list(r.drafts[:a]) + [top[a]], a, [])
     for i, r in enumerate(rows):
         if out[i] is not None:
