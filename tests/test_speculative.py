@@ -170,3 +170,22 @@ def test_bad_speculative_settings_are_one_line():
         SpecConfig("eagle")
     with pytest.raises(ValueError, match="from 1 to 8"):
         SpecConfig("ngram", num_tokens=0)
+
+
+def test_the_speculative_bench_measures_against_off_and_real_acceptance_is_exact():
+    """bench.speculative on the tiny shape: every tau row beside off in the same process, the
+    measured tau rising with the set one, and (float32 on CPU) real acceptance of the off run's
+    own continuation reproduces it exactly with nearly every draft accepted."""
+    from qwen_trt.bench.speculative import SpecBenchConfig, run_spec_bench, rate_for
+
+    assert abs(expected_tokens(rate_for(3.0, 4), 4) - 3.0) < 1e-6
+    res = run_spec_bench(SpecBenchConfig(shape="tiny", device="cpu", concurrency=(2,),
+                                         taus=(1.0, 4.0), prompt_len=24, new_tokens=40,
+                                         num_tokens=4), log=lambda m: None)
+    row = res["results"]["2"]
+    assert row["off"]["tokens_ok"] and row["tau=4"]["tokens_ok"]
+    assert row["tau=1"]["tau_measured"] in (None, 1.0)
+    assert row["tau=4"]["tau_measured"] > 2.5
+    agree = row["agreement"]
+    assert agree["identical_replies"] == agree["replies"] == 2
+    assert agree["tau_measured"] > 4.0

@@ -79,6 +79,10 @@ class Oracle:
         looked = s.index.propose(k)
         return (looked + c[generated:generated + k] + [1] * k)[:k] if self.rate > 0 else looked
 
+    def has(self, s) -> bool:
+        s.index.propose(1)                      # the lookup's cost, as the n-gram path spends it
+        return self.rate > 0
+
     def accept(self, row) -> int:
         a = 0
         while a < row.draft and self.rng.random() < self.rate:
@@ -93,11 +97,15 @@ def agreement(runner, reqs, cont, cfg) -> dict:
     replies part), and the acceptance until then."""
     from qwen_trt.bench.serving import drive
 
-    def propose(s, generated, k):
-        s.index.propose(k)
-        return cont[tuple(s.index.tokens[:s.prompt_len])][generated:generated + k]
+    class Recorded:             # the off run's continuation as the drafts
+        def propose(self, s, generated, k):
+            s.index.propose(k)
+            return cont[tuple(s.index.tokens[:s.prompt_len])][generated:generated + k]
 
-    r = runner(propose)
+        def has(self, s):
+            return True
+
+    r = runner(Recorded())
     streams, _ = drive(r, reqs)
     same = []
     for (_, p, _), s in zip(reqs, streams):
@@ -171,7 +179,7 @@ def run_spec_bench(cfg: SpecBenchConfig, log=print) -> dict:
         for tau in cfg.taus:
             a = 0.0 if tau <= 1.0 else rate_for(tau, cfg.design_k)
             oracle = Oracle(cont, a, cfg.seed)
-            r = runner(oracle.propose)
+            r = runner(oracle)
             r.executor.forced_accept = oracle.accept
             streams, _ = drive(r, reqs)
             res = summarize(streams)

@@ -24,8 +24,7 @@ from qwen_trt.params import SamplingParams
 METHODS = ("off", "ngram")
 MAX_DRAFT = 8                # the most draft tokens a step verifies per sequence
 AUTO_MAX = 5                 # auto's most
-PROBE_TOKENS = 4             # a sequence that found no draft looks again after this many tokens
-COOLDOWN_TOKENS = 32         # ...and one whose drafts failed, after this many
+COOLDOWN_TOKENS = 32         # a sequence whose drafts keep failing drafts again after this many
 
 
 @dataclass(frozen=True)
@@ -104,10 +103,10 @@ class Speculator:
     """The runner's speculation policy (module docstring)."""
 
     def __init__(self, config: SpecConfig, oracle=None) -> None:
-        """``oracle``: benchmarks only (:mod:`qwen_trt.bench.speculative`): a callable
-        ``(seq_spec, generated, k) -> drafts`` (its prompt: ``seq_spec.index.tokens[:prompt_len]``)
-        whose drafts replace the n-gram lookup's after
-        the lookup has run (so its cost is spent), for a controlled acceptance."""
+        """``oracle``: benchmarks only (:mod:`qwen_trt.bench.speculative`): an object whose
+        ``propose(seq_spec, generated, k)`` drafts replace the n-gram lookup's after the lookup
+        has run (so its cost is spent) and whose ``has(seq_spec)`` says whether it would draft,
+        for a controlled acceptance."""
         self.config = config
         self.on = config.method != "off"
         self.oracle = oracle
@@ -133,14 +132,24 @@ class Speculator:
         k = self.config.num_tokens or auto_tokens(self.rate(s), batch)
         k = min(k, room, MAX_DRAFT)
         if k <= 0:
+            # drafting does not pay at this acceptance: pause, and let the estimate drift back
+            # towards the prior, so the sequence tries again (its text may have changed)
             s.wait = COOLDOWN_TOKENS
+            s.drafted *= 0.5
+            s.accepted *= 0.5
             return ()
         draft = s.index.propose(k)
         if self.oracle is not None:
-            draft = self.oracle(s, len(s.index.tokens) - s.prompt_len, k)
-        if not draft:
-            s.wait = PROBE_TOKENS
+            draft = self.oracle.propose(s, len(s.index.tokens) - s.prompt_len, k)
         return tuple(draft)
+
+    def has_draft(self, s: SeqSpec) -> bool:
+        """Whether ``s`` would draft at its next step (its suffix matches; not cooling down)."""
+        if s.wait > 1:
+            return False
+        if self.oracle is not None:
+            return self.oracle.has(s)
+        return bool(s.index.propose(1))
 
     def record(self, s: SeqSpec, drafted: int, accepted: int) -> None:
         decay = 0.95
@@ -155,10 +164,13 @@ class Speculator:
 
     def may_chain(self, seqs: Sequence) -> bool:
         """Whether a decode step of these sequences may chain (its tokens stay on the device):
-        only while none of them would draft next step."""
+        only while none of them would draft next step (a chain's inputs are on the device,
+        so a draft needs the host's turn). The lookup is a few dictionary probes a row, made
+        while the step in flight runs."""
         if not self.on:
             return True
-        return all(q.spec is None or q.spec.wait > 1 or q.constraint is not None for q in seqs)
+        return not any(q.spec is not None and q.constraint is None and self.has_draft(q.spec)
+                       for q in seqs)
 
     def counters(self) -> dict:
         st = self.stats
