@@ -28,7 +28,6 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-import torch
 
 from qwen_trt.backends.runner import RunnerStats, StepFinish, TokenEvent
 from qwen_trt.fast.step.batched import DEFAULT_MAX_BATCH, BatchedModel

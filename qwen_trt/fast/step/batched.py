@@ -922,7 +922,6 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
     On CUDA the Triton kernels are self-checked first (the batch-1 checks of
     :mod:`qwen_trt.fast.step.decoder` unless a :class:`FastDecoder` already ran them: ``checked``,
     then the paged attention); a failing check falls back to PyTorch ops with a note."""
-    from qwen_trt.fast.kernels.attention import check_triton, triton_usable
     from qwen_trt.fast.model.kv_cache import StaticKVCache
 
     cfg = model.cfg
@@ -930,22 +929,9 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
     t0 = time.perf_counter()
     run_check = compile_cache.run_check     # skipped when the warm cache recorded a pass
     if model.device.type == "cuda" and not checked:
-        model.attn_impl, model.decode_impl = "math", "torch"
-        if triton_usable(model.device):
-            problem = run_check("attention", lambda: check_triton(
-                model.device, model.dtype, cfg.kv_heads, cfg.heads, cfg.head_dim,
-                model.cache.kv(0)[0].shape[1]))
-            if problem:
-                notes.append(problem)
-            else:
-                model.attn_impl = "triton"
-                from qwen_trt.fast.step.decoder import check_decode_kernels
+        from qwen_trt.fast.step.checks import choose_kernels
 
-                problem = run_check("decode_kernels", lambda: check_decode_kernels(model))
-                if problem:
-                    notes.append(problem + "; bucket 1 uses cuBLAS")
-                else:
-                    model.decode_impl = "triton"
+        notes += choose_kernels(model).notes
     if model.device.type == "cuda" and model.attn_impl == "triton":
         problem = run_check("paged_attention", lambda: check_paged(
             model.device, model.dtype, cfg.heads, cfg.kv_heads, cfg.head_dim, block_size))
