@@ -1,0 +1,163 @@
+"""Draft-free proposals by n-gram / prompt lookup: the next tokens after the most recent earlier
+occurrence of the sequence's last ``n`` tokens (prompt + reply so far), longest ``n`` first
+(``n_max`` down to ``n_min``). No draft model; a deterministic draft, so the verify step accepts
+it with ``q`` one-hot (:func:`qwen_trt.fast.spec.rejection.accept` with ``q=None``).
+
+One :class:`NgramIndex` per request, fed incrementally: :meth:`NgramIndex.extend` with the
+tokens a step emitted, :meth:`NgramIndex.propose` for the next step's drafts. Each n-gram is
+packed into one Python int (``TOKEN_BITS`` bits per token: exact, no hash collisions) and a
+dict per ``n`` maps it to the position after its latest occurrence, so ``extend`` costs
+``O(n_max)`` per token and ``propose`` one dict lookup per ``n`` tried plus ``O(k)`` to copy.
+The longest match is found by growing ``n`` from ``n_min`` (if the last ``n + 1`` tokens occurred
+before, so did the last ``n``), so a sequence with no repeat costs a single lookup.
+
+``prediction``: a fixed text's tokens (OpenAI's "predicted outputs"): while the reply follows it
+the proposal is its next ``k`` tokens; after a divergence the reply's last tokens are looked up
+in it as in the history (a match at least as long as the history's wins).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+TOKEN_BITS = 20          # token ids below 2**20 (Qwen3's vocabulary is 151,936)
+
+
+@dataclass(frozen=True)
+class NgramSettings:
+    """How the lookup matches: the last ``n`` tokens for ``n`` from ``n_max`` down to ``n_min``."""
+
+    n_max: int = 5
+    n_min: int = 2
+
+    def __post_init__(self) -> None:
+        if type(self.n_min) is not int or type(self.n_max) is not int \
+                or not 1 <= self.n_min <= self.n_max <= 8:
+            raise ValueError(f"n-gram sizes must satisfy 1 <= n_min <= n_max <= 8, got "
+                             f"n_min={self.n_min!r}, n_max={self.n_max!r}")
+
+
+class _Table:
+    """n-gram -> position after its latest occurrence, for ``n`` in ``n_min..n_max``, over a
+    token list that only grows (the request's, or a fixed prediction)."""
+
+    __slots__ = ("tokens", "pairs", "packed", "n_min", "n_max", "top")
+
+    def __init__(self, settings: NgramSettings) -> None:
+        self.tokens: list[int] = []
+        self.n_min, self.n_max = settings.n_min, settings.n_max
+        # (table, mask) of each n, shortest first
+        self.pairs = [({}, (1 << (TOKEN_BITS * n)) - 1)
+                      for n in range(self.n_min, self.n_max + 1)]
+        self.top = (1 << (TOKEN_BITS * self.n_max)) - 1
+        self.packed = 0            # the last n_max tokens, one per TOKEN_BITS bits
+
+    def extend(self, new: Sequence[int]) -> None:
+        if not new:
+            return
+        if min(new) < 0 or max(new) >> TOKEN_BITS:
+            bad = next(t for t in new if not 0 <= t < 1 << TOKEN_BITS)
+            raise ValueError(f"token id {bad!r} is outside 0..2**{TOKEN_BITS}-1")
+        toks, pairs, top, n_min = self.tokens, self.pairs, self.top, self.n_min
+        packed, n = self.packed, len(toks)
+        for t in new:
+            # the n-grams ending at the last token get this token as their continuation
+            if n >= self.n_max:
+                for table, mask in pairs:
+                    table[packed & mask] = n
+            else:
+                for size, (table, mask) in enumerate(pairs, n_min):
+                    if size <= n:
+                        table[packed & mask] = n
+            packed = ((packed << TOKEN_BITS) | t) & top
+            toks.append(t)
+            n += 1
+        self.packed = packed
+
+    def match(self, packed: int) -> tuple[int, int]:
+        """``(n, position)`` of the longest n-gram of ``packed`` (the last tokens of some
+        sequence, packed; fewer than ``n_max`` are padded with zero bits, which match nothing
+        longer than what was seen) seen in this table; ``(0, -1)`` when none."""
+        best_n, best = 0, -1
+        for size, (table, mask) in enumerate(self.pairs, self.n_min):
+            pos = table.get(packed & mask)
+            if pos is None:
+                break
+            best_n, best = size, pos
+        return best_n, best
+
+
+def _copy(tokens: list[int], start: int, k: int) -> list[int]:
+    """``k`` tokens from ``start`` on; past the end the copy continues from itself (a repeating
+    pattern keeps repeating), as LZ77 copies do."""
+    out = tokens[start:start + k]
+    end = len(tokens)
+    while len(out) < k and start + len(out) >= end:
+        out.append(out[start + len(out) - end])
+    return out
+
+
+class NgramIndex:
+    """The lookup proposer of one request (module docstring)."""
+
+    __slots__ = ("settings", "_seq", "_reply_start", "_pred", "_pred_pos")
+
+    def __init__(self, tokens: Sequence[int] = (), settings: NgramSettings = NgramSettings(),
+                 prediction: Sequence[int] | None = None) -> None:
+        self.settings = settings
+        self._seq = _Table(settings)
+        self._seq.extend(tokens)
+        self._reply_start = len(self._seq.tokens)
+        self._pred: _Table | None = None
+        self._pred_pos: int | None = None      # where the reply stands in the prediction
+        if prediction:
+            self._pred = _Table(settings)
+            self._pred.extend(prediction)
+            self._pred_pos = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        """Every token so far (prompt, then reply); do not modify."""
+        return self._seq.tokens
+
+    @property
+    def reply_len(self) -> int:
+        return len(self._seq.tokens) - self._reply_start
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        """Append the tokens a step emitted (accepted drafts and the token drawn after them)."""
+        if self._pred_pos is not None:
+            pred = self._pred.tokens
+            end = self._pred_pos + len(new_tokens)
+            same = end <= len(pred) and pred[self._pred_pos:end] == list(new_tokens)
+            self._pred_pos = end if same else None
+        self._seq.extend(new_tokens)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` draft tokens (possibly none)."""
+        if k <= 0:
+            return []
+        if self._pred is not None:
+            return self._propose_with_prediction(k)
+        seq = self._seq
+        packed, best = seq.packed, -1
+        for table, mask in seq.pairs:          # seq.match, inlined: this runs every step
+            pos = table.get(packed & mask)
+            if pos is None:
+                break
+            best = pos
+        if best < 0:
+            return []
+        out = seq.tokens[best:best + k]
+        return out if len(out) == k else _copy(seq.tokens, best, k)
+
+    def _propose_with_prediction(self, k: int) -> list[int]:
+        pred, seq = self._pred, self._seq
+        if self._pred_pos is not None and self._pred_pos < len(pred.tokens):
+            return pred.tokens[self._pred_pos:self._pred_pos + k]
+        n_pred, at = pred.match(seq.packed)
+        n, pos = seq.match(seq.packed)
+        if n_pred and n_pred >= n:
+            self._pred_pos = at
+            return pred.tokens[at:at + k]
+        return _copy(seq.tokens, pos, k) if n else []
