@@ -98,3 +98,29 @@ def test_lookup_benchmark_reports_json(capsys):
     for key in ("propose_us", "extend_us", "step_us"):
         assert report[key]["median"] > 0 and report[key]["p99"] >= report[key]["median"]
     assert 0 < report["proposal_rate"] <= 1
+
+
+def test_recent_replies_are_shared_across_requests_and_bounded():
+    from qwen_trt.fast.spec.ngram import RecentReplies
+
+    shared = RecentReplies(NgramSettings(n_min=2), max_tokens=40)
+    shared.add([30, 31, 32, 33, 34])
+    idx = NgramIndex([1, 2, 3], NgramSettings(n_min=2), shared=shared)
+    assert idx.propose(3) == []
+    idx.extend([31, 32])
+    assert idx.propose(5) == [33, 34]              # stops at the end of that reply
+    idx.extend([33, 1, 2])                         # own history "1 2" -> 3 (n=2) ...
+    shared.add([7, 1, 2, 9, 9])                    # ... and a reply with "1 2" -> 9 (n=2)
+    assert idx.propose(2) == [3, 31]               # a tie: the request's own history wins
+    shared.add([4, 33, 1, 2, 8])                   # "33 1 2" (n=3) is longer: shared wins
+    assert idx.propose(2) == [8]
+    # two generations of at most max_tokens / 2: the oldest replies drop out
+    for i in range(30):
+        shared.add([100 + i, 200 + i, 300 + i])
+    assert shared.tokens <= 40 + 4
+    late = NgramIndex([30, 31], NgramSettings(n_min=2), shared=shared)
+    assert late.propose(2) == []                   # the first reply is gone
+    recent = NgramIndex([129, 229], NgramSettings(n_min=2), shared=shared)
+    assert recent.propose(2) == [329]
+    with pytest.raises(ValueError, match="reserved"):
+        shared.add([1, (1 << 20) - 1])

@@ -14,6 +14,10 @@ before, so did the last ``n``), so a sequence with no repeat costs a single look
 ``prediction``: a fixed text's tokens (OpenAI's "predicted outputs"): while the reply follows it
 the proposal is its next ``k`` tokens; after a divergence the reply's last tokens are looked up
 in it as in the history (a match at least as long as the history's wins).
+
+``shared``: a :class:`RecentReplies` index over the replies of earlier requests (bounded: two
+generations of at most ``max_tokens / 2`` tokens each, the older dropped whole), consulted when
+it matches longer than the request's own history and the prediction.
 """
 from __future__ import annotations
 
@@ -74,17 +78,76 @@ class _Table:
             n += 1
         self.packed = packed
 
-    def match(self, packed: int) -> tuple[int, int]:
-        """``(n, position)`` of the longest n-gram of ``packed`` (the last tokens of some
-        sequence, packed; fewer than ``n_max`` are padded with zero bits, which match nothing
-        longer than what was seen) seen in this table; ``(0, -1)`` when none."""
+    def match(self, packed: int, limit: int = 1 << 30) -> tuple[int, int]:
+        """``(n, position)`` of the longest n-gram (``n <= limit``) of ``packed`` (the last
+        tokens of some sequence, packed; fewer than ``n_max`` are padded with zero bits, which
+        in the sequence's own table match nothing longer than what was seen) seen in this
+        table; ``(0, -1)`` when none."""
         best_n, best = 0, -1
         for size, (table, mask) in enumerate(self.pairs, self.n_min):
+            if size > limit:
+                break
             pos = table.get(packed & mask)
             if pos is None:
                 break
             best_n, best = size, pos
         return best_n, best
+
+
+SEPARATOR = (1 << TOKEN_BITS) - 1     # between replies in RecentReplies; no real token id
+
+
+class RecentReplies:
+    """n-grams of recent replies, shared by every request's :class:`NgramIndex`. Replies are
+    appended to the current generation (one token list, replies apart by :data:`SEPARATOR`);
+    when it holds ``max_tokens / 2`` tokens it becomes the previous one and the one before is
+    dropped, so memory stays bounded and eviction costs nothing per token."""
+
+    __slots__ = ("settings", "max_tokens", "_gens")
+
+    def __init__(self, settings: NgramSettings = NgramSettings(), max_tokens: int = 1 << 16
+                 ) -> None:
+        if type(max_tokens) is not int or max_tokens < 2:
+            raise ValueError(f"max_tokens must be a whole number >= 2, got {max_tokens!r}")
+        self.settings, self.max_tokens = settings, max_tokens
+        self._gens = [_Table(settings)]            # newest first
+
+    def add(self, reply: Sequence[int]) -> None:
+        """Index a finished reply (its token ids)."""
+        if not reply:
+            return
+        if SEPARATOR in reply:
+            raise ValueError(f"token id {SEPARATOR} is reserved")
+        cur = self._gens[0]
+        if len(cur.tokens) >= self.max_tokens // 2:
+            cur = _Table(self.settings)
+            self._gens = [cur, self._gens[0]]
+        cur.extend([*reply, SEPARATOR])
+
+    @property
+    def tokens(self) -> int:
+        """Tokens held now (separators included)."""
+        return sum(len(g.tokens) for g in self._gens)
+
+    def match(self, packed: int, limit: int) -> tuple[int, list[int], int]:
+        """``(n, tokens, position)`` of the longest match (``n <= limit``, the tokens the
+        asking sequence has) of ``packed``, the newest generation first on ties;
+        ``(0, [], -1)`` when none."""
+        best = (0, [], -1)
+        for gen in self._gens:
+            n, pos = gen.match(packed, limit)
+            if n > best[0]:
+                best = (n, gen.tokens, pos)
+        return best
+
+    def continuation(self, packed: int, limit: int, k: int, longer_than: int) -> list[int]:
+        """Up to ``k`` tokens after the longest match, if it is longer than ``longer_than``
+        tokens, stopping at the end of that reply."""
+        n, toks, pos = self.match(packed, limit)
+        if n <= longer_than:
+            return []
+        out = toks[pos:pos + k]
+        return out[:out.index(SEPARATOR)] if SEPARATOR in out else out
 
 
 def _copy(tokens: list[int], start: int, k: int) -> list[int]:
@@ -100,11 +163,13 @@ def _copy(tokens: list[int], start: int, k: int) -> list[int]:
 class NgramIndex:
     """The lookup proposer of one request (module docstring)."""
 
-    __slots__ = ("settings", "_seq", "_reply_start", "_pred", "_pred_pos")
+    __slots__ = ("settings", "_seq", "_reply_start", "_pred", "_pred_pos", "_shared")
 
     def __init__(self, tokens: Sequence[int] = (), settings: NgramSettings = NgramSettings(),
-                 prediction: Sequence[int] | None = None) -> None:
+                 prediction: Sequence[int] | None = None,
+                 shared: RecentReplies | None = None) -> None:
         self.settings = settings
+        self._shared = shared
         self._seq = _Table(settings)
         self._seq.extend(tokens)
         self._reply_start = len(self._seq.tokens)
@@ -137,8 +202,8 @@ class NgramIndex:
         """Up to ``k`` draft tokens (possibly none)."""
         if k <= 0:
             return []
-        if self._pred is not None:
-            return self._propose_with_prediction(k)
+        if self._pred is not None or self._shared is not None:
+            return self._propose_general(k)
         seq = self._seq
         packed, best = seq.packed, -1
         for table, mask in seq.pairs:          # seq.match, inlined: this runs every step
@@ -151,12 +216,16 @@ class NgramIndex:
         out = seq.tokens[best:best + k]
         return out if len(out) == k else _copy(seq.tokens, best, k)
 
-    def _propose_with_prediction(self, k: int) -> list[int]:
+    def _propose_general(self, k: int) -> list[int]:
         pred, seq = self._pred, self._seq
         if self._pred_pos is not None and self._pred_pos < len(pred.tokens):
             return pred.tokens[self._pred_pos:self._pred_pos + k]
-        n_pred, at = pred.match(seq.packed)
+        n_pred, at = pred.match(seq.packed) if pred is not None else (0, -1)
         n, pos = seq.match(seq.packed)
+        if self._shared is not None:
+            out = self._shared.continuation(seq.packed, len(seq.tokens), k, max(n, n_pred))
+            if out:
+                return out
         if n_pred and n_pred >= n:
             self._pred_pos = at
             return pred.tokens[at:at + k]
