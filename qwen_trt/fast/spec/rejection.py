@@ -71,11 +71,12 @@ def accept(p: torch.Tensor, d: torch.Tensor, kr: torch.Tensor, u: torch.Tensor,
     ignored); ``kr``: int64 ``[R]`` drafts per row, ``0..k``; ``u``: ``[R, >=k]``, ``u2``:
     ``[R, k+1]`` uniforms; ``q``: float ``[R, k, V]`` draft probabilities or None (one-hot);
     ``greedy``: bool ``[R]`` rows decided by argmax (None: none)."""
-    rows, k1, _ = p.shape
+    rows, k1, vocab = p.shape
     k = k1 - 1
     dev = p.device
+    kr = kr.clamp(0, k)
     if k > 0:
-        dk = d[:, :k].clamp_min(0)
+        dk = d[:, :k].clamp(0, vocab - 1)            # padding past kr may be anything
         p_d = p[:, :k].gather(2, dk.unsqueeze(-1)).squeeze(-1)                  # [R, k]
         q_d = (q.gather(2, dk.unsqueeze(-1)).squeeze(-1) if q is not None
                else torch.ones_like(p_d))
