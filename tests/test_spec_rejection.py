@@ -15,6 +15,15 @@ from qwen_trt.params import SamplingParams
 N = 200_000          # draws per chi-square test (all in one batched call)
 
 
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: two on a busy 2-core box spin; the previous setting is put back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson's chi-square goodness-of-fit p-value of ``counts`` against ``probs`` (cells with
     zero expected mass must be empty: a count there fails at once)."""
