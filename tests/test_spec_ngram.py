@@ -95,7 +95,7 @@ def test_lookup_benchmark_reports_json(capsys):
     assert main(["--streams", "4", "--steps", "20", "--prompt-len", "200", "--k", "4"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["streams"] == 4 and report["steps"] == 20
-    for key in ("propose_us", "extend_us", "step_us"):
+    for key in ("propose_us", "extend_us", "step_us", "step_cpu_us"):
         assert report[key]["median"] > 0 and report[key]["p99"] >= report[key]["median"]
     assert 0 < report["proposal_rate"] <= 1
 
