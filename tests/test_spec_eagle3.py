@@ -200,6 +200,9 @@ def test_aux_layer_rules():
         sg.aux_layers(20)
     with pytest.raises(ModelSourceError, match="not an EAGLE-3 draft"):
         Eagle3Config.from_hf({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64})
+    assert Eagle3Config.from_hf({**base, "model_type": "qwen3"}).hidden == 64   # Llama math
+    with pytest.raises(ModelSourceError, match="model_type 'mistral'"):
+        Eagle3Config.from_hf({**base, "model_type": "mistral"})
     with pytest.raises(ModelSourceError, match="one-layer"):
         Eagle3Config.from_hf({**base, "num_hidden_layers": 2})
     with pytest.raises(ModelSourceError, match="rope_type 'llama3'"):
@@ -249,6 +252,8 @@ def test_drafts_that_do_not_fit_the_target_fail_in_one_line(drafts, target, tmp_
          r"lm_head.weight has shape \(256, 64\), expected \(255, 64\)"),
         (_edited(sg, tmp_path / "heads", config={"num_attention_heads": 2, "head_dim": 32}),
          target, "q_proj.weight has shape"),
+        (_edited(sp, tmp_path / "qk", change={"layers.0.self_attn.q_norm.weight":
+                                              torch.ones(16)}), target, "has q/k norms"),
     ]
     for folder, tgt, message in cases:
         with pytest.raises(ModelSourceError, match=message) as e:

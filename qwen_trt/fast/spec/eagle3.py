@@ -55,6 +55,8 @@ from qwen_trt.fast.reference import rms_norm, rotate_half
 LAYOUTS = ("sglang", "speculators")
 SGLANG_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
+# speculators builds its "qwen3" EAGLE-3 layers from Llama's (no q/k norms), like "llama"
+LAYER_MODEL_TYPES = ("llama", "qwen3")
 
 
 def default_aux_layers(target_layers: int) -> tuple[int, ...]:
@@ -142,9 +144,10 @@ class Eagle3Config:
             shift = 1          # SGLang names the layer whose output is taken
         w = f"{where} ({layout} layout)"
         model_type = layer.get("model_type", "llama")
-        if model_type != "llama":
+        if model_type not in LAYER_MODEL_TYPES:
             raise ModelSourceError(f"{w}: draft layers of model_type {model_type!r} are not "
-                                   "supported (only Llama-style EAGLE-3 layers).")
+                                   f"supported ({', '.join(LAYER_MODEL_TYPES)}: Llama-style "
+                                   "EAGLE-3 layers).")
         if _get(layer, "num_hidden_layers", int, w, 1) != 1:
             raise ModelSourceError(f"{w}: only one-layer EAGLE-3 drafts are supported, this "
                                    f"one has {layer['num_hidden_layers']}.")
@@ -439,7 +442,6 @@ def load_eagle3(folder: str | Path, target: FastConfig, *, dtype: torch.dtype = 
     """The draft in ``folder`` (either layout), checked against ``target``."""
     cfg = read_config(folder)
     where = f"the EAGLE-3 draft '{folder}'"
-    cfg.check_target(target, where)
     return build_draft(cfg, read_weights(folder), target, dtype=dtype, device=device,
                        where=where)
 
@@ -455,6 +457,10 @@ def build_draft(cfg: Eagle3Config, state: dict[str, torch.Tensor], target: FastC
     biases = sorted(n for n in state if n.endswith(".bias"))
     if biases:
         raise ModelSourceError(f"{where} has bias weights ({biases[0]}, ...): not supported.")
+    qk = sorted(n for n in state if n.endswith(("q_norm.weight", "k_norm.weight")))
+    if qk:
+        raise ModelSourceError(f"{where} has q/k norms ({qk[0]}): only Llama-style EAGLE-3 "
+                               "layers are supported.")
     deeper = sorted(n for n in state if n.startswith(("layers.1.", "midlayers.1.")))
     if deeper:
         raise ModelSourceError(f"{where} has more than one layer ({deeper[0]}): only one-layer "
