@@ -174,7 +174,7 @@ class Eagle3Config:
                                    f"kv heads {kv_heads}, head_dim {head_dim}).")
         target_vocab = _get(layer, "vocab_size", int, w)
         draft_vocab = _get(top, "draft_vocab_size", int, w, target_vocab)
-        target_hidden = top.get("target_hidden_size") or hidden
+        target_hidden = _get(top, "target_hidden_size", int, w, hidden)
         if ids is not None:
             if not isinstance(ids, list) or not ids or not all(
                     type(i) is int for i in ids):
@@ -182,13 +182,15 @@ class Eagle3Config:
                                        f"of layer numbers, got {ids!r}.")
             ids = tuple(i + shift for i in ids)
         theta = rope.get("rope_theta", layer.get("rope_theta", 10000.0))
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+            raise ModelSourceError(f"{w}: rope_theta must be a positive number, got {theta!r}.")
         return cls(
             layout=layout, hidden=hidden,
             intermediate=_get(layer, "intermediate_size", int, w), heads=heads,
             kv_heads=kv_heads, head_dim=head_dim,
             rms_eps=_get(layer, "rms_norm_eps", float, w, 1e-6),
             rope_theta=float(theta), draft_vocab=draft_vocab, target_vocab=target_vocab,
-            target_hidden=int(target_hidden), aux_layer_ids=ids,
+            target_hidden=target_hidden, aux_layer_ids=ids,
             norm_before_residual=bool(top.get("norm_before_residual", False)),
             num_speculative_tokens=tokens if type(tokens) is int else None)
 
