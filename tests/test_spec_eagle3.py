@@ -20,14 +20,7 @@ from qwen_trt.model.tiny_draft import write_tiny_draft
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one intra-op thread (two threads on a busy 2-core box spin and make a
-    tiny forward 50x slower); the previous setting is put back."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def target(tiny_model_dir) -> FastConfig:

@@ -20,14 +20,7 @@ K = 4
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one intra-op thread (two threads on a busy 2-core box spin and make a
-    tiny forward 50x slower); the previous setting is put back."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def hf(tiny_model_dir):

@@ -16,13 +16,7 @@ N = 200_000          # draws per chi-square test (all in one batched call)
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: two on a busy 2-core box spin; the previous setting is put back."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson's chi-square goodness-of-fit p-value of ``counts`` against ``probs`` (cells with

@@ -66,8 +66,9 @@ def accept(p: torch.Tensor, d: torch.Tensor, kr: torch.Tensor, u: torch.Tensor,
            greedy: torch.Tensor | None = None) -> Acceptance:
     """Speculative acceptance for ``R`` rows (module docstring).
 
-    ``p``: float ``[R, k+1, V]`` target probabilities (rows need not be normalized: only ratios
-    and cumulative sums are used); ``d``: int64 ``[R, k]`` drafts (anything past ``kr`` is
+    ``p``: float ``[R, k+1, V]`` target probabilities (each row sums to 1: the acceptance test
+    compares ``p`` with ``q`` directly; the residual and bonus draws normalize themselves);
+    ``d``: int64 ``[R, k]`` drafts (anything past ``kr`` is
     ignored); ``kr``: int64 ``[R]`` drafts per row, ``0..k``; ``u``: ``[R, >=k]``, ``u2``:
     ``[R, k+1]`` uniforms; ``q``: float ``[R, k, V]`` draft probabilities or None (one-hot);
     ``greedy``: bool ``[R]`` rows decided by argmax (None: none)."""
