@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from qwen_trt.cli import main
 from qwen_trt.errors import ModelSourceError
-from qwen_trt.fast.config import FastConfig
+from qwen_trt.fast.model.config import FastConfig
 from qwen_trt.fast.spec.eagle3 import (Eagle3Config, default_aux_layers, load_eagle3,
                                        read_config)
 from qwen_trt.model.tiny_draft import write_tiny_draft

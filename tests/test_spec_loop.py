@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from qwen_trt.fast.config import FastConfig
+from qwen_trt.fast.model.config import FastConfig
 from qwen_trt.fast.spec.eagle3 import load_eagle3
 from qwen_trt.fast.spec.ngram import NgramIndex
 from qwen_trt.fast.spec.rejection import accept
@@ -65,7 +65,7 @@ def _verify(hf, seq, drafts, aux_ids=()):
     p = torch.zeros(1, K + 1, logits.shape[-1])
     p[0, :len(rows)] = torch.softmax(logits[-len(rows):], -1)
     d = torch.tensor([drafts + [0] * (K - len(drafts))])
-    out = accept(p, d, torch.tensor([len(drafts)]), torch.zeros(1, K + 1),
+    out = accept(p, d, torch.tensor([len(drafts)]), None, torch.zeros(1, K + 1),
                  torch.zeros(1, K + 1), greedy=torch.tensor([True]))
     a = int(out.accepted[0])
     return a, out.tokens[0, :a + 1].tolist(), aux
@@ -74,7 +74,7 @@ def _verify(hf, seq, drafts, aux_ids=()):
 def test_ngram_speculation_gives_the_greedy_tokens(hf):
     prompt = [5, 9, 17, 5, 9, 17, 5, 9, 40, 41, 42, 5, 9]
     want = _greedy(hf, prompt)
-    idx = NgramIndex(prompt)
+    idx = NgramIndex(prompt=prompt)
     seq, kept = list(prompt), 0
     while len(seq) < len(prompt) + NEW:
         a, emitted, _ = _verify(hf, seq, idx.propose(K))

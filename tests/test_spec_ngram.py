@@ -28,9 +28,8 @@ def brute_force(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
 @pytest.mark.parametrize("n_min,n_max,vocab", [(1, 5, 4), (2, 5, 6), (2, 3, 3), (3, 6, 2)])
 def test_incremental_index_matches_a_brute_force_search(n_min, n_max, vocab):
     rng = random.Random(n_min * 100 + n_max * 10 + vocab)
-    settings = NgramSettings(n_max=n_max, n_min=n_min)
     prompt = [rng.randrange(vocab) for _ in range(rng.randrange(0, 20))]
-    idx = NgramIndex(prompt, settings)
+    idx = NgramIndex(n_max, n_min, prompt=prompt)
     tokens = list(prompt)
     hits = 0
     for _ in range(150):
@@ -48,22 +47,22 @@ def test_incremental_index_matches_a_brute_force_search(n_min, n_max, vocab):
 
 def test_longest_match_wins_then_the_most_recent():
     # "7 8 9" occurred once (-> 1); "8 9" more recently (-> 2): the longer one wins
-    idx = NgramIndex([7, 8, 9, 1, 5, 8, 9, 2, 6, 7, 8, 9], NgramSettings(n_min=2))
+    idx = NgramIndex(n_min=2, prompt=[7, 8, 9, 1, 5, 8, 9, 2, 6, 7, 8, 9])
     assert idx.propose(3) == [1, 5, 8]
     # equal lengths: the latest occurrence
-    assert NgramIndex([1, 2, 3, 1, 2, 4, 1, 2]).propose(1) == [4]
+    assert NgramIndex(prompt=[1, 2, 3, 1, 2, 4, 1, 2]).propose(1) == [4]
     # nothing repeats: no proposal; a single repeated token is below n_min=2
-    assert NgramIndex([1, 2, 3, 4, 3]).propose(4) == []
-    assert NgramIndex([1, 2, 3, 4, 3], NgramSettings(n_min=1)).propose(2) == [4, 3]
+    assert NgramIndex(prompt=[1, 2, 3, 4, 3]).propose(4) == []
+    assert NgramIndex(n_min=1, prompt=[1, 2, 3, 4, 3]).propose(2) == [4, 3]
     # a loop keeps looping past the end of what was seen
-    assert NgramIndex([5, 6, 5, 6, 5, 6]).propose(5) == [5, 6, 5, 6, 5]
-    assert NgramIndex([5, 6]).propose(0) == []
+    assert NgramIndex(prompt=[5, 6, 5, 6, 5, 6]).propose(5) == [5, 6, 5, 6, 5]
+    assert NgramIndex(prompt=[5, 6]).propose(0) == []
 
 
 def test_prediction_is_proposed_while_the_reply_follows_it():
     prompt = [1, 2, 3]
     pred = [10, 11, 12, 13, 14, 15, 16]
-    idx = NgramIndex(prompt, NgramSettings(n_min=2), prediction=pred)
+    idx = NgramIndex(n_min=2, prompt=prompt, prediction=pred)
     assert idx.propose(3) == [10, 11, 12]          # an empty reply starts at the prediction
     idx.extend([10, 11])
     assert idx.propose(3) == [12, 13, 14]
@@ -74,7 +73,7 @@ def test_prediction_is_proposed_while_the_reply_follows_it():
     idx.extend([15, 16])
     assert idx.propose(2) == []                    # the prediction is used up, history has nothing
     # a history match longer than the prediction's wins
-    idx2 = NgramIndex([4, 5, 6, 7, 9], NgramSettings(n_min=2), prediction=[0, 6, 7, 3])
+    idx2 = NgramIndex(n_min=2, prompt=[4, 5, 6, 7, 9], prediction=[0, 6, 7, 3])
     idx2.extend([8])                               # diverges from the prediction at once
     idx2.extend([5, 6, 7])
     assert idx2.propose(2) == [9, 8]
@@ -86,7 +85,13 @@ def test_bad_settings_and_tokens_are_refused():
     with pytest.raises(ValueError, match="n_min"):
         NgramSettings(n_min=4, n_max=3)
     with pytest.raises(ValueError, match="token id"):
-        NgramIndex([1, -1])
+        NgramIndex(prompt=[1, -1])
+    with pytest.raises(ValueError, match="n_min"):
+        NgramIndex(3, 4)
+    from qwen_trt.fast.spec.ngram import RecentReplies
+
+    with pytest.raises(ValueError, match="shared replies index"):
+        NgramIndex(4, 2, shared=RecentReplies(NgramSettings(n_max=5)))
 
 
 def test_lookup_benchmark_reports_json(capsys):
@@ -105,7 +110,7 @@ def test_recent_replies_are_shared_across_requests_and_bounded():
 
     shared = RecentReplies(NgramSettings(n_min=2), max_tokens=40)
     shared.add([30, 31, 32, 33, 34])
-    idx = NgramIndex([1, 2, 3], NgramSettings(n_min=2), shared=shared)
+    idx = NgramIndex(n_min=2, prompt=[1, 2, 3], shared=shared)
     assert idx.propose(3) == []
     idx.extend([31, 32])
     assert idx.propose(5) == [33, 34]              # stops at the end of that reply
@@ -118,9 +123,9 @@ def test_recent_replies_are_shared_across_requests_and_bounded():
     for i in range(30):
         shared.add([100 + i, 200 + i, 300 + i])
     assert shared.tokens <= 40 + 4
-    late = NgramIndex([30, 31], NgramSettings(n_min=2), shared=shared)
+    late = NgramIndex(n_min=2, prompt=[30, 31], shared=shared)
     assert late.propose(2) == []                   # the first reply is gone
-    recent = NgramIndex([129, 229], NgramSettings(n_min=2), shared=shared)
+    recent = NgramIndex(n_min=2, prompt=[129, 229], shared=shared)
     assert recent.propose(2) == [329]
     with pytest.raises(ValueError, match="reserved"):
         shared.add([1, (1 << 20) - 1])

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen_trt.fast import sampling
+from qwen_trt.fast.step import sampling
 from qwen_trt.fast.spec import rejection
-from qwen_trt.fast.spec.rejection import accept, target_probs
+from qwen_trt.fast.spec.rejection import accept
 from qwen_trt.params import SamplingParams
 
 N = 200_000          # draws per chi-square test (all in one batched call)
@@ -61,7 +61,7 @@ def _first_token_case(seed: int, v: int, k: int, one_hot: bool):
 @pytest.mark.parametrize("v,k,seed", [(5, 3, 0), (8, 2, 1)])
 def test_first_emitted_token_follows_the_target(v, k, seed, one_hot):
     p, d, kr, u, u2, q = _first_token_case(seed + 20 * one_hot, v, k, one_hot)
-    out = accept(p.expand(N, k + 1, v), d, kr, u, u2, q)
+    out = accept(p.expand(N, k + 1, v), d, kr, q, u, u2)
     assert bool(((out.accepted >= 0) & (out.accepted <= kr)).all())
     first = out.tokens[:, 0]
     assert chi2_pvalue(torch.bincount(first, minlength=v), p[0]) > 1e-3
@@ -103,7 +103,7 @@ def _first_two(p1: torch.Tensor, out, g: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("v,seed", [(5, 3), (6, 4)])
 def test_joint_of_the_first_two_tokens_follows_the_target(v, seed):
     p0, p1, p, d, kr, u, u2, q, g = _markov_case(seed, v)
-    out = accept(p, d, kr, u, u2, q)
+    out = accept(p, d, kr, q, u, u2)
     t0, t1 = _first_two(p1, out, g)
     joint = torch.bincount(t0 * v + t1, minlength=v * v)
     assert chi2_pvalue(joint, p0.view(-1, 1) * p1) > 1e-3
@@ -113,14 +113,14 @@ def test_the_chi_square_test_fails_without_the_residual_correction(monkeypatch):
     """Drawing from p instead of norm(max(p - q, 0)) after a rejection is off: both tests see it."""
     v, k = 6, 3
     p, d, kr, u, u2, q = _first_token_case(5, v, k, one_hot=False)
-    good = accept(p.expand(N, k + 1, v), d, kr, u, u2, q)
+    good = accept(p.expand(N, k + 1, v), d, kr, q, u, u2)
     assert chi2_pvalue(torch.bincount(good.tokens[:, 0], minlength=v), p[0]) > 1e-3
     p0, p1, pm, dm, krm, um, u2m, qm, g = _markov_case(6, v)
 
     monkeypatch.setattr(rejection, "residual_distribution", lambda p_j, q_j, d_j: p_j)
-    bad = accept(p.expand(N, k + 1, v), d, kr, u, u2, q)
+    bad = accept(p.expand(N, k + 1, v), d, kr, q, u, u2)
     assert chi2_pvalue(torch.bincount(bad.tokens[:, 0], minlength=v), p[0]) < 1e-9
-    out = accept(pm, dm, krm, um, u2m, qm)
+    out = accept(pm, dm, krm, qm, um, u2m)
     t0, t1 = _first_two(p1, out, g)
     assert chi2_pvalue(torch.bincount(t0 * v + t1, minlength=v * v), p0.view(-1, 1) * p1) < 1e-9
 
@@ -136,7 +136,7 @@ def test_greedy_rows_keep_drafts_while_they_are_the_argmax():
                     (top[:, :k] + 1) % v)
     kr = torch.randint(0, k + 1, (rows,), generator=g)
     u = torch.ones(rows, k + 1)               # a sampled row would reject everything with u=1
-    out = accept(p, d, kr, u, torch.rand(rows, k + 1, generator=g),
+    out = accept(p, d, kr, None, u, torch.rand(rows, k + 1, generator=g),
                  greedy=torch.ones(rows, dtype=torch.bool))
     for r in range(rows):
         n = min(int(agree[r]), int(kr[r]))
@@ -157,13 +157,15 @@ def test_mixed_rows_no_drafts_and_one_hot_target():
     kr = torch.tensor([2, 0, 2])
     u = torch.full((3, 3), 0.5)
     u2 = torch.tensor([[0.0, 0.0, 0.0], [0.35, 0.0, 0.0], [0.0, 0.0, 0.9]])
-    out = accept(p, d, kr, u, u2, greedy=torch.tensor([False, False, True]))
+    out = accept(p, d, kr, None, u, u2, greedy=torch.tensor([False, False, True]))
+    acc, toks = out                                   # unpacks as (accepted, tokens)
+    assert acc is out.accepted and toks is out.tokens
     assert out.accepted.tolist() == [1, 0, 2]
     # row 0: 3 rejected at position 1 -> the residual of a one-hot p at 2 is 2 itself
     # row 1: no drafts: inverse CDF of p at 0.35 -> cumulative 0.1, 0.3, 0.6 -> token 2
     assert out.tokens.tolist() == [[2, 2, -1], [2, -1, -1], [4, 4, 4]]
     assert out.emitted.tolist() == [2, 1, 3]
-    z = accept(p[:, :1], d[:, :0], torch.zeros(3, dtype=torch.long), u[:, :0], u2[:, :1])
+    z = accept(p[:, :1], d[:, :0], torch.zeros(3, dtype=torch.long), None, u[:, :0], u2[:, :1])
     assert z.accepted.tolist() == [0, 0, 0] and z.tokens.shape == (3, 1)
 
 
@@ -174,30 +176,24 @@ def _sampler_rows(params: list[SamplingParams], v: int) -> sampling.SamplerState
     return st
 
 
-@pytest.mark.parametrize("base", ["full", "topk"])
-def test_target_probs_is_what_the_sampler_draws_from(base):
+def test_filtered_probs_is_what_the_sampler_draws_from():
     """The sampler's token for its uniform is the inverse-CDF draw, in the sampler's ranking
-    order, from target_probs; every filter changes the distribution."""
+    order, from filtered_probs (the p that verify rows give accept); every filter changes it."""
     v = 300
     g = torch.Generator().manual_seed(11)
     settings = [dict(temperature=0.7, top_p=0.8, top_k=20), dict(temperature=1.3, top_p=1.0,
-                top_k=0 if base == "full" else 64), dict(temperature=0.5, top_p=0.95, top_k=5,
-                min_p=0.05), dict(temperature=1.0, top_p=0.3, top_k=40, min_p=0.2),
-                dict(temperature=0.0)]
+                top_k=0), dict(temperature=0.5, top_p=0.95, top_k=5, min_p=0.05),
+                dict(temperature=1.0, top_p=0.3, top_k=40, min_p=0.2)]
     params = [SamplingParams(seed=100 + i, **settings[i % len(settings)]) for i in range(400)]
     st = _sampler_rows(params, v)
     lf = torch.randn(len(params), v, generator=g) * 3
-    got = sampling.sample(lf, base, st)
-    cap = sampling.TOPK_CAP if base == "topk" else None
-    probs = target_probs(lf, st.temperature, st.top_k, st.top_p, st.min_p, topk_cap=cap)
+    got = sampling.sample(lf, "full", st)
+    probs = sampling.filtered_probs(lf, st)
     assert torch.allclose(probs.sum(-1), torch.ones(len(params)), atol=1e-5)
-    _, idx = (torch.topk(lf, cap, dim=-1) if cap else torch.sort(lf, dim=-1, descending=True))
+    _, idx = torch.sort(lf, dim=-1, descending=True)
     cum = torch.cumsum(probs.gather(1, idx), dim=-1)
     u = st.uniforms[:, 0:1] * cum[:, -1:]
     mine = idx.gather(1, (cum < u).sum(-1, keepdim=True).clamp(max=idx.shape[1] - 1)).squeeze(1)
     assert torch.equal(mine, got)
-    greedy = st.temperature == 0
-    assert torch.equal(probs[greedy].argmax(-1), lf[greedy].argmax(-1))
-    assert bool((probs[greedy].max(-1).values == 1).all())
     kept = (probs > 0).sum(-1)
-    assert bool((kept[~greedy] <= st.top_k[~greedy]).all()) and int(kept[~greedy].min()) >= 1
+    assert bool((kept <= st.top_k).all()) and int(kept.min()) >= 1 and int(kept.max()) > 5

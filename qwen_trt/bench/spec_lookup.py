@@ -47,7 +47,7 @@ def run(streams: int, steps: int, prompt_len: int, k: int, settings: NgramSettin
     rng = random.Random(seed)
     prompts = [_text(rng, prompt_len) for _ in range(streams)]
     scripts = [_text(rng, steps * (k + 1), p) for p in prompts]
-    idx = [NgramIndex(p, settings) for p in prompts]
+    idx = [NgramIndex(settings.n_max, settings.n_min, prompt=p) for p in prompts]
     at = [0] * streams
     prop_us, ext_us, cpu_us, proposed, emitted = [], [], [], 0, 0
     clock, cpu = time.perf_counter_ns, time.thread_time_ns

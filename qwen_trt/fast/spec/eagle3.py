@@ -49,8 +49,8 @@ import torch
 import torch.nn.functional as F
 
 from qwen_trt.errors import ModelSourceError
-from qwen_trt.fast.config import FastConfig
-from qwen_trt.fast.reference import rms_norm, rotate_half
+from qwen_trt.fast.model.config import FastConfig
+from qwen_trt.fast.model.reference import rms_norm, rotate_half
 
 LAYOUTS = ("sglang", "speculators")
 SGLANG_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")

@@ -3,8 +3,9 @@ occurrence of the sequence's last ``n`` tokens (prompt + reply so far), longest 
 (``n_max`` down to ``n_min``). No draft model; a deterministic draft, so the verify step accepts
 it with ``q`` one-hot (:func:`qwen_trt.fast.spec.rejection.accept` with ``q=None``).
 
-One :class:`NgramIndex` per request, fed incrementally: :meth:`NgramIndex.extend` with the
-tokens a step emitted, :meth:`NgramIndex.propose` for the next step's drafts. Each n-gram is
+One :class:`NgramIndex` per request, fed incrementally (``prompt=`` or :meth:`NgramIndex.extend`
+with the prompt, then with the tokens each step emitted), :meth:`NgramIndex.propose` for the
+next step's drafts; ``reply_len`` counts what came after ``prompt``. Each n-gram is
 packed into one Python int (``TOKEN_BITS`` bits per token: exact, no hash collisions) and a
 dict per ``n`` maps it to the position after its latest occurrence, so ``extend`` costs
 ``O(n_max)`` per token and ``propose`` one dict lookup per ``n`` tried plus ``O(k)`` to copy.
@@ -36,8 +37,8 @@ class NgramSettings:
 
     def __post_init__(self) -> None:
         if type(self.n_min) is not int or type(self.n_max) is not int \
-                or not 1 <= self.n_min <= self.n_max <= 8:
-            raise ValueError(f"n-gram sizes must satisfy 1 <= n_min <= n_max <= 8, got "
+                or not 1 <= self.n_min <= self.n_max <= 16:
+            raise ValueError(f"n-gram sizes must satisfy 1 <= n_min <= n_max <= 16, got "
                              f"n_min={self.n_min!r}, n_max={self.n_max!r}")
 
 
@@ -165,13 +166,16 @@ class NgramIndex:
 
     __slots__ = ("settings", "_seq", "_reply_start", "_pred", "_pred_pos", "_shared")
 
-    def __init__(self, tokens: Sequence[int] = (), settings: NgramSettings = NgramSettings(),
-                 prediction: Sequence[int] | None = None,
+    def __init__(self, n_max: int = NgramSettings.n_max, n_min: int = NgramSettings.n_min, *,
+                 prompt: Sequence[int] = (), prediction: Sequence[int] | None = None,
                  shared: RecentReplies | None = None) -> None:
-        self.settings = settings
+        self.settings = settings = NgramSettings(n_max=n_max, n_min=n_min)
+        if shared is not None and shared.settings != settings:
+            raise ValueError(f"the shared replies index matches n = {shared.settings.n_min}.."
+                             f"{shared.settings.n_max}, this one {n_min}..{n_max}")
         self._shared = shared
         self._seq = _Table(settings)
-        self._seq.extend(tokens)
+        self._seq.extend(prompt)
         self._reply_start = len(self._seq.tokens)
         self._pred: _Table | None = None
         self._pred_pos: int | None = None      # where the reply stands in the prediction

@@ -3,8 +3,8 @@
 A verify step scores ``k + 1`` positions of a row: the position after the row's last accepted
 token and one after each of its ``kr <= k`` draft tokens. From the target's PROCESSED
 probabilities at those positions ``p [R, k+1, V]`` (temperature, top-k / top-p / min-p,
-penalties and grammar masks already applied by the caller: :func:`target_probs` does the
-sampler's part), the drafts ``d [R, k]`` and the draft's probabilities ``q [R, k, V]`` (None for a
+penalties and grammar masks already applied by the caller;
+:func:`qwen_trt.fast.step.sampling.filtered_probs` gives the sampler's part), the drafts ``d [R, k]`` and the draft's probabilities ``q [R, k, V]`` (None for a
 deterministic draft such as n-gram lookup or a greedy EAGLE-3 chain: ``q`` is then one-hot at
 ``d``), :func:`accept` returns per row
 
@@ -26,14 +26,13 @@ draws random numbers; it works on any device, in float32 on CPU.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 
-@dataclass(frozen=True)
-class Acceptance:
-    """The outcome of :func:`accept` (device tensors)."""
+class Acceptance(NamedTuple):
+    """The outcome of :func:`accept` (device tensors); unpacks as ``accepted, tokens``."""
 
     accepted: torch.Tensor      # int64 [R]: drafts kept, 0..kr
     tokens: torch.Tensor        # int64 [R, k+1]: kept drafts, the drawn token, then -1
@@ -61,17 +60,17 @@ def draw(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return (cum <= target).sum(-1).clamp(max=dist.shape[-1] - 1)
 
 
-def accept(p: torch.Tensor, d: torch.Tensor, kr: torch.Tensor, u: torch.Tensor,
-           u2: torch.Tensor, q: torch.Tensor | None = None,
+def accept(p: torch.Tensor, d: torch.Tensor, kr: torch.Tensor, q: torch.Tensor | None,
+           u: torch.Tensor, u2: torch.Tensor,
            greedy: torch.Tensor | None = None) -> Acceptance:
     """Speculative acceptance for ``R`` rows (module docstring).
 
     ``p``: float ``[R, k+1, V]`` target probabilities (each row sums to 1: the acceptance test
     compares ``p`` with ``q`` directly; the residual and bonus draws normalize themselves);
     ``d``: int64 ``[R, k]`` drafts (anything past ``kr`` is
-    ignored); ``kr``: int64 ``[R]`` drafts per row, ``0..k``; ``u``: ``[R, >=k]``, ``u2``:
-    ``[R, k+1]`` uniforms; ``q``: float ``[R, k, V]`` draft probabilities or None (one-hot);
-    ``greedy``: bool ``[R]`` rows decided by argmax (None: none)."""
+    ignored); ``kr``: int64 ``[R]`` drafts per row, ``0..k``; ``q``: float ``[R, k, V]`` draft
+    probabilities or None (one-hot at ``d``); ``u``: ``[R, >=k]``, ``u2``: ``[R, k+1]``
+    uniforms; ``greedy``: bool ``[R]`` rows decided by argmax (None: none)."""
     rows, k1, vocab = p.shape
     k = k1 - 1
     dev = p.device
@@ -117,33 +116,3 @@ def accept(p: torch.Tensor, d: torch.Tensor, kr: torch.Tensor, u: torch.Tensor,
                                                         torch.full_like(drafts, -1)))
     return Acceptance(accepted, tokens)
 
-
-def target_probs(lf: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor, min_p: torch.Tensor,
-                 topk_cap: int | None = None) -> torch.Tensor:
-    """The distribution the sampler (:func:`qwen_trt.fast.sampling.sample`) draws from, over the
-    vocabulary: float32 ``[N, V]`` from prepared float32 logits ``lf [N, V]`` (penalties and
-    grammar mask applied) and per-row ``temperature``, ``top_k`` (the vocab size when off),
-    ``top_p``, ``min_p`` (``[N]`` each). Rows with temperature 0 get a one-hot at the argmax.
-    ``topk_cap``: the sampler's ``topk`` kind (only the top ``topk_cap`` logits are ranked; give
-    :data:`~qwen_trt.fast.sampling.TOPK_CAP` when every row's top_k is at most that), else the
-    whole vocabulary is sorted (the ``full`` kind). Same operations in the same order as the
-    sampler, so the probabilities are the ones it samples from."""
-    if topk_cap is not None:
-        vals, idx = torch.topk(lf, min(topk_cap, lf.shape[-1]), dim=-1)
-    else:
-        vals, idx = torch.sort(lf, dim=-1, descending=True)
-    temp = temperature.unsqueeze(-1)
-    vals = vals / torch.where(temp > 0, temp, torch.ones_like(temp))
-    ranks = torch.arange(vals.shape[-1], device=vals.device)
-    vals = vals.masked_fill(ranks >= top_k.unsqueeze(-1), float("-inf"))
-    probs = torch.softmax(vals, dim=-1)
-    probs = probs.masked_fill(probs < min_p.unsqueeze(-1) * probs[..., :1], 0.0)
-    mp = min_p.unsqueeze(-1)
-    probs = torch.where(mp > 0, probs / probs.sum(-1, keepdim=True), probs)
-    before = torch.cumsum(probs, dim=-1) - probs
-    probs = probs.masked_fill(before >= top_p.unsqueeze(-1), 0.0)
-    probs = probs / probs.sum(-1, keepdim=True)
-    out = torch.zeros_like(lf).scatter(1, idx, probs)
-    onehot = torch.zeros_like(lf).scatter(1, lf.argmax(-1, keepdim=True), 1.0)
-    return torch.where(temp > 0, out, onehot)
