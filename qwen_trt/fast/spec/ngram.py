@@ -162,7 +162,9 @@ def _copy(tokens: list[int], start: int, k: int) -> list[int]:
 
 
 class NgramIndex:
-    """The lookup proposer of one request (module docstring)."""
+    """The lookup proposer of one request (module docstring). With a ``prediction``, give the
+    prompt as ``prompt=``: every token extended afterwards is reply, followed through the
+    prediction from its start."""
 
     __slots__ = ("settings", "_seq", "_reply_start", "_pred", "_pred_pos", "_shared")
 
@@ -224,7 +226,7 @@ class NgramIndex:
         pred, seq = self._pred, self._seq
         if self._pred_pos is not None and self._pred_pos < len(pred.tokens):
             return pred.tokens[self._pred_pos:self._pred_pos + k]
-        n_pred, at = pred.match(seq.packed) if pred is not None else (0, -1)
+        n_pred, at = pred.match(seq.packed, len(seq.tokens)) if pred is not None else (0, -1)
         n, pos = seq.match(seq.packed)
         if self._shared is not None:
             out = self._shared.continuation(seq.packed, len(seq.tokens), k, max(n, n_pred))
