@@ -86,6 +86,12 @@ def test_bad_settings_and_tokens_are_refused():
         NgramSettings(n_min=4, n_max=3)
     with pytest.raises(ValueError, match="token id"):
         NgramIndex(prompt=[1, -1])
+    with pytest.raises(TypeError):
+        NgramIndex(prompt=[1.0])
+    import numpy as np
+
+    idx = NgramIndex(n_min=1, prompt=np.array([900_000, 7, 900_000], dtype=np.int64))
+    assert idx.propose(1) == [7] and all(type(t) is int for t in idx.tokens)
     with pytest.raises(ValueError, match="n_min"):
         NgramIndex(3, 4)
     from qwen_trt.fast.spec.ngram import RecentReplies

@@ -22,10 +22,12 @@ it matches longer than the request's own history and the prediction.
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 TOKEN_BITS = 20          # token ids below 2**20 (Qwen3's vocabulary is 151,936)
+TOKEN_MAX = (1 << TOKEN_BITS) - 1
 
 
 @dataclass(frozen=True)
@@ -58,16 +60,16 @@ class _Table:
         self.packed = 0            # the last n_max tokens, one per TOKEN_BITS bits
 
     def extend(self, new: Sequence[int]) -> None:
-        if not new:
-            return
-        if min(new) < 0 or max(new) >> TOKEN_BITS:
-            bad = next(t for t in new if not 0 <= t < 1 << TOKEN_BITS)
-            raise ValueError(f"token id {bad!r} is outside 0..2**{TOKEN_BITS}-1")
-        toks, pairs, top, n_min = self.tokens, self.pairs, self.top, self.n_min
+        toks, pairs, top, n_min, n_max = self.tokens, self.pairs, self.top, self.n_min, self.n_max
         packed, n = self.packed, len(toks)
         for t in new:
+            if type(t) is not int:           # numpy / torch integers would overflow the packing
+                t = operator.index(t)
+            if not 0 <= t <= TOKEN_MAX:
+                self.packed = packed
+                raise ValueError(f"token id {t!r} is outside 0..2**{TOKEN_BITS}-1")
             # the n-grams ending at the last token get this token as their continuation
-            if n >= self.n_max:
+            if n >= n_max:
                 for table, mask in pairs:
                     table[packed & mask] = n
             else:
