@@ -26,7 +26,7 @@ def readme_config_vars() -> set[str]:
 # Where a QWEN_TRT_* name may be written: the code, the tests, the scripts, the build and
 # container files, the docs (not docs/measurements/ and docs/history/: records of past runs
 # name switches since removed). This file is left out: it names undeclared ones on purpose.
-_SCANNED = ("qwen_trt/**/*.py", "app.py", "tests/**/*.py", "scripts/*", "Makefile", "docker/*",
+_SCANNED = ("qwen_trt/**/*.py", "app.py", "tests/**/*.py", "scripts/**/*", "Makefile", "docker/*",
             "deploy/*", ".ci/*", "README.md", "docs/*.md")
 _NAME = re.compile(r"\bQWEN_TRT_[A-Za-z0-9_]*[A-Za-z0-9_]")
 
