@@ -1,6 +1,7 @@
 """Every relative link in README.md and docs/ reaches a file of the tree, and every ``#anchor``
 into a Markdown file names one of its headings (GitHub's slugs), so moving or renaming a doc or
-a measurement cannot leave a dead link behind."""
+a measurement cannot leave a dead link behind; docs/benchmarks.md says how to run every
+benchmark module."""
 import re
 from pathlib import Path
 
@@ -55,3 +56,13 @@ def test_relative_links_resolve(doc):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             bad.append(f"{target}: no heading with that anchor")
     assert not bad, "\n".join(bad)
+
+
+def test_the_manual_names_every_benchmark():
+    manual = (ROOT / "docs" / "benchmarks.md").read_text()
+    tools = {"process", "qwen_vocab", "shaped_model", "plot"}     # helpers, not benchmarks
+    mods = [p.stem for p in (ROOT / "qwen_trt" / "bench").glob("*.py")
+            if "def main" in p.read_text() and p.stem not in tools]
+    assert len(mods) > 15
+    missing = [m for m in mods if f"qwen_trt.bench.{m}" not in manual and f"`{m}`" not in manual]
+    assert not missing, f"docs/benchmarks.md does not say how to run: {missing}"
