@@ -318,7 +318,7 @@ def test_worker_load_error_of_a_foreign_type_prints_no_traceback(monkeypatch, ca
     spec = WorkerSpec(BackendConfig(), loader="serving_fakes:load_crashes")
     for debug in ("", "1"):
         monkeypatch.setenv("QWEN_TRT_DEBUG", debug)
-        with pytest.raises(ModelLoadError, match=r"^Unexpected error while loading the engine "
+        with pytest.raises(ModelLoadError, match=r"^Unexpected error while loading the model "
                                                   r"\(RuntimeError: CUDA out of memory\)\.$"):
             WorkerClient(spec, echo=io.StringIO())
         err = capfd.readouterr().err

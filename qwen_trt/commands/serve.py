@@ -91,8 +91,8 @@ def run(args) -> int:
     check_bindable(settings.host, settings.port)     # so does an address we cannot bind
     cfg = config_from(args)
     if cfg.backend == "openai":
-        raise ConfigError("qwen-trt serve runs a local engine: --backend openai is for the app "
-                          "and chat (use auto, torch or trtllm here).")
+        raise ConfigError("qwen-trt serve runs the model on this machine: --backend openai is "
+                          "for the app and chat (use auto, torch or trtllm here).")
     from qwen_trt.serving.service import start_service
 
     print(f"loading the model for http://{url_host(settings.host)}:{settings.port}/v1 ...",
