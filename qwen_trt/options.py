@@ -39,7 +39,8 @@ class BackendOption:
 
 _BACKEND_ENVS = (
     "QWEN_TRT_MODEL", "QWEN_TRT_ENGINE", "QWEN_TRT_BACKEND", "QWEN_TRT_DEVICE", "QWEN_TRT_DTYPE",
-    "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_MAX_BATCH", "QWEN_TRT_FAST", "QWEN_TRT_WATCHDOG_S",
+    "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_MAX_BATCH", "QWEN_TRT_SPECULATIVE",
+    "QWEN_TRT_NUM_SPECULATIVE_TOKENS", "QWEN_TRT_FAST", "QWEN_TRT_WATCHDOG_S",
     "QWEN_TRT_QUANTIZATION", "QWEN_TRT_CACHE_DIR", "QWEN_TRT_BASE_URL", "QWEN_TRT_API_KEY")
 OPTIONS: tuple[BackendOption, ...] = tuple(
     BackendOption(settings.declared(env).flag, env) for env in _BACKEND_ENVS)
@@ -85,6 +86,8 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = No
                          base_url=v["base_url"], api_key=v["api_key"],
                          cache_dir=v["cache_dir"],
                          quantization=v["quantization"] or "auto",
+                         speculative=v["speculative"] or "off",
+                         num_speculative_tokens=v["num_speculative_tokens"] or "auto",
                          **({} if watchdog is None else {"watchdog_s": watchdog}))
 
 

@@ -136,6 +136,13 @@ SETTINGS: tuple[Setting, ...] = (
        "fast path: chats decoded together (continuous batching, paged KV, prefix reuse); 1 = "
        "one request at a time on the batch-1 decoder, the lowest single-user latency",
        flag="--max-batch", default_doc="`32`"),
+    _S("QWEN_TRT_SPECULATIVE", "str", "off",
+       "fast path: speculative decoding: off | ngram (draft-free prompt lookup: several tokens "
+       "a step where the reply repeats its context; exact)",
+       flag="--speculative", choices=("off", "ngram")),
+    _S("QWEN_TRT_NUM_SPECULATIVE_TOKENS", "str", "auto",
+       "fast path with --speculative: draft tokens verified a step, 1..8, or auto (from each "
+       "request's acceptance and the batch size)", flag="--num-speculative-tokens"),
     _S("QWEN_TRT_FAST", "str", "auto",
        "torch backend: the compiled CUDA-graph fast path: auto (on CUDA) | on | off",
        flag="--fast", choices=("auto", "on", "off")),
@@ -238,7 +245,7 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_GEMV_", "str", None,
        "`QWEN_TRT_GEMV_<N>x<K>=block_n:warps:ctas_per_sm`: the persistent configuration of the "
        "GEMV of one (N, K) weight shape (for sweeps)", group="tuning", pattern=True,
-       default_doc="the tuned table in `qwen_trt/fast/gemv.py`"),
+       default_doc="the tuned table in `qwen_trt/fast/kernels/gemv.py`"),
     # -- tests, tools and benchmarks --------------------------------------------------------------
     _S("QWEN_TRT_TRACE_HOPS", "bool", False,
        "qwen-trt serve: time each hop of a request, summed at GET /debug/hops (the HTTP "

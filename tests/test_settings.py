@@ -195,11 +195,12 @@ def test_flag_help_comes_from_the_declaration():
 
 
 def test_choices_are_the_backends_own():
-    from qwen_trt.backends import BACKENDS, DTYPES, FAST_MODES, QUANTIZATIONS
+    from qwen_trt.backends import BACKENDS, DTYPES, FAST_MODES, QUANTIZATIONS, SPECULATIVE
     from qwen_trt.serving.service import WORKER_MODES
 
     for name, allowed in (("QWEN_TRT_BACKEND", BACKENDS), ("QWEN_TRT_DTYPE", DTYPES),
                           ("QWEN_TRT_FAST", FAST_MODES), ("QWEN_TRT_QUANTIZATION", QUANTIZATIONS),
+                          ("QWEN_TRT_SPECULATIVE", SPECULATIVE),
                           ("QWEN_TRT_WORKER", WORKER_MODES)):
         assert settings.declared(name).choices == allowed, name
 

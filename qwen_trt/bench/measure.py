@@ -43,7 +43,7 @@ def graph_us(fn: Callable[[int], object], calls: int) -> float:
     benchmarks and sweeps time launches this way, without the host in the loop)."""
     import torch
 
-    from qwen_trt.fast.graphs import capture, replay_ms
+    from qwen_trt.fast.step.graphs import capture, replay_ms
 
     graph = capture(lambda: [fn(i) for i in range(calls)], lambda: None,
                     torch.cuda.graph_pool_handle())

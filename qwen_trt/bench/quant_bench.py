@@ -34,9 +34,10 @@ def bench_kernels(fmt: str, rows=(1, 8, 32)) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from qwen_trt.fast.bgemm import bgemm
-    from qwen_trt.fast.gemv import gemv
-    from qwen_trt.fast.qformats import QuantSpec, dense, packed_bytes, quantize
+    from qwen_trt.fast.kernels.bgemm import bgemm
+    from qwen_trt.fast.kernels.gemv import gemv
+    from qwen_trt.fast.model.qformats import QuantSpec, packed_bytes, quantize
+    from qwen_trt.fast.kernels.linear import dense
 
     out = {}
     for name, (n, k, gate_up, residual) in SHAPES_4B.items():
@@ -76,8 +77,8 @@ def all_logits(model, ids):
     """Logits of every position of a prompt (prefill math, dense weights)."""
     import torch.nn.functional as F
 
-    from qwen_trt.fast.model import prefill_layer
-    from qwen_trt.fast.qformats import dense
+    from qwen_trt.fast.model.model import prefill_layer
+    from qwen_trt.fast.kernels.linear import dense
 
     dt = model.dtype
     pos = __import__("torch").arange(ids.shape[0], device=ids.device)
@@ -96,8 +97,8 @@ def bench_format(fmt: str, prompt: list[int], new_tokens: int, ref_logits, log,
     import torch
 
     from qwen_trt.fast import SHAPES, load_fast_decoder
-    from qwen_trt.fast.batched import make_batched
-    from qwen_trt.fast.graphs import replay_ms
+    from qwen_trt.fast.step.batched import make_batched
+    from qwen_trt.fast.step.graphs import replay_ms
     from qwen_trt.params import SamplingParams
 
     cfg = SHAPES["qwen3-4b"]
