@@ -59,7 +59,8 @@ def test_config_key_differs_per_config_and_table_lists_every_env_var():
     assert config_key(BackendConfig(model="a")) != config_key(BackendConfig(model="b"))
     envs = [o.env for o in OPTIONS]
     assert envs == ["QWEN_TRT_MODEL", "QWEN_TRT_ENGINE", "QWEN_TRT_BACKEND", "QWEN_TRT_DEVICE",
-                    "QWEN_TRT_DTYPE", "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_MAX_BATCH", "QWEN_TRT_FAST", "QWEN_TRT_WATCHDOG_S",
+                    "QWEN_TRT_DTYPE", "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_MAX_BATCH", "QWEN_TRT_SPECULATIVE",
+                    "QWEN_TRT_NUM_SPECULATIVE_TOKENS", "QWEN_TRT_FAST", "QWEN_TRT_WATCHDOG_S",
                     "QWEN_TRT_QUANTIZATION", "QWEN_TRT_CACHE_DIR",
                     "QWEN_TRT_BASE_URL",
                     "QWEN_TRT_API_KEY"]

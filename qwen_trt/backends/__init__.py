@@ -6,6 +6,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from qwen_trt import settings
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.errors import ConfigError
 
@@ -22,7 +23,7 @@ __all__ = ["Backend", "BackendInfo", "BackendConfig", "BACKENDS", "DTYPES", "FAS
 
 
 MAX_MAX_BATCH = 256   # the largest decode-graph bucket worth capturing for a 4B model on one GPU
-DEFAULT_WATCHDOG_S = 30.0   # a served engine with no step progress this long is restarted
+DEFAULT_WATCHDOG_S = settings.declared("QWEN_TRT_WATCHDOG_S").default   # 30 s, then restart
 
 
 @dataclass(frozen=True)
@@ -136,10 +137,10 @@ def load_backend(cfg: BackendConfig, *, for_runner: bool = False) -> Backend:
         raise ConfigError("The openai backend streams chats, not token ids: start it with "
                           "qwen_trt.serving.service.start_service_for().")
     if name == "trtllm":
-        from qwen_trt.backends.trtllm_backend import TrtllmBackend
+        from qwen_trt.backends.trtllm import load_trtllm
 
-        return TrtllmBackend.load(engine=cfg.engine, model=cfg.model, warmup=cfg.warmup,
-                                  max_seq_len=cfg.max_seq_len)
+        return load_trtllm(engine=cfg.engine, model=cfg.model, warmup=cfg.warmup,
+                           max_seq_len=cfg.max_seq_len)
     from qwen_trt.backends.fast_backend import FastBackend, use_fast
     from qwen_trt.backends.torch_backend import TorchBackend, pick_device
 

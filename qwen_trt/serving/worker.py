@@ -342,7 +342,7 @@ def _load_error_line(e: BaseException) -> str:
         return str(e).replace("\n", " ")
     from qwen_trt.serving.serial import error_detail
 
-    return f"Unexpected error while loading the engine ({error_detail(e)})."
+    return f"Unexpected error while loading the model ({error_detail(e)})."
 
 
 def _picklable_error(e: BaseException):
