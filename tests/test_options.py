@@ -135,9 +135,17 @@ def test_max_batch_picks_the_runner(monkeypatch):
 
     monkeypatch.setattr(scheduler, "make_batch_runner",
                         lambda model, config, **kw: ("batched", model, config, kw["stop_ids"]))
-    assert make_runner(Batching()) == ("batched", "weights", None, (7,))
+    assert make_runner(Batching()) == ("batched", "weights", SchedulerConfig(), (7,))
     assert make_runner(Batching(), max_batch=4) == ("batched", "weights",
                                                     SchedulerConfig(max_batch=4), (7,))
     backend = Batching()
     assert make_runner(backend) is backend.attached_runner      # built once, then attached
     assert isinstance(make_runner(Batching(), max_batch=1), SerialRunner)
+    # speculation verifies drafts in the batched runner's steps, at --max-batch 1 too
+    from qwen_trt.backends import BackendConfig
+    from qwen_trt.serving.speculation import SpecConfig
+
+    cfg = BackendConfig(speculative="ngram", num_speculative_tokens="3")
+    assert make_runner(Batching(), max_batch=1, cfg=cfg) == (
+        "batched", "weights", SchedulerConfig(max_batch=1, speculative=SpecConfig("ngram", 3)),
+        (7,))
