@@ -305,8 +305,9 @@ def to_messages(instructions: str | None, items) -> list[dict]:
     return msgs
 
 
-RENAMES = (("'max_tokens'", "'max_output_tokens'"), ("'response_format", "'text.format"),
-           ("response_format.json_schema.", "text.format."), (".function.", "."))
+RENAMES = (("response_format.json_schema.", "text.format."), ("'max_tokens'",
+                                                               "'max_output_tokens'"),
+           ("'response_format", "'text.format"), (".function.", "."))
 
 
 def to_chat(r: ResponsesRequest, history: tuple[dict, ...]) -> ChatRequest:
