@@ -5,7 +5,8 @@ system message; each message's text blocks its content, an assistant's ``tool_us
 tool calls, a user's ``tool_result`` blocks tool messages (in block order); ``tools``
 (``name``, ``description``, ``input_schema``), ``tool_choice`` (``auto`` / ``any`` / ``tool`` /
 ``none``, ``disable_parallel_tool_use``), ``stop_sequences``, ``max_tokens`` (required, as
-Anthropic's), ``temperature`` (0..1), ``top_p`` and ``top_k`` map to their chat fields. The chat
+Anthropic's), ``output_config.format`` (``json_schema``: the grammar path of chat's
+``response_format``), ``temperature`` (0..1), ``top_p`` and ``top_k`` map to their chat fields. The chat
 path checks, encodes, submits and parses it; its deltas come back as content blocks (``text``,
 ``tool_use`` with the arguments as ``input``), streamed as Anthropic's events:
 ``message_start``, per block ``content_block_start``, ``content_block_delta`` (``text_delta`` /
@@ -18,6 +19,7 @@ model has no thinking mode); image and document blocks and server tools are a 40
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -205,13 +207,24 @@ def parse_messages_request(obj) -> ChatRequest:
     if obj.get("mcp_servers"):
         raise _bad("mcp_servers", "'mcp_servers' is not supported by this server.")
     choice, parallel = _tool_choice(obj.get("tool_choice"))
+    fmt = (obj.get("output_config") or {}).get("format") if isinstance(
+        obj.get("output_config") or {}, dict) else None
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "json_schema"
+                            or not isinstance(fmt.get("schema"), dict)):
+        raise _bad("output_config.format", "'output_config.format' must be {\"type\": "
+                                           "\"json_schema\", \"schema\": {...}}.")
     body = {"model": obj.get("model"), "stream": obj.get("stream"), "max_tokens": max_tokens,
             "messages": _messages(obj.get("messages"), obj.get("system")),
             "temperature": t, "top_p": obj.get("top_p"), "top_k": obj.get("top_k"),
             "stop": stops, "tools": _tools(obj.get("tools")), "tool_choice": choice,
-            "parallel_tool_calls": parallel}
+            "parallel_tool_calls": parallel,
+            "response_format": fmt and {"type": "json_schema",
+                                        "json_schema": {"schema": fmt["schema"]}}}
     try:
-        return parse_chat_request(body)
+        req = parse_chat_request(body)
+        if req.grammar_param == "response_format":
+            req = dataclasses.replace(req, grammar_param="output_config.format")
+        return req
     except ApiError as e:
         message, param = e.message, e.param
         if param and param.startswith("tools[") and ".function." in param:
