@@ -4,10 +4,10 @@ the chat path, and tool-call arguments streamed as they are written.
 Most tests run against an in-process engine whose replies are scripted (random weights never
 call a tool), one uvicorn server for the module: every Responses body, stream event and item
 list is checked against OpenAI's own schemas (tests/openai_spec.py: Response,
-ResponseStreamEvent, ResponseItemList). A few run the real clients -- the openai SDK's
-``responses.create`` / ``responses.stream``, LangChain's ``ChatOpenAI(use_responses_api=True)``,
-the anthropic SDK's ``messages.create`` / ``messages.stream`` -- against one ``qwen-trt serve``
-on the tiny model (with a key: Bearer and x-api-key)."""
+ResponseStreamEvent, ResponseItemList). The real clients (the openai SDK's ``responses.create``
+/ ``responses.stream``, LangChain's ``ChatOpenAI(use_responses_api=True)``, the anthropic
+SDK's ``messages.create`` / ``messages.stream``) run against ``qwen-trt serve`` on the tiny
+model in tests/test_api_clients_tiny.py, on its server."""
 from __future__ import annotations
 
 import json
@@ -23,9 +23,8 @@ from openai_spec import check  # noqa: E402
 from qwen_trt.api.responses_store import ResponseStore, Stored, size_of  # noqa: E402
 from qwen_trt.api.server import ServerSettings, create_app  # noqa: E402
 from qwen_trt.serving.service import InferenceService  # noqa: E402
-from servers import app_in_thread, free_port, start_serve  # noqa: E402
+from servers import app_in_thread, free_port  # noqa: E402
 
-KEY = "responses-key"
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n' \
        '</tool_call>'
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -480,68 +479,3 @@ def test_messages_errors_have_anthropics_shape(env, body, status, where):
     assert got["error"]["type"] == ("invalid_request_error" if status == 400
                                     else "not_found_error")
     assert where in got["error"]["message"] and len(got["error"]["message"]) < 300
-
-
-# -- the real clients against qwen-trt serve on the tiny model -----------------------------------
-@pytest.fixture(scope="module")
-def served(tiny_model_dir, tmp_path_factory):
-    s = start_serve(tiny_model_dir, tmp_path_factory.mktemp("serve"), "--api-key", KEY,
-                    "--max-seq-len", "1024", "--served-model-name", "tiny")
-    yield s
-    s.stop()
-
-
-def test_openai_sdk_and_langchain_responses_on_the_tiny_model(served):
-    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY, max_retries=0, timeout=120)
-    first = client.responses.create(model="tiny", input="Hello", max_output_tokens=8,
-                                    temperature=0)
-    assert first.status in ("completed", "incomplete") and first.usage.output_tokens >= 1
-    with client.responses.stream(model="tiny", input="Hello", max_output_tokens=8,
-                                 temperature=0) as s:
-        evs = list(s)
-    kinds = [ev.type for ev in evs]
-    assert kinds[:2] == ["response.created", "response.in_progress"]
-    # the SDK's get_final_response() wants response.completed; random weights rarely stop
-    # before the limit, and then the stream ends with response.incomplete (as OpenAI's)
-    assert kinds[-1] == f"response.{first.status}"
-    streamed = evs[-1].response
-    assert streamed.output_text == first.output_text          # greedy: the same reply
-    raw = httpx.get(f"{served.url}/v1/responses/{streamed.id}",
-                    headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
-    check(raw.json(), "Response")
-    follow = client.responses.create(model="tiny", input="More", previous_response_id=first.id,
-                                     max_output_tokens=4)
-    assert follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
-    lc = pytest.importorskip("langchain_openai")
-    chat = lc.ChatOpenAI(base_url=f"{served.url}/v1", api_key=KEY, model="tiny",
-                         temperature=0, max_tokens=8, max_retries=0, timeout=120,
-                         use_responses_api=True)
-    reply = chat.invoke("Hello")
-    assert reply.text == first.output_text
-    assert reply.response_metadata["id"].startswith("resp_")
-    chunks = list(chat.stream("Hello"))
-    assert "".join(c.text for c in chunks) == first.output_text
-
-
-def test_anthropic_sdk_messages_on_the_tiny_model(served):
-    anthropic = pytest.importorskip("anthropic")
-    client = anthropic.Anthropic(base_url=served.url, api_key=KEY, max_retries=0, timeout=120)
-    kw = dict(model="tiny", max_tokens=8, system="Be brief.", extra_body={"temperature": 0},
-              messages=[{"role": "user", "content": "Hi"},
-                        {"role": "assistant", "content": "Hello!"},
-                        {"role": "user", "content": "Weather?"}],
-              tools=[ANTHROPIC_WEATHER])
-    msg = client.messages.create(**kw)
-    assert msg.role == "assistant" and msg.stop_reason in ("end_turn", "max_tokens", "tool_use")
-    assert msg.usage.input_tokens > 10 and 1 <= msg.usage.output_tokens <= 8
-    with client.messages.stream(**kw) as s:
-        kinds = [ev.type for ev in s]
-        final = s.get_final_message()
-    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
-    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in msg.content]
-    bearer = anthropic.Anthropic(base_url=served.url, auth_token=KEY, max_retries=0)
-    assert bearer.messages.create(**kw).content == msg.content
-    wrong = anthropic.Anthropic(base_url=served.url, api_key="nope", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError) as e:
-        wrong.messages.create(**kw)
-    assert e.value.body["error"]["type"] == "authentication_error"
