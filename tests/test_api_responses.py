@@ -251,6 +251,20 @@ def test_bad_requests_are_one_clear_400(env, body, param):
     assert err["param"] == param and len(err["message"]) < 300, err
 
 
+def test_openapi_describes_the_responses_and_messages_routes(env):
+    doc = httpx.get(f"{env[3]}/openapi.json", timeout=10).json()
+    paths = doc["paths"]
+    post = paths["/v1/responses"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/CreateResponseRequest")
+    assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
+    assert "/v1/responses/{response_id}/input_items" in paths
+    err = paths["/v1/messages"]["post"]["responses"]["400"]["content"]["application/json"]
+    assert err["schema"]["$ref"].endswith("/AnthropicError")
+    req = doc["components"]["schemas"]["MessagesRequest"]
+    assert {"max_tokens", "messages"} <= set(req["required"])
+
+
 def test_the_wrong_model_is_a_404(env):
     r = httpx.post(f"{env[3]}/v1/responses", json={"model": "gpt-x", "input": "x"}, timeout=10)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
