@@ -465,6 +465,9 @@ def test_messages_blocks_stop_reasons_and_stream_events(env, script, tiny_tokeni
         "model": "fake", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]},
         timeout=30).json()
     assert r["stop_reason"] == "max_tokens" and r["usage"]["output_tokens"] == 2
+    counted = httpx.post(f"{origin}/v1/messages/count_tokens", json={
+        "model": "fake", "messages": [{"role": "user", "content": "count"}]}, timeout=30)
+    assert counted.json() == {"input_tokens": len(service.submitted[-2][0])}
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
     httpx.post(f"{origin}/v1/messages", json={
         "model": "fake", "max_tokens": 5, "output_config": {"format": {

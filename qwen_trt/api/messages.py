@@ -1,4 +1,5 @@
-"""Anthropic's Messages API on top of the chat path: ``POST /v1/messages``.
+"""Anthropic's Messages API on top of the chat path: ``POST /v1/messages`` (and
+``/v1/messages/count_tokens``).
 
 A request is translated into a chat request: ``system`` (a string or text blocks) becomes the
 system message; each message's text blocks its content, an assistant's ``tool_use`` blocks its
@@ -350,6 +351,22 @@ def add_messages_routes(app: FastAPI, ctx) -> None:
         r = done.result
         return message(mid, blocks.blocks, reason, stop,
                        _usage(r.prompt_tokens, r.completion_tokens, r.cached_tokens))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        """The prompt's tokens, as ``/v1/messages`` would encode it (``max_tokens`` not needed)."""
+        try:
+            ctx.check_auth(request)
+            obj = decode_json(await request.body())
+            if isinstance(obj, dict):
+                obj = {**obj, "max_tokens": 1}
+            req = parse_messages_request(obj)
+            ids = await ctx.encode_chat(list(req.messages),
+                                        req.tools.tools if req.tools.render else None)
+        except ApiError as e:
+            return JSONResponse(error_body(e.status, e.message), status_code=e.status,
+                                headers=e.headers)
+        return {"input_tokens": len(ids)}
 
     async def _stream(mid: str, run: ChatRun) -> AsyncIterator[str]:
         keep = KeepAlive(ctx.keepalive_s)
