@@ -391,6 +391,26 @@ def test_a_small_store_evicts_and_no_store_keeps_nothing(tiny_tokenizer):
     assert (small.responses_store_max, small.responses_store_mb) == (5, 0.5)
 
 
+def test_waiting_streams_get_keep_alives_then_their_events(tiny_tokenizer):
+    backend, service, port, app = _app(tiny_tokenizer, sse_keepalive_s=0.05)
+    with app_in_thread(app, port) as origin:
+        for path, body, last in (
+                ("/v1/responses", {"input": "x", "stream": True}, "response.completed"),
+                ("/v1/messages", {"max_tokens": 50, "stream": True,
+                                  "messages": [{"role": "user", "content": "x"}]},
+                 "message_stop")):
+            backend.gate.clear()              # the engine holds the first token back
+            with httpx.stream("POST", f"{origin}{path}", json=body, timeout=30) as r:
+                lines = r.iter_lines()
+                for line in lines:
+                    if line == ": keep-alive":
+                        break
+                backend.gate.set()
+                rest = [ln for ln in lines if ln.startswith("event: ")]
+            assert rest[-1] == f"event: {last}", path
+    service.close()
+
+
 # -- chat: tool-call arguments stream; allowed_tools -----------------------------------------
 def test_chat_streams_tool_arguments_as_they_are_generated(env, script, tiny_tokenizer):
     _, service, client, origin = env

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from qwen_trt.api.choices import ChatChoice, Piece
+from qwen_trt.api.keepalive import KEEPALIVE, KeepAlive
 
 
 @dataclass
@@ -59,6 +60,30 @@ async def chat_events(ctx, run: ChatRun, request=None,
             yield Done(item, choice.finish_reason(item.finish_reason))
 
 
+async def relay(ctx, run: ChatRun, feed, finish, fail) -> AsyncIterator[str]:
+    """A stream's body after its opening events: ``feed(deltas)`` -> the text of their events
+    (maybe empty), ``finish(done)`` -> the closing events' text, ``fail(error)`` -> the text
+    that reports an engine failure; a keep-alive comment while nothing is sent for
+    ``ctx.keepalive_s``."""
+    keep = KeepAlive(ctx.keepalive_s)
+    try:
+        async for item in chat_events(ctx, run, None, keep.beat_s):
+            if item is None:
+                if keep.due():
+                    keep.sent()
+                    yield KEEPALIVE
+            elif isinstance(item, Done):
+                yield finish(item)
+                return
+            else:
+                text = feed(item)
+                if text:
+                    keep.sent()
+                    yield text
+    except ctx.engine_error as e:
+        yield fail(e)
+
+
 def sse(event: str, obj: dict) -> str:
     """One server-sent event with a name (the Responses and Messages streams name theirs)."""
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
@@ -74,3 +99,9 @@ def json_object(text: str) -> dict:
     except ValueError:
         return {}
     return obj if isinstance(obj, dict) else {}
+
+
+async def release_async(release, handles) -> None:
+    """``release(handles)`` on the event loop (a stream's background task, for a client gone
+    before the body ran: a plain function there would run in a worker thread)."""
+    release(handles)

@@ -30,9 +30,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from qwen_trt.api.chat_run import ChatRun, Done, chat_events, json_object, sse
+from qwen_trt.api.chat_run import (ChatRun, Done, chat_events, json_object, relay,
+                                   release_async, sse)
 from qwen_trt.api.errors import ApiError, excerpt
-from qwen_trt.api.keepalive import KEEPALIVE, KeepAlive
 from qwen_trt.api.limits import decode_json
 from qwen_trt.api.protocol import ChatRequest, parse_chat_request
 
@@ -305,10 +305,6 @@ def _usage(n_prompt: int, output: int, cached: int | None) -> dict:
     return out
 
 
-async def _release_async(release, handles) -> None:
-    release(handles)
-
-
 def add_messages_routes(app: FastAPI, ctx) -> None:
     """``POST /v1/messages`` on ``app`` (``ctx``: :class:`~qwen_trt.api.completions.ApiContext`)."""
 
@@ -331,7 +327,7 @@ def add_messages_routes(app: FastAPI, ctx) -> None:
             return StreamingResponse(_stream(mid, run), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"},
-                                     background=BackgroundTask(_release_async, ctx.release,
+                                     background=BackgroundTask(release_async, ctx.release,
                                                                run.handles))
         blocks, done = Blocks(), None
         try:
@@ -369,32 +365,20 @@ def add_messages_routes(app: FastAPI, ctx) -> None:
         return {"input_tokens": len(ids)}
 
     async def _stream(mid: str, run: ChatRun) -> AsyncIterator[str]:
-        keep = KeepAlive(ctx.keepalive_s)
-
         def events(evs: list[dict]) -> str:
             return "".join(sse(ev["type"], ev) for ev in evs)
 
         yield events([{"type": "message_start", "message": message(
             mid, [], None, None, _usage(run.n_prompt, 0, None))}])
         blocks = Blocks()
-        try:
-            async for item in chat_events(ctx, run, None, keep.beat_s):
-                if item is None:
-                    if keep.due():
-                        keep.sent()
-                        yield KEEPALIVE
-                    continue
-                if isinstance(item, Done):
-                    reason, stop = stop_of(item)
-                    yield events(blocks.finish() + [
-                        {"type": "message_delta",
-                         "delta": {"stop_reason": reason, "stop_sequence": stop},
-                         "usage": {"output_tokens": item.result.completion_tokens}},
-                        {"type": "message_stop"}])
-                    return
-                text = events(blocks.feed(item))
-                if text:
-                    keep.sent()
-                    yield text
-        except ctx.engine_error as e:
-            yield sse("error", error_body(e.status, str(e)))
+
+        def finish(done: Done) -> str:
+            reason, stop = stop_of(done)
+            return events(blocks.finish() + [
+                {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop},
+                 "usage": {"output_tokens": done.result.completion_tokens}},
+                {"type": "message_stop"}])
+
+        async for text in relay(ctx, run, lambda d: events(blocks.feed(d)), finish,
+                                lambda e: sse("error", error_body(e.status, str(e)))):
+            yield text

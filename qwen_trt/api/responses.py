@@ -35,9 +35,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from qwen_trt.api.chat_run import ChatRun, Done, chat_events, sse
+from qwen_trt.api.chat_run import ChatRun, Done, chat_events, relay, release_async, sse
 from qwen_trt.api.errors import ApiError, excerpt
-from qwen_trt.api.keepalive import KEEPALIVE, KeepAlive
 from qwen_trt.api.limits import MIB, decode_json
 from qwen_trt.api.protocol import ChatRequest, parse_chat_request
 from qwen_trt.api.responses_store import ResponseStore, Stored, size_of
@@ -467,10 +466,6 @@ def _status(done: Done) -> str:
     return "incomplete" if done.result.finish_reason == "length" else "completed"
 
 
-async def _release_async(release, handles) -> None:
-    release(handles)
-
-
 def add_responses_routes(app: FastAPI, ctx, store: ResponseStore | None) -> None:
     """The Responses routes on ``app`` (``ctx``: :class:`~qwen_trt.api.completions.ApiContext`;
     ``store``: None keeps nothing)."""
@@ -504,7 +499,7 @@ def add_responses_routes(app: FastAPI, ctx, store: ResponseStore | None) -> None
             return StreamingResponse(_stream(turn, run), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"},
-                                     background=BackgroundTask(_release_async, ctx.release,
+                                     background=BackgroundTask(release_async, ctx.release,
                                                                run.handles))
         out = Output()
         done = None
@@ -527,7 +522,6 @@ def add_responses_routes(app: FastAPI, ctx, store: ResponseStore | None) -> None
 
     async def _stream(turn: _Turn, run: ChatRun) -> AsyncIterator[str]:
         seq = 0
-        keep = KeepAlive(ctx.keepalive_s)
 
         def events(evs: list[dict]) -> str:
             nonlocal seq
@@ -541,30 +535,21 @@ def add_responses_routes(app: FastAPI, ctx, store: ResponseStore | None) -> None
         yield events([{"type": "response.created", "response": start},
                       {"type": "response.in_progress", "response": start}])
         out = Output()
-        try:
-            async for item in chat_events(ctx, run, None, keep.beat_s):
-                if item is None:
-                    if keep.due():
-                        keep.sent()
-                        yield KEEPALIVE
-                    continue
-                if isinstance(item, Done):
-                    evs = out.finish(item.result.finish_reason == "length")
-                    status = _status(item)
-                    body = turn.body(status, out.items, item.result)
-                    turn.keep(body, out.items)
-                    kind = "response.completed" if status == "completed" else \
-                        "response.incomplete"
-                    yield events(evs + [{"type": kind, "response": body}])
-                    return
-                text = events(out.feed(item))
-                if text:
-                    keep.sent()
-                    yield text
-        except ctx.engine_error as e:
+
+        def finish(done: Done) -> str:
+            evs = out.finish(done.result.finish_reason == "length")
+            status = _status(done)
+            body = turn.body(status, out.items, done.result)
+            turn.keep(body, out.items)
+            return events(evs + [{"type": f"response.{status}", "response": body}])
+
+        def fail(e) -> str:
             body = turn.body("failed", out.items, error={"code": "server_error",
                                                          "message": str(e)})
-            yield events([{"type": "response.failed", "response": body}])
+            return events([{"type": "response.failed", "response": body}])
+
+        async for text in relay(ctx, run, lambda d: events(out.feed(d)), finish, fail):
+            yield text
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request):

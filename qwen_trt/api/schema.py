@@ -394,25 +394,10 @@ def build_openapi(app: FastAPI) -> dict:
                                      by_alias=True)
         schemas.update(js.pop("$defs", {}))
         schemas[model.__name__] = js
-    error = {"description": "Error (OpenAI's shape)",
-             "content": {"application/json": {"schema": _ref(ErrorResponse)}}}
-    for path, (method, req, res, chunk) in ROUTES.items():
-        real = path.replace("{model_id}", "{model_id}")
-        op = doc.get("paths", {}).get(real, {}).get(method)
-        if op is None:
-            continue
-        op.pop("requestBody", None)
-        if req is not None:
-            op["requestBody"] = {"required": True,
-                                 "content": {"application/json": {"schema": _ref(req)}}}
-        content = {"application/json": {"schema": _ref(res)}}
-        if chunk is not None:
-            content["text/event-stream"] = {"schema": {
-                "type": "string", "description": f"Server-sent events: 'data: <{chunk.__name__}"
-                                                 " JSON>' lines, then 'data: [DONE]'."}}
-        op["responses"] = {"200": {"description": "OK", "content": content},
-                           "400": error, "401": error, "404": error, "503": error}
-    for path, method, req, res, stream, err in MORE_ROUTES:
+    chat = [(path, method, req, res, None if chunk is None else
+             f"'data: <{chunk.__name__} JSON>' lines, then 'data: [DONE]'", None)
+            for path, (method, req, res, chunk) in ROUTES.items()]
+    for path, method, req, res, stream, err in chat + MORE_ROUTES:
         op = doc.get("paths", {}).get(path, {}).get(method)
         if op is None:
             continue
@@ -424,10 +409,11 @@ def build_openapi(app: FastAPI) -> dict:
         if stream is not None:
             content["text/event-stream"] = {"schema": {
                 "type": "string", "description": f"Server-sent events: {stream}."}}
-        fail = {"description": "Error", "content": {"application/json": {
+        shape = "Anthropic's" if err is AnthropicError else "OpenAI's"
+        error = {"description": f"Error ({shape} shape)", "content": {"application/json": {
             "schema": _ref(err or ErrorResponse)}}}
         op["responses"] = {"200": {"description": "OK", "content": content},
-                           **{code: fail for code in ("400", "401", "404", "503")}}
+                           **{code: error for code in ("400", "401", "404", "503")}}
     return doc
 
 
