@@ -174,6 +174,10 @@ def test_a_function_call_and_its_output_carry_across_turns(env, script, tiny_tok
         {"type": "function_call_output", "call_id": call.call_id, "output": "20 C, sunny"}],
         tools=[WEATHER])
     assert second.previous_response_id == first.id and second.instructions is None
+    items = httpx.get(f"{origin}/v1/responses/{second.id}/input_items", timeout=10).json()
+    check(items, "ResponseItemList")
+    assert [(d["type"], d["call_id"], d["output"]) for d in items["data"]] == [
+        ("function_call_output", call.call_id, "20 C, sunny")]
     text = prompt_text(service, tiny_tokenizer)
     # the whole conversation reached the model: the first question, the call, its output
     for part in ("Weather in Paris?", "Checking.", '"name": "get_weather"', '"city": "Paris"',

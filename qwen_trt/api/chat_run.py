@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from qwen_trt.api.choices import ChatChoice, Piece
+from qwen_trt.api.errors import ApiError
 from qwen_trt.api.keepalive import KEEPALIVE, KeepAlive
 
 
@@ -58,6 +59,23 @@ async def chat_events(ctx, run: ChatRun, request=None,
             if tail:
                 yield tail
             yield Done(item, choice.finish_reason(item.finish_reason))
+
+
+async def collect(ctx, run: ChatRun, request, feed) -> Done | None:
+    """A whole reply: ``feed(deltas)`` for each batch, then its :class:`Done` (None: the client
+    went away). Gives back the run's queue places; an engine failure is an ``ApiError``."""
+    done = None
+    try:
+        async for item in chat_events(ctx, run, request):
+            if isinstance(item, Done):
+                done = item
+            elif item:
+                feed(item)
+    except ctx.engine_error as e:
+        raise ApiError(e.status, str(e)) from e
+    finally:
+        ctx.release(run.handles)
+    return done
 
 
 async def relay(ctx, run: ChatRun, feed, finish, fail) -> AsyncIterator[str]:

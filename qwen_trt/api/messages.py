@@ -30,8 +30,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from qwen_trt.api.chat_run import (ChatRun, Done, chat_events, json_object, relay,
-                                   release_async, sse)
+from qwen_trt.api.chat_run import (ChatRun, Done, collect, json_object, relay, release_async,
+                                   sse)
 from qwen_trt.api.errors import ApiError, excerpt
 from qwen_trt.api.limits import decode_json
 from qwen_trt.api.protocol import ChatRequest, parse_chat_request
@@ -315,13 +315,16 @@ def add_messages_routes(app: FastAPI, ctx) -> None:
     @app.post("/v1/messages")
     async def messages(request: Request):
         try:
-            ctx.check_auth(request)
-            t_in = time.perf_counter()
-            req = parse_messages_request(decode_json(await request.body()))
-            run = await ctx.start_chat(req, t_in)
+            return await create(request)
         except ApiError as e:
             return JSONResponse(error_body(e.status, e.message), status_code=e.status,
                                 headers=e.headers)
+
+    async def create(request: Request):
+        ctx.check_auth(request)
+        t_in = time.perf_counter()
+        req = parse_messages_request(decode_json(await request.body()))
+        run = await ctx.start_chat(req, t_in)
         mid = f"msg_{uuid.uuid4().hex}"
         if req.stream:
             return StreamingResponse(_stream(mid, run), media_type="text/event-stream",
@@ -329,18 +332,9 @@ def add_messages_routes(app: FastAPI, ctx) -> None:
                                               "X-Accel-Buffering": "no"},
                                      background=BackgroundTask(release_async, ctx.release,
                                                                run.handles))
-        blocks, done = Blocks(), None
-        try:
-            async for item in chat_events(ctx, run, request):
-                if isinstance(item, Done):
-                    done = item
-                elif item:
-                    blocks.feed(item)
-        except ctx.engine_error as e:
-            return JSONResponse(error_body(e.status, str(e)), status_code=e.status)
-        finally:
-            ctx.release(run.handles)
-        if done is None:
+        blocks = Blocks()
+        done = await collect(ctx, run, request, blocks.feed)
+        if done is None:                      # the client went away
             return Response(status_code=499)
         blocks.finish()
         reason, stop = stop_of(done)

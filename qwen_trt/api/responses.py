@@ -35,7 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from qwen_trt.api.chat_run import ChatRun, Done, chat_events, relay, release_async, sse
+from qwen_trt.api.chat_run import ChatRun, Done, collect, relay, release_async, sse
 from qwen_trt.api.errors import ApiError, excerpt
 from qwen_trt.api.limits import MIB, decode_json
 from qwen_trt.api.protocol import ChatRequest, parse_chat_request
@@ -502,17 +502,7 @@ def add_responses_routes(app: FastAPI, ctx, store: ResponseStore | None) -> None
                                      background=BackgroundTask(release_async, ctx.release,
                                                                run.handles))
         out = Output()
-        done = None
-        try:
-            async for item in chat_events(ctx, run, request):
-                if isinstance(item, Done):
-                    done = item
-                elif item:
-                    out.feed(item)
-        except ctx.engine_error as e:
-            raise ApiError(e.status, str(e)) from e
-        finally:
-            ctx.release(run.handles)
+        done = await collect(ctx, run, request, out.feed)
         if done is None:                      # the client went away
             return Response(status_code=499)
         out.finish(done.result.finish_reason == "length")
