@@ -215,6 +215,14 @@ def test_text_format_json_schema_and_tool_choice_reach_the_grammar(env, script):
     assert json.loads(resp.output_text) == {"n": 3}
     g = service.submitted[-1][1].grammar
     assert g.kind == "json_schema" and json.loads(g.spec) == schema
+    from pydantic import BaseModel
+
+    class N(BaseModel):
+        n: int
+
+    parsed = client.responses.parse(model="fake", input="n?", text_format=N)   # the SDK's helper
+    assert parsed.output_parsed == N(n=3)
+    assert service.submitted[-1][1].grammar.kind == "json_schema"
     client.responses.create(model="fake", input="x", text={"format": {"type": "json_object"}})
     assert service.submitted[-1][1].grammar.kind == "json_object"
     two = [WEATHER, {"type": "function", "name": "get_time", "parameters": {"type": "object"}}]
