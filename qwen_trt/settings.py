@@ -199,6 +199,15 @@ SETTINGS: tuple[Setting, ...] = (
        "qwen-trt serve: comma-separated browser origins (scheme://host[:port] each, or *) "
        "allowed to call the API directly (CORS)", flag="--allowed-origins",
        default_doc="none (no CORS headers)"),
+    _S("QWEN_TRT_RESPONSES_STORE", "bool", True,
+       "qwen-trt serve: keep responses for previous_response_id and GET /v1/responses/{id} "
+       "(0 = off)", flag="--no-responses-store"),
+    _S("QWEN_TRT_RESPONSES_STORE_MAX", "int", 1024,
+       "qwen-trt serve: responses kept at most (the least recently used go first)",
+       flag="--responses-store-max"),
+    _S("QWEN_TRT_RESPONSES_STORE_MB", "float", 64.0,
+       "qwen-trt serve: MiB the kept responses hold at most, their conversations counted whole",
+       flag="--responses-store-mb"),
     # -- build and container ----------------------------------------------------------------------
     _S("QWEN_TRT_ENGINES_DIR", "path", "engines", "where engines are built and looked up "
        "(qwen-trt build --engines-dir)", flag="--engines-dir"),

@@ -49,6 +49,8 @@ class ApiContext:
     engine_error: type          # the exception _generate raises
     data: Callable              # dict -> one SSE event
     release: Callable = lambda handles: None   # gives back the queue places of handles
+    start_chat: Callable | None = None   # async (ChatRequest, t_in) -> ChatRun, submitted
+    keepalive_s: float = 0.0    # a silent stream gets a keep-alive comment this often (0 = off)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,10 @@ from starlette.requests import ClientDisconnect
 from qwen_trt.api import constraints
 from qwen_trt.api.admission import Admission, Ticket
 from qwen_trt.api.choices import ChatChoice, Piece, merge
+from qwen_trt.api.chat_run import ChatRun
 from qwen_trt.api.completions import ApiContext, add_routes, model_card
+from qwen_trt.api.messages import add_messages_routes
+from qwen_trt.api.responses import add_responses_routes, responses_store
 from qwen_trt.api.errors import ApiError, error_body, excerpt
 from qwen_trt.api.keepalive import KEEPALIVE, KeepAlive
 from qwen_trt.api.limits import (MIB, BodyLimit, chars_per_token, context_too_long, decode_json,
@@ -80,6 +83,7 @@ class _Result:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None = None    # when the engine reports prefix-cache hits per request
+    stop: str | None = None             # the stop string that ended the reply
 
 
 class _Counts:
@@ -199,8 +203,9 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             return
         got = request.headers.get("authorization", "")
         scheme, _, token = got.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), settings.api_key.encode()):
+        if scheme.lower() != "bearer":        # Anthropic's clients send x-api-key
+            token = request.headers.get("x-api-key", "") if not got else ""
+        if not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
             raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
@@ -226,12 +231,9 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         check_auth(request)
         return {"object": "list", "data": [model_card(name, created, info)]}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        check_auth(request)
-        t_in = time.perf_counter()
-        raw = await request.body()
-        req = parse_chat_request(decode_json(raw))
+    async def start_chat(req: ChatRequest, t_in: float) -> ChatRun:
+        """``req`` checked against this server and its engine, encoded and submitted (400 /
+        404 / 503 as :class:`ApiError`): what every chat-shaped route streams or collects."""
         if req.model is not None and req.model != name:
             raise ApiError(404, f"The model {excerpt(req.model)} does not exist here; this "
                                 f"server serves '{name}' (see /v1/models).", param="model",
@@ -273,16 +275,27 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         t0 = time.perf_counter()
         trace = (RequestTrace(t_in, t_parsed, t_encoded, t0, len(ids))
                  if hops is not None and req.n == 1 else None)
+        return ChatRun(req, handles, choices, len(ids), t0, trace)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        check_auth(request)
+        t_in = time.perf_counter()
+        raw = await request.body()
+        req = parse_chat_request(decode_json(raw))
+        run = await start_chat(req, t_in)
+        handles, choices, n_prompt, t0, trace = (run.handles, run.choices, run.n_prompt, run.t0,
+                                                 run.trace)
         if req.stream:
             # the background task frees the places when the body never ran (client gone first)
-            return StreamingResponse(_sse(handles, choices, req, len(ids), t0, trace),
+            return StreamingResponse(_sse(handles, choices, req, n_prompt, t0, trace),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"},
                                      background=BackgroundTask(release_async, handles))
         results: list = [None] * req.n
         try:
-            async for i, item in merge([_generate(h, req, len(ids), t0, request, trace)
+            async for i, item in merge([_generate(h, req, n_prompt, t0, request, trace)
                                         for h in handles]):
                 if isinstance(item, Piece):
                     choices[i].feed(item)
@@ -436,7 +449,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                     if m.decode_tok_s > 0:
                         metrics.tok_s.observe(m.decode_tok_s)
                     outcome = reason
-                    yield _Result(reason, n_prompt, m.tokens, getattr(m, "cached_tokens", None))
+                    yield _Result(reason, n_prompt, m.tokens, getattr(m, "cached_tokens", None),
+                                  scanner.matched)
                 elif isinstance(ev, Failed):
                     outcome = "error"
                     raise _RequestError(str(ev.error))
@@ -499,10 +513,14 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             held.append(_data(error_body(str(e), e.status)))
         yield "".join(held) + "data: [DONE]\n\n"
 
-    add_routes(app, ApiContext(name=name, created=created, service=service,
-                               check_auth=check_auth, submit=submit, generate=_generate,
-                               encode_chat=encode_chat, tokenize=tokenize, detokenize=detokenize,
-                               engine_error=_RequestError, data=_data, release=release))
+    ctx = ApiContext(name=name, created=created, service=service, check_auth=check_auth,
+                     submit=submit, generate=_generate, encode_chat=encode_chat,
+                     tokenize=tokenize, detokenize=detokenize, engine_error=_RequestError,
+                     data=_data, release=release, start_chat=start_chat,
+                     keepalive_s=settings.sse_keepalive_s)
+    add_routes(app, ctx)
+    add_responses_routes(app, ctx, responses_store(settings))
+    add_messages_routes(app, ctx)
     describe_openapi(app)
     return app
 

@@ -39,6 +39,9 @@ class ServerSettings:
     body_timeout_s: float = 30.0        # ... and its body within this after them
     shutdown_grace_s: float = 10.0      # SIGTERM/SIGINT: in-flight requests get this long
     allowed_origins: tuple[str, ...] = ()   # browser origins allowed to call the API (CORS)
+    responses_store: bool = True        # keep responses (previous_response_id, GET by id)
+    responses_store_max: int = 1024     # ... at most this many
+    responses_store_mb: float = 64.0    # ... holding at most this many MiB
 
     def __post_init__(self) -> None:
         from qwen_trt.api.listen import check_api_key, normalize_host
@@ -57,6 +60,11 @@ class ServerSettings:
                 raise ConfigError(f"{flag} must be a positive number, got {value}.")
         if not 0 <= self.shutdown_grace_s < float("inf"):
             raise ConfigError(f"--shutdown-grace-s must be >= 0, got {self.shutdown_grace_s}.")
+        if self.responses_store_max < 1:
+            raise ConfigError(f"--responses-store-max must be >= 1, got {self.responses_store_max}.")
+        if not 0 < self.responses_store_mb < float("inf"):
+            raise ConfigError(f"--responses-store-mb must be a positive number, got "
+                              f"{self.responses_store_mb}.")
         check_api_key(self.api_key)
         for origin in self.allowed_origins:
             if origin != "*" and not ORIGIN_RE.match(origin):

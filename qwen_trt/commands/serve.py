@@ -22,7 +22,10 @@ SERVER_SETTINGS = (
     ("QWEN_TRT_BODY_TIMEOUT_S", "body_timeout_s"),
     ("QWEN_TRT_SHUTDOWN_GRACE_S", "shutdown_grace_s"),
     ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"),
+    ("QWEN_TRT_RESPONSES_STORE_MAX", "responses_store_max"),
+    ("QWEN_TRT_RESPONSES_STORE_MB", "responses_store_mb"),
 )
+STORE = "QWEN_TRT_RESPONSES_STORE"     # on unless --no-responses-store (or the variable = 0)
 
 
 def register(sub) -> None:
@@ -34,6 +37,10 @@ def register(sub) -> None:
     for name, field in SERVER_SETTINGS:
         s = settings.declared(name)
         p.add_argument(s.flag, dest=field, default=None, help=s.help)
+    store = settings.declared(STORE)
+    p.add_argument(store.flag, dest="responses_store", action="store_false", default=None,
+                   help="keep no responses: no previous_response_id, no GET /v1/responses/{id} "
+                        f"[env {STORE}=0]")
     if "--api-key" not in flags:   # the backend options may already carry it
         p.add_argument("--api-key", default=None, help=settings.declared(ENV_KEY).help)
     p.add_argument("--served-model-name", default=None,
@@ -67,6 +74,8 @@ def settings_from(args, environ=None):
     env = os.environ if environ is None else environ
     values = {field: _value(args, name, field, env) for name, field in SERVER_SETTINGS}
     values["allowed_origins"] = _origins(values["allowed_origins"])
+    values["responses_store"] = (False if getattr(args, "responses_store", None) is False
+                                 else _value(args, STORE, "", env))
     return ServerSettings(
         api_key=args.api_key if args.api_key is not None else settings.get(ENV_KEY, env),
         model_name=args.served_model_name, **values)
