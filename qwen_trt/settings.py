@@ -128,6 +128,9 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_ALLOWED_ORIGINS", "str", None,
        "comma-separated browser origins allowed to call the API directly (CORS; none by default)",
        flag="--allowed-origins"),
+    _S("QWEN_TRT_ALLOWED_HOSTS", "str", None,
+       "comma-separated Host names the API answers besides loopback and its own address "
+       "(behind a proxy: the name clients use; * = any)", flag="--allowed-hosts"),
     _S("QWEN_TRT_TRACE_HOPS", "bool", False,
        "qwen-trt serve: time each hop of a request, summed at GET /debug/hops", group="test"),
     # -- build and container ----------------------------------------------------------------------

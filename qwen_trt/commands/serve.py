@@ -21,7 +21,7 @@ SERVER_SETTINGS = (
     ("QWEN_TRT_HEADER_TIMEOUT_S", "header_timeout_s"),
     ("QWEN_TRT_BODY_TIMEOUT_S", "body_timeout_s"),
     ("QWEN_TRT_SHUTDOWN_GRACE_S", "shutdown_grace_s"),
-    ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"),
+    ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"), ("QWEN_TRT_ALLOWED_HOSTS", "allowed_hosts"),
 )
 
 
@@ -70,6 +70,7 @@ def settings_from(args, environ=None):
     env = os.environ if environ is None else environ
     values = {field: _value(args, name, field, env) for name, field in SERVER_SETTINGS}
     values["allowed_origins"] = _origins(values["allowed_origins"])
+    values["allowed_hosts"] = _names(values["allowed_hosts"])
     return ServerSettings(
         api_key=args.api_key if args.api_key is not None else (env.get(ENV_KEY) or None),
         model_name=args.served_model_name, **values)
@@ -79,6 +80,11 @@ def _origins(value: str | None) -> tuple[str, ...]:
     """``--allowed-origins a,b`` as a tuple (checked by ServerSettings)."""
     return tuple(dict.fromkeys(o.strip().rstrip("/") for o in (value or "").split(",")
                                if o.strip()))
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    """``--allowed-hosts a,b`` as a tuple (checked by ServerSettings)."""
+    return tuple(n.strip() for n in (value or "").split(",") if n.strip())
 
 
 def run(args) -> int:
