@@ -412,10 +412,12 @@ def test_every_endpoint_refuses_an_unfittable_prompt_before_tokenising(server, m
     import qwen_trt.api.server as srv
 
     calls = []
-    for mod, name in ((srv, "text_ids"), (srv, "encode_messages"), (prompt, "text_ids")):
-        real = getattr(mod, name)
-        monkeypatch.setattr(mod, name,
-                            lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k))
+    tok = server[2].tokenizer
+    for obj, name in ((srv, "text_ids"), (srv, "encode_messages"), (prompt, "text_ids"),
+                      (tok, "encode")):
+        real = getattr(obj, name, None)
+        monkeypatch.setattr(obj, name, lambda *a, _real=real, **k: calls.append(1) or
+                            _real(*a, **k), raising=False)
     t0 = time.perf_counter()
     err = assert_openai_error(post(server[0], path, body), 400)
     assert err["code"] == "context_length_exceeded" and "at least" in err["message"], err
