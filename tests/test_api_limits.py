@@ -562,6 +562,7 @@ def test_host_header_must_name_this_server(server):
         err = assert_openai_error(r, 421)
         assert err["code"] == "misdirected_request" and "--allowed-hosts" in err["message"]
         assert httpx.get(f"{origin}/v1/models", headers={"host": host}).status_code == 421
+        assert httpx.get(f"{origin}/health", headers={"host": host}).status_code == 200  # probes
     assert len(backend.prompts) == before
     for host in ("localhost", f"localhost:{port}", "LOCALHOST.", "127.0.0.1", f"127.0.0.1:{port}",
                  f"[::1]:{port}", "[::1]"):

@@ -8,7 +8,8 @@
   ``127.0.0.1``, ``[::1]``, with or without a port), the address ``serve`` binds, the address the
   connection came in on, or one of ``--allowed-hosts`` gets a 421: a DNS-rebinding page (its own
   name resolving to 127.0.0.1) sends its own name. ``--allowed-hosts *`` turns the check off.
-  A request without ``Host`` (HTTP/1.0, not a browser) passes.
+  A request without ``Host`` (HTTP/1.0, not a browser) passes, and so does ``GET /health``
+  (probes and load balancers reach it by any name; it takes no input and says only up or down).
 
 :class:`HostCheck` is the one place the ``Host`` rule lives; :class:`RequestGuard` is the ASGI
 middleware that applies both.
@@ -24,6 +25,7 @@ from qwen_trt.api.listen import host_name
 from qwen_trt.api.server_settings import is_loopback
 
 JSON_TYPE = "application/json"
+UNCHECKED_PATHS = frozenset({"/health"})      # answered for any Host (GET only: no body)
 _WILDCARDS = frozenset({"0.0.0.0", "::"})
 
 
@@ -71,7 +73,7 @@ class RequestGuard:
                 host = value.decode("latin-1")
             elif name == b"content-type":
                 ctype = value.decode("latin-1")
-        if host is not None:
+        if host is not None and scope.get("path") not in UNCHECKED_PATHS:
             server = scope.get("server")
             if not self.hosts.allows(host, server[0] if server else None):
                 return await _refuse(scope, receive, send, ApiError(

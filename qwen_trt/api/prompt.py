@@ -84,6 +84,15 @@ def _plain(tokenizer):
         return copy
 
 
+def text_ids_ready(tokenizer) -> bool:
+    """Whether :func:`text_ids` has its copy of ``tokenizer`` (making one takes a moment: do
+    the first call off the event loop)."""
+    try:
+        return getattr(tokenizer, "backend_tokenizer", None) is None or tokenizer in _PLAIN
+    except TypeError:
+        return False
+
+
 def text_ids(tokenizer, text: str, *, add_special_tokens: bool = True,
              limit: int | None = None, lock: threading.Lock | None = None) -> list[int]:
     """``tokenizer.encode(text, add_special_tokens=...)`` (control tokens such as

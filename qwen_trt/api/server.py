@@ -42,7 +42,7 @@ from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
 from qwen_trt.api.encoder import QUICK_CHARS, PromptEncoder
 from qwen_trt.api.hops import HopClock, RequestTrace
-from qwen_trt.api.prompt import PromptTooLong, encode_messages, text_ids
+from qwen_trt.api.prompt import PromptTooLong, encode_messages, text_ids, text_ids_ready
 from qwen_trt.api.protocol import ChatRequest, ChunkWriter, new_id, parse_chat_request, usage
 from qwen_trt.api.schema import describe_openapi
 from qwen_trt.api.stops import StopScanner
@@ -377,7 +377,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         def run():
             return text_ids(service.tokenizer, text, add_special_tokens=add_special_tokens,
                             limit=limit, lock=tok_lock)
-        if len(text) <= QUICK_CHARS:
+        if len(text) <= QUICK_CHARS and text_ids_ready(service.tokenizer):
             return run()
         async with tokenizing:
             return await run_in_threadpool(run)
