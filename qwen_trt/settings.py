@@ -208,6 +208,10 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_RESPONSES_STORE_MB", "float", 64.0,
        "qwen-trt serve: MiB the kept responses hold at most, their conversations counted whole",
        flag="--responses-store-mb"),
+    _S("QWEN_TRT_ALLOWED_HOSTS", "str", None,
+       "qwen-trt serve: comma-separated Host names the API answers besides loopback and its own "
+       "address (behind a proxy: the name clients use; * = any)", flag="--allowed-hosts",
+       default_doc="loopback names and the bound address"),
     # -- build and container ----------------------------------------------------------------------
     _S("QWEN_TRT_ENGINES_DIR", "path", "engines", "where engines are built and looked up "
        "(qwen-trt build --engines-dir)", flag="--engines-dir"),

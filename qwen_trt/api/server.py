@@ -38,14 +38,15 @@ from qwen_trt.api.completions import ApiContext, add_routes, model_card
 from qwen_trt.api.messages import add_messages_routes
 from qwen_trt.api.responses import add_responses_routes, responses_store
 from qwen_trt.api.errors import ApiError, error_body, excerpt
+from qwen_trt.api.guards import HostCheck, RequestGuard
 from qwen_trt.api.keepalive import KEEPALIVE, KeepAlive
 from qwen_trt.api.limits import (MIB, BodyLimit, chars_per_token, context_too_long, decode_json,
                                  min_prompt_tokens)
 from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
-from qwen_trt.api.encoder import PromptEncoder
+from qwen_trt.api.encoder import QUICK_CHARS, PromptEncoder
 from qwen_trt.api.hops import HopClock, RequestTrace
-from qwen_trt.api.prompt import encode_messages
+from qwen_trt.api.prompt import PromptTooLong, encode_messages, text_ids, text_ids_ready
 from qwen_trt.api.protocol import ChatRequest, ChunkWriter, new_id, parse_chat_request, usage
 from qwen_trt.api.schema import describe_openapi
 from qwen_trt.api.stops import StopScanner
@@ -168,6 +169,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     app = FastAPI(title="qwen-trt", version="1", docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")
     app.add_middleware(BodyLimit, max_bytes=int(settings.max_body_mb * MIB))
+    app.add_middleware(RequestGuard, hosts=HostCheck(settings.host, settings.allowed_hosts))
     if settings.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -240,15 +242,14 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                            code="model_not_found")
         constraints.check(req.grammar, req.grammar_param)
         constraints.check_backend(info, req.grammar, req.grammar_param, req.logprobs)
+        admission.check_fits(req.n, f"n = {req.n}")
         _queue_check()
         # No liveness gate here: a service whose engine process died restarts it on the next
         # submit (the request waits meanwhile); a closed service refuses the submit (503).
         tokenizer = service.tokenizer
         tools = req.tools.tools if req.tools.render else None
-        if not per_token:
-            per_token.append(await run_in_threadpool(chars_per_token, tokenizer))
         room = _room(req, info)
-        at_least = min_prompt_tokens(req.messages, per_token[0])
+        at_least = min_prompt_tokens(req.messages, await bound())
         if at_least > room:        # cannot fit, whatever the tokenizer makes of it
             raise _too_long(at_least, req, info, bound=True)
 
@@ -350,17 +351,48 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         there would be run in a worker thread)."""
         release(handles)
 
-    async def encode_chat(messages, tools, add_generation_prompt: bool = True) -> list[int]:
+    async def bound() -> int | None:
+        """chars_per_token of the tokenizer (worked out once, in a worker thread)."""
+        if not per_token:
+            per_token.append(await run_in_threadpool(chars_per_token, service.tokenizer))
+        return per_token[0]
+
+    async def encode_chat(messages, tools, add_generation_prompt: bool = True,
+                          limit: int | None = None) -> list[int]:
+        """The template's ids (PromptTooLong past ``limit``: from the bound, or counted)."""
+        if limit is not None:
+            at_least = min_prompt_tokens(messages, await bound())
+            if at_least > limit:
+                raise PromptTooLong(at_least, limit, at_least=True)
+
         def run():
-            return encode_messages(service.tokenizer, messages, tools=tools,
-                                   add_generation_prompt=add_generation_prompt)
+            try:
+                return encode_messages(service.tokenizer, messages, tools=tools,
+                                       add_generation_prompt=add_generation_prompt, limit=limit)
+            except PromptTokensError as e:
+                raise PromptTooLong(e.tokens, e.limit) from None
         async with tokenizing:
             return await run_in_threadpool(run)
 
-    async def tokenize(text: str, add_special_tokens: bool) -> list[int]:
+    async def min_tokens(text: str) -> int:
+        """Tokens ``text`` has at least, from the character bound (0 without one)."""
+        return min_prompt_tokens(({"content": text},), await bound())
+
+    async def tokenize(text: str, add_special_tokens: bool, limit: int | None = None,
+                       ) -> list[int]:
+        """``text`` as the tokenizer encodes it (control tokens parsed); PromptTooLong past
+        ``limit`` (from the bound, else counted). Short texts on the loop, long ones in a worker
+        thread with the GIL released."""
+        if limit is not None:
+            at_least = await min_tokens(text)
+            if at_least > limit:
+                raise PromptTooLong(at_least, limit, at_least=True)
+
         def run():
-            with tok_lock:
-                return service.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            return text_ids(service.tokenizer, text, add_special_tokens=add_special_tokens,
+                            limit=limit, lock=tok_lock)
+        if len(text) <= QUICK_CHARS and text_ids_ready(service.tokenizer):
+            return run()
         async with tokenizing:
             return await run_in_threadpool(run)
 
@@ -517,7 +549,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                      submit=submit, generate=_generate, encode_chat=encode_chat,
                      tokenize=tokenize, detokenize=detokenize, engine_error=_RequestError,
                      data=_data, release=release, start_chat=start_chat,
-                     keepalive_s=settings.sse_keepalive_s)
+                     keepalive_s=settings.sse_keepalive_s,
+                     check_fits=admission.check_fits, min_tokens=min_tokens)
     add_routes(app, ctx)
     add_responses_routes(app, ctx, responses_store(settings))
     add_messages_routes(app, ctx)

@@ -42,9 +42,10 @@ class ServerSettings:
     responses_store: bool = True        # keep responses (previous_response_id, GET by id)
     responses_store_max: int = 1024     # ... at most this many
     responses_store_mb: float = 64.0    # ... holding at most this many MiB
+    allowed_hosts: tuple[str, ...] = ()     # Host names answered besides loopback's (* = any)
 
     def __post_init__(self) -> None:
-        from qwen_trt.api.listen import check_api_key, normalize_host
+        from qwen_trt.api.listen import allowed_host, check_api_key, normalize_host
 
         object.__setattr__(self, "host", normalize_host(self.host))
         if not 0 <= self.port <= 65535:
@@ -70,6 +71,14 @@ class ServerSettings:
             if origin != "*" and not ORIGIN_RE.match(origin):
                 raise ConfigError(f"--allowed-origins: {origin[:80]!r} is not an origin (give "
                                   "scheme://host[:port] without a path, or *).")
+        hosts = []
+        for entry in self.allowed_hosts:
+            name = allowed_host(entry)
+            if name is None:
+                raise ConfigError(f"--allowed-hosts: {entry[:80]!r} is not a host name or "
+                                  "address (give names without scheme, port or path, or *).")
+            hosts.append(name)
+        object.__setattr__(self, "allowed_hosts", tuple(dict.fromkeys(hosts)))
         if not is_loopback(self.host) and not self.api_key:
             raise ConfigError(f"Refusing to listen on {self.host} without a key: set --api-key or "
                               "QWEN_TRT_API_KEY (only 127.0.0.1 / localhost may go without one).")

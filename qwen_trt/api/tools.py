@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from qwen_trt.api.errors import ApiError
+from qwen_trt.api.limits import check_text
 from qwen_trt.model.template import TOOL_CALL_END, TOOL_CALL_START
 from qwen_trt.params import Grammar
 
@@ -128,6 +129,7 @@ def parse_tools(obj: Mapping) -> ToolSpec:
         raise _bad("tools", "'tools' must be a list of function tools.")
     if len(raw) > MAX_TOOLS:
         raise _bad("tools", f"'tools' takes at most {MAX_TOOLS} tools, got {len(raw)}.")
+    check_text(raw, "tools")
     tools = tuple(_function(i, t) for i, t in enumerate(raw))
     names = [t["function"]["name"] for t in tools]
     dup = next((n for n in names if names.count(n) > 1), None)

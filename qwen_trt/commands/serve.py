@@ -24,6 +24,7 @@ SERVER_SETTINGS = (
     ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"),
     ("QWEN_TRT_RESPONSES_STORE_MAX", "responses_store_max"),
     ("QWEN_TRT_RESPONSES_STORE_MB", "responses_store_mb"),
+    ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"), ("QWEN_TRT_ALLOWED_HOSTS", "allowed_hosts"),
 )
 STORE = "QWEN_TRT_RESPONSES_STORE"     # on unless --no-responses-store (or the variable = 0)
 
@@ -76,6 +77,7 @@ def settings_from(args, environ=None):
     values["allowed_origins"] = _origins(values["allowed_origins"])
     values["responses_store"] = (False if getattr(args, "responses_store", None) is False
                                  else _value(args, STORE, "", env))
+    values["allowed_hosts"] = _names(values["allowed_hosts"])
     return ServerSettings(
         api_key=args.api_key if args.api_key is not None else settings.get(ENV_KEY, env),
         model_name=args.served_model_name, **values)
@@ -85,6 +87,11 @@ def _origins(value: str | None) -> tuple[str, ...]:
     """``--allowed-origins a,b`` as a tuple (checked by ServerSettings)."""
     return tuple(dict.fromkeys(o.strip().rstrip("/") for o in (value or "").split(",")
                                if o.strip()))
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    """``--allowed-hosts a,b`` as a tuple (checked by ServerSettings)."""
+    return tuple(n.strip() for n in (value or "").split(",") if n.strip())
 
 
 def run(args) -> int:
