@@ -138,8 +138,8 @@ SETTINGS: tuple[Setting, ...] = (
        flag="--max-batch", default_doc="`32`"),
     _S("QWEN_TRT_SPECULATIVE", "str", "off",
        "fast path: speculative decoding: off | ngram (draft-free prompt lookup: several tokens "
-       "a step where the reply repeats its context; exact)",
-       flag="--speculative", choices=("off", "ngram")),
+       "a step where the reply repeats its context) | eagle3:PATH (an EAGLE-3 draft folder, "
+       "either published layout); exact either way", flag="--speculative"),
     _S("QWEN_TRT_NUM_SPECULATIVE_TOKENS", "str", "auto",
        "fast path with --speculative: draft tokens verified a step, 1..8, or auto (from each "
        "request's acceptance and the batch size)", flag="--num-speculative-tokens"),

@@ -200,7 +200,6 @@ def test_choices_are_the_backends_own():
 
     for name, allowed in (("QWEN_TRT_BACKEND", BACKENDS), ("QWEN_TRT_DTYPE", DTYPES),
                           ("QWEN_TRT_FAST", FAST_MODES), ("QWEN_TRT_QUANTIZATION", QUANTIZATIONS),
-                          ("QWEN_TRT_SPECULATIVE", SPECULATIVE),
                           ("QWEN_TRT_WORKER", WORKER_MODES)):
         assert settings.declared(name).choices == allowed, name
 

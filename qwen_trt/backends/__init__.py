@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ BACKENDS = ("auto", "torch", "trtllm", "openai")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 FAST_MODES = ("auto", "on", "off")
 QUANTIZATIONS = ("auto", "none", "fp8", "int4")   # fast path weight formats
-SPECULATIVE = ("off", "ngram")                     # fast path speculative decoding
+SPECULATIVE = ("off", "ngram", "eagle3:PATH")     # fast path speculative decoding
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 MIN_MAX_SEQ_LEN = 32   # room for the chat template, a short message and a reply
 
@@ -76,9 +77,13 @@ class BackendConfig:
                 or w < 0):
             raise ConfigError(f"{_where('watchdog-s')} must be a number of seconds >= 0 "
                               f"(0 turns the watchdog off), got '{w}'.")
-        if self.speculative not in SPECULATIVE:
+        method, _, draft = str(self.speculative).partition(":")
+        if method not in ("off", "ngram", "eagle3") or (method == "eagle3") != bool(draft):
             raise ConfigError(f"Unknown speculative method '{self.speculative}' "
                               f"({_where('speculative')}): use one of {', '.join(SPECULATIVE)}.")
+        if method == "eagle3" and not os.path.isdir(draft):
+            raise ConfigError(f"EAGLE-3 draft folder '{draft}' ({_where('speculative')}) does "
+                              "not exist.")
         k = self.num_speculative_tokens
         if k != "auto" and not (isinstance(k, str) and k.isdigit() and 1 <= int(k) <= 8):
             raise ConfigError(f"{_where('num-speculative-tokens')} must be auto or a whole "

@@ -24,7 +24,7 @@ SERVER_SETTINGS = (
     ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"),
     ("QWEN_TRT_RESPONSES_STORE_MAX", "responses_store_max"),
     ("QWEN_TRT_RESPONSES_STORE_MB", "responses_store_mb"),
-    ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"), ("QWEN_TRT_ALLOWED_HOSTS", "allowed_hosts"),
+    ("QWEN_TRT_ALLOWED_HOSTS", "allowed_hosts"),
 )
 STORE = "QWEN_TRT_RESPONSES_STORE"     # on unless --no-responses-store (or the variable = 0)
 
