@@ -200,8 +200,8 @@ SETTINGS: tuple[Setting, ...] = (
        "allowed to call the API directly (CORS)", flag="--allowed-origins",
        default_doc="none (no CORS headers)"),
     _S("QWEN_TRT_RESPONSES_STORE", "bool", True,
-       "qwen-trt serve: keep responses for previous_response_id and GET /v1/responses/{id} "
-       "(0 = off)", flag="--no-responses-store"),
+       "qwen-trt serve: keep responses for previous_response_id and GET /v1/responses/{id}; "
+       "--no-responses-store (or 0) keeps none", flag="--no-responses-store"),
     _S("QWEN_TRT_RESPONSES_STORE_MAX", "int", 1024,
        "qwen-trt serve: responses kept at most (the least recently used go first)",
        flag="--responses-store-max"),

@@ -40,8 +40,7 @@ def register(sub) -> None:
         p.add_argument(s.flag, dest=field, default=None, help=s.help)
     store = settings.declared(STORE)
     p.add_argument(store.flag, dest="responses_store", action="store_false", default=None,
-                   help="keep no responses: no previous_response_id, no GET /v1/responses/{id} "
-                        f"[env {STORE}=0]")
+                   help=store.help)
     if "--api-key" not in flags:   # the backend options may already carry it
         p.add_argument("--api-key", default=None, help=settings.declared(ENV_KEY).help)
     p.add_argument("--served-model-name", default=None,
