@@ -25,12 +25,13 @@ from qwen_trt.ui.state import ChatState
 from qwen_trt.ui.store import QUERY_KEY, new_session_id, process_store
 from qwen_trt.ui.stream import StreamView, coalesce, hidden_turns
 from qwen_trt.ui.text import (DEMO_MODEL_NOTE, dropped_note, fork_note, forks_note,
-                              reply_footer, sanitize_markdown, user_error, waiting_label)
+                              markdown_html, PAGE_CSS, reply_footer, user_error, waiting_label)
 from qwen_trt.ui.transcript import to_json, to_markdown
 
 log = logging.getLogger("qwen_trt.app")
 
 st.set_page_config(page_title="qwen-trt chat", page_icon="💬")
+st.html(PAGE_CSS)          # the style of the rendered replies (constant; out of the page flow)
 
 
 @st.cache_resource(max_entries=1, show_spinner=False,
@@ -178,11 +179,11 @@ def show_history(state: ChatState) -> None:
                   icon=":material/expand_less:", type="tertiary")
     for user, assistant, note in turns[hidden:]:
         with st.chat_message("user"):
-            st.markdown(sanitize_markdown(user.content))
+            st.html(markdown_html(user.content))
         with st.chat_message("assistant"):
             if note.dropped_turns:
                 st.caption(dropped_note(note.dropped_turns))
-            st.markdown(sanitize_markdown(assistant.content) or "*(no text)*")
+            st.html(markdown_html(assistant.content or "*(no text)*"))
             st.caption(note.footer)
 
 
@@ -254,12 +255,12 @@ def stream_reply(state: ChatState, pending, plan_dropped: int, params):
                                 shown_label = label
                         case Started():
                             status.empty()
-                            tail.markdown(view.add("").tail)  # the cursor, until the first token
+                            tail.html(view.add("").tail)  # the cursor, until the first token
                         case Delta(text=text):
                             update = view.add(text)
                             for block in update.new_blocks:
-                                blocks.markdown(block)
-                            tail.markdown(update.tail)
+                                blocks.html(block)
+                            tail.html(update.tail)
                         case Failed(error=error):
                             if handle.text:    # e.g. the server went away: keep the partial
                                 state.commit_pending(pending)
@@ -273,7 +274,7 @@ def stream_reply(state: ChatState, pending, plan_dropped: int, params):
                             save(state, settings)
                             saved = True
                             if reply is not None:
-                                body.markdown(sanitize_markdown(reply.text) or "*(no text)*")
+                                body.html(markdown_html(reply.text or "*(no text)*"))
                                 st.caption(reply_footer(reply, handle.waited_s))
                             if state.forked_from != forked:   # another tab saved meanwhile
                                 chat_links(state)
@@ -346,7 +347,7 @@ def main() -> None:
         turn_actions(state)
         return
     with st.chat_message("user"):
-        st.markdown(sanitize_markdown(text))
+        st.html(markdown_html(text))
     try:
         if error is not None:
             raise error
