@@ -76,8 +76,25 @@ def settings_panel() -> None:
     for key, value in slider_defaults().items():   # the value lives in session state only:
         st.session_state.setdefault(key, value)    # a reload puts the saved one there first
     for spec in SLIDERS:
-        st.slider(**slider_args(spec))
-    st.text_area("System prompt (optional)", key="system_prompt", height=80)
+        st.slider(**slider_args(spec), on_change=save_settings)
+    st.text_area("System prompt (optional)", key="system_prompt", height=80,
+                 on_change=save_settings)
+
+
+def save_settings() -> None:
+    """A reload brings back the sidebar as it was last set, not as of the last reply."""
+    state = st.session_state.get("chat_state")
+    if state is None:
+        return
+    try:
+        settings = settings_dict(params_from(st.session_state))
+    except ValueError:              # shown as one line by main(); nothing to keep
+        return
+    state.save_settings(process_store(), settings, system_prompt())
+
+
+def system_prompt() -> str | None:
+    return (st.session_state.get("system_prompt") or "").strip() or None
 
 
 def clear_memory() -> None:
@@ -312,7 +329,7 @@ def main() -> None:
 
     state = chat_state(service, snap)
     chat_links(state)
-    state.chat.system_prompt = (st.session_state.get("system_prompt") or "").strip() or None
+    state.chat.system_prompt = system_prompt()
     stopped = st.session_state.pop("stop_requested", False)
     if state.commit_pending(ended_by="stopped" if stopped else "interrupted"):
         save(state)           # a reply interrupted by this rerun: kept, marked
