@@ -1,6 +1,7 @@
 """Markdown a hostile reply could send to make the browser fetch a URL, render HTML, LaTeX or
-colours: the known bypasses (issues 23 and 35 among them) and variants on each trick. ``payloads(url)`` names each one;
-``url`` is where a leak would go (the browser test points it at a request logger)."""
+colours: the known bypasses (issues 23 and 35 among them) and variants on each trick.
+``payloads(url)`` names each one; ``url`` is where a leak would go (the browser test points it
+at a request logger)."""
 from __future__ import annotations
 
 

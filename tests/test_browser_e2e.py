@@ -77,12 +77,16 @@ def app_started(tiny_model_dir, tmp_path_factory):
         _wait_healthy(proc, url, log)
         yield url, str(seed_dir), log
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ import pytest
 from markdown_check import TAGS, WRAPPER_CLASS
 from markdown_payloads import ORDINARY, payloads
 from test_browser_e2e import (CHROMIUM_ARGS, ROOT, STEP_TIMEOUT_MS, _chromium, _free_port,
-                              _send, _wait_chat_ready, _wait_healthy, _wait_idle)
+                              _send, _stop, _wait_chat_ready, _wait_healthy, _wait_idle)
 
 pytestmark = pytest.mark.browser
 
@@ -172,15 +172,6 @@ def _streamlit(script, cwd, log, env, *app_args):
         _stop(proc)
         raise
     return proc, url
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import html
 import os
-import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -135,7 +134,8 @@ def _body(out: str) -> str:
     ("costs $5 and :red[stop] at 10:30 :streamlit:",
      "<p>costs $5 and :red[stop] at 10:30 :streamlit:</p>"),
     ("[ok](https://a.example/x?y=1&z=2) [js](javascript:alert(1)) [rel](/x) [m](mailto:a@b.c)",
-     f'<p><a href="https://a.example/x?y=1&amp;z=2" {A}>ok</a> [js](javascript:alert(1)) rel m</p>'),
+     f'<p><a href="https://a.example/x?y=1&amp;z=2" {A}>ok</a> [js](javascript:alert(1)) rel '
+     "m</p>"),
     ("<https://a.example/x> <mailto:m@a.example> <m@a.example> m@a.example",
      f'<p><a href="https://a.example/x" {A}>https://a.example/x</a> mailto:m@a.example '
      "m@a.example m@a.example</p>"),

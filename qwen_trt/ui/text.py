@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
 
 from qwen_trt.errors import first_line, QwenTrtError
 from qwen_trt.params import Reply
