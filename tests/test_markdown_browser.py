@@ -32,12 +32,13 @@ from test_browser_e2e import (CHROMIUM_ARGS, ROOT, STEP_TIMEOUT_MS, _chromium, _
 pytestmark = pytest.mark.browser
 
 APP = '''
-import json, os
+import json
 import streamlit as st
+from qwen_trt import settings
 from qwen_trt.ui.text import PAGE_CSS, markdown_html
 
 st.html(PAGE_CSS)
-doc = json.loads(open(os.environ["QWEN_TRT_CORPUS"]).read())
+doc = json.loads(open(settings.get("QWEN_TRT_CORPUS")).read())
 for i, (name, pair) in enumerate(doc["corpus"].items()):
     with st.container(key=f"s{i}"):
         st.html(markdown_html(pair["s"]))

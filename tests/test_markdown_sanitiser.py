@@ -5,13 +5,13 @@ readable. The same corpus is rendered in Chromium by tests/test_markdown_browser
 from __future__ import annotations
 
 import html
-import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from markdown_check import TAGS, naive_html, reference_html, shape, violations
 from markdown_payloads import ORDINARY, payloads
+from qwen_trt import settings as qwen_settings
 from qwen_trt.ui.text import ALLOWED_TAGS, CSS_CLASS, markdown_html, render_html
 
 URL = "http://127.0.0.1:9/leak"
@@ -93,8 +93,8 @@ _ISSUE_35 = st.tuples(st.sampled_from(["- ", "* ", "> - ", "- a\n  - "]),
                       _LINES).map(lambda p: f"{p[0]}{p[1]}\n  {p[2]}```\n     {p[3]}\n     ```\n"
                                             + "\n".join(p[4]))
 DOCS = st.one_of(_LINES.map("\n".join), _ISSUE_23, _ISSUE_35)
-PROPERTY = settings(max_examples=int(os.environ.get("QWEN_TRT_PROPERTY_EXAMPLES", "400")),
-                    deadline=None, database=None, suppress_health_check=list(HealthCheck))
+PROPERTY = settings(max_examples=qwen_settings.get("QWEN_TRT_PROPERTY_EXAMPLES"), deadline=None,
+                    database=None, suppress_health_check=list(HealthCheck))
 
 
 @PROPERTY

@@ -23,6 +23,7 @@ from starlette.background import BackgroundTask
 from qwen_trt.api import constraints
 from qwen_trt.api.choices import Piece, merge
 from qwen_trt.api.errors import ApiError, error_body, excerpt
+from qwen_trt.api.limits import context_too_long
 from qwen_trt.api.logprobs import CompletionLogprobs, token_texts
 from qwen_trt.api.protocol import (NEUTRAL, ChatRequest, _bad, _bool, _int, _number,
                                    _stops, parse_n, parse_stop_ids, sampling_penalties, usage)
@@ -127,11 +128,7 @@ def _room(n: int, max_tokens: int, info) -> None:
     if n == 0:
         raise _bad("prompt", "'prompt' is empty: there is nothing to complete.")
     if n > info.max_input_len or n + max_tokens > ctx:
-        raise ApiError(400, f"This model's maximum context length is {ctx} tokens (prompts up to "
-                            f"{info.max_input_len}). However, you requested {n + max_tokens} "
-                            f"tokens ({n} in the prompt, {max_tokens} in the completion). Please "
-                            "reduce the length of the prompt or the completion.",
-                       param="prompt", code="context_length_exceeded")
+        raise context_too_long(ctx, info.max_input_len, n, max_tokens, what="prompt")
 
 
 async def _release_async(release, handles) -> None:

@@ -29,6 +29,25 @@ _KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Punctuation", "Metas
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# -- the context ---------------------------------------------------------------------------------
+def context_too_long(ctx: int, max_input: int, n: int, max_tokens: int | None = None, *,
+                     what: str = "messages", bound: bool = False) -> ApiError:
+    """The one 400 for a request that cannot fit the context of ``ctx`` tokens (prompts up to
+    ``max_input``): ``n`` tokens (``bound``: at least ``n``) in the ``what`` ("messages",
+    "prompt"), plus ``max_tokens`` when the completion is what overflows (None: the prompt
+    alone does)."""
+    head = f"This model's maximum context length is {ctx} tokens (prompts up to {max_input})."
+    least = "at least " if bound else ""
+    if max_tokens is None:
+        return ApiError(400, f"{head} However, your {what} resulted in {least}{n} tokens. Please "
+                             f"shorten the {what}.", param=what, code="context_length_exceeded")
+    return ApiError(400, f"{head} However, you requested {least}{n + max_tokens} tokens "
+                         f"({least}{n} in the {what}, {max_tokens} in the completion). Please "
+                         f"reduce the length of the {what} or the completion.",
+                    param="max_tokens" if what == "messages" else what,
+                    code="context_length_exceeded")
+
+
 # -- JSON ----------------------------------------------------------------------------------------
 def decode_json(raw: bytes):
     """The decoded body; a 400 for anything that is not JSON (bad UTF-8, nesting too deep)."""

@@ -36,7 +36,8 @@ from qwen_trt.api.choices import ChatChoice, Piece, merge
 from qwen_trt.api.completions import ApiContext, add_routes, model_card
 from qwen_trt.api.errors import ApiError, error_body, excerpt
 from qwen_trt.api.keepalive import KEEPALIVE, KeepAlive
-from qwen_trt.api.limits import MIB, BodyLimit, chars_per_token, decode_json, min_prompt_tokens
+from qwen_trt.api.limits import (MIB, BodyLimit, chars_per_token, context_too_long, decode_json,
+                                 min_prompt_tokens)
 from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
 from qwen_trt.api.encoder import PromptEncoder
@@ -534,36 +535,21 @@ def _room(req: ChatRequest, info) -> int:
 
 def _too_long(n: int, req: ChatRequest, info, bound: bool = False) -> ApiError:
     """The 400 for a prompt of ``n`` tokens (``bound``: at least ``n``) that does not fit."""
-    ctx, least = info.max_seq_len, "at least " if bound else ""
-    count = f"{least}{n}"
-    if req.max_tokens is not None and n <= min(info.max_input_len, ctx - 1):
-        return ApiError(400, f"This model's maximum context length is {ctx} tokens. However, you "
-                             f"requested {least}{n + req.max_tokens} tokens ({count} in the "
-                             f"messages, {req.max_tokens} in the completion). Please reduce the "
-                             "length of the messages or the completion.", param="max_tokens",
-                        code="context_length_exceeded")
-    return ApiError(400, f"This model's maximum context length is {ctx} tokens (prompts up to "
-                         f"{info.max_input_len}). However, your messages resulted in {count} "
-                         "tokens. Please shorten the messages.", param="messages",
-                    code="context_length_exceeded")
+    ctx = info.max_seq_len
+    alone = req.max_tokens is None or n > min(info.max_input_len, ctx - 1)
+    return context_too_long(ctx, info.max_input_len, n, None if alone else req.max_tokens,
+                            bound=bound)
 
 
 def _fit(ids: list[int], req: ChatRequest, info) -> int:
     """The number of new tokens to ask for; 400 (with the counts) when it cannot fit."""
     n, ctx = len(ids), info.max_seq_len
     if fit_problem(n, 1, info.max_input_len, ctx):
-        raise ApiError(400, f"This model's maximum context length is {ctx} tokens (prompts up to "
-                            f"{info.max_input_len}). However, your messages resulted in {n} "
-                            "tokens. Please shorten the messages.", param="messages",
-                       code="context_length_exceeded")
+        raise context_too_long(ctx, info.max_input_len, n)
     if req.max_tokens is None:
         return ctx - n
     if fit_problem(n, req.max_tokens, info.max_input_len, ctx):
-        raise ApiError(400, f"This model's maximum context length is {ctx} tokens. However, you "
-                            f"requested {n + req.max_tokens} tokens ({n} in the messages, "
-                            f"{req.max_tokens} in the completion). Please reduce the length of "
-                            "the messages or the completion.", param="max_tokens",
-                       code="context_length_exceeded")
+        raise context_too_long(ctx, info.max_input_len, n, req.max_tokens)
     return req.max_tokens
 
 

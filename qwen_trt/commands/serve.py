@@ -33,12 +33,9 @@ def register(sub) -> None:
     flags = {a for action in p._actions for a in action.option_strings}
     for name, field in SERVER_SETTINGS:
         s = settings.declared(name)
-        default = "" if s.default is None else f" (default {s.default})"
-        p.add_argument(s.flag, dest=field, default=None, help=f"{s.doc}{default} [env {name}]")
+        p.add_argument(s.flag, dest=field, default=None, help=s.help)
     if "--api-key" not in flags:   # the backend options may already carry it
-        p.add_argument("--api-key", default=None,
-                       help=f"key clients must send as 'Authorization: Bearer KEY'; required for "
-                            f"a non-loopback --host [env {ENV_KEY}]")
+        p.add_argument("--api-key", default=None, help=settings.declared(ENV_KEY).help)
     p.add_argument("--served-model-name", default=None,
                    help="model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -71,7 +68,7 @@ def settings_from(args, environ=None):
     values = {field: _value(args, name, field, env) for name, field in SERVER_SETTINGS}
     values["allowed_origins"] = _origins(values["allowed_origins"])
     return ServerSettings(
-        api_key=args.api_key if args.api_key is not None else (env.get(ENV_KEY) or None),
+        api_key=args.api_key if args.api_key is not None else settings.get(ENV_KEY, env),
         model_name=args.served_model_name, **values)
 
 
@@ -94,8 +91,8 @@ def run(args) -> int:
     check_bindable(settings.host, settings.port)     # so does an address we cannot bind
     cfg = config_from(args)
     if cfg.backend == "openai":
-        raise ConfigError("qwen-trt serve runs a local engine: --backend openai is for the app "
-                          "and chat (use auto, torch or trtllm here).")
+        raise ConfigError("qwen-trt serve runs the model on this machine: --backend openai is "
+                          "for the app and chat (use auto, torch or trtllm here).")
     from qwen_trt.serving.service import start_service
 
     print(f"loading the model for http://{url_host(settings.host)}:{settings.port}/v1 ...",
