@@ -25,12 +25,13 @@ from qwen_trt.ui.state import ChatState
 from qwen_trt.ui.store import QUERY_KEY, new_session_id, process_store
 from qwen_trt.ui.stream import StreamView, coalesce, hidden_turns
 from qwen_trt.ui.text import (DEMO_MODEL_NOTE, dropped_note, fork_note, forks_note,
-                              reply_footer, sanitize_markdown, user_error, waiting_label)
+                              markdown_html, PAGE_CSS, reply_footer, user_error, waiting_label)
 from qwen_trt.ui.transcript import to_json, to_markdown
 
 log = logging.getLogger("qwen_trt.app")
 
 st.set_page_config(page_title="qwen-trt chat", page_icon="💬")
+st.html(PAGE_CSS)          # the style of the rendered replies (constant; out of the page flow)
 
 
 @st.cache_resource(max_entries=1, show_spinner=False,
@@ -75,8 +76,25 @@ def settings_panel() -> None:
     for key, value in slider_defaults().items():   # the value lives in session state only:
         st.session_state.setdefault(key, value)    # a reload puts the saved one there first
     for spec in SLIDERS:
-        st.slider(**slider_args(spec))
-    st.text_area("System prompt (optional)", key="system_prompt", height=80)
+        st.slider(**slider_args(spec), on_change=save_settings)
+    st.text_area("System prompt (optional)", key="system_prompt", height=80,
+                 on_change=save_settings)
+
+
+def save_settings() -> None:
+    """A reload brings back the sidebar as it was last set, not as of the last reply."""
+    state = st.session_state.get("chat_state")
+    if state is None:
+        return
+    try:
+        settings = settings_dict(params_from(st.session_state))
+    except ValueError:              # shown as one line by main(); nothing to keep
+        return
+    state.save_settings(process_store(), settings, system_prompt())
+
+
+def system_prompt() -> str | None:
+    return (st.session_state.get("system_prompt") or "").strip() or None
 
 
 def clear_memory() -> None:
@@ -178,11 +196,11 @@ def show_history(state: ChatState) -> None:
                   icon=":material/expand_less:", type="tertiary")
     for user, assistant, note in turns[hidden:]:
         with st.chat_message("user"):
-            st.markdown(sanitize_markdown(user.content))
+            st.html(markdown_html(user.content))
         with st.chat_message("assistant"):
             if note.dropped_turns:
                 st.caption(dropped_note(note.dropped_turns))
-            st.markdown(sanitize_markdown(assistant.content) or "*(no text)*")
+            st.html(markdown_html(assistant.content or "*(no text)*"))
             st.caption(note.footer)
 
 
@@ -254,12 +272,12 @@ def stream_reply(state: ChatState, pending, plan_dropped: int, params):
                                 shown_label = label
                         case Started():
                             status.empty()
-                            tail.markdown(view.add("").tail)  # the cursor, until the first token
+                            tail.html(view.add("").tail)  # the cursor, until the first token
                         case Delta(text=text):
                             update = view.add(text)
                             for block in update.new_blocks:
-                                blocks.markdown(block)
-                            tail.markdown(update.tail)
+                                blocks.html(block)
+                            tail.html(update.tail)
                         case Failed(error=error):
                             if handle.text:    # e.g. the server went away: keep the partial
                                 state.commit_pending(pending)
@@ -273,7 +291,7 @@ def stream_reply(state: ChatState, pending, plan_dropped: int, params):
                             save(state, settings)
                             saved = True
                             if reply is not None:
-                                body.markdown(sanitize_markdown(reply.text) or "*(no text)*")
+                                body.html(markdown_html(reply.text or "*(no text)*"))
                                 st.caption(reply_footer(reply, handle.waited_s))
                             if state.forked_from != forked:   # another tab saved meanwhile
                                 chat_links(state)
@@ -311,7 +329,7 @@ def main() -> None:
 
     state = chat_state(service, snap)
     chat_links(state)
-    state.chat.system_prompt = (st.session_state.get("system_prompt") or "").strip() or None
+    state.chat.system_prompt = system_prompt()
     stopped = st.session_state.pop("stop_requested", False)
     if state.commit_pending(ended_by="stopped" if stopped else "interrupted"):
         save(state)           # a reply interrupted by this rerun: kept, marked
@@ -346,7 +364,7 @@ def main() -> None:
         turn_actions(state)
         return
     with st.chat_message("user"):
-        st.markdown(sanitize_markdown(text))
+        st.html(markdown_html(text))
     try:
         if error is not None:
             raise error

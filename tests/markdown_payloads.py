@@ -1,6 +1,7 @@
 """Markdown a hostile reply could send to make the browser fetch a URL, render HTML, LaTeX or
-colours: three known bypasses and variants on each trick. ``payloads(url)`` names each one;
-``url`` is where a leak would go (the browser test points it at a request logger)."""
+colours: the known bypasses (issues 23 and 35 among them) and variants on each trick.
+``payloads(url)`` names each one; ``url`` is where a leak would go (the browser test points it
+at a request logger)."""
 from __future__ import annotations
 
 
@@ -102,6 +103,30 @@ def payloads(url: str) -> dict[str, str]:
     p["math-fence"] = f"```math\n\\href{{{url}}}{{x}}\n```\n"
     p["math-fence-in-list"] = "- ```math\n  x^2\n  ```\n"
     p["math-fence-tilde"] = "~~~ math\nx^2\n~~~\n"
+    # issue 35: an HTML block that ends on its own line (comment, <pre>, <?, <!X, CDATA,
+    # <script>), then in the same tight list item an ordered list not starting at 1. Written
+    # back as Markdown, the escaped HTML is a paragraph that such a list cannot interrupt: it
+    # becomes lazy paragraph text, and the fenced code below it live Markdown.
+    fenced = f"```\n     {img}\n     ```\n"
+    for name, opener in (("comment", "<!-- c -->"), ("pre", "<pre>x</pre>"), ("pi", "<?x?>"),
+                         ("decl", "<!X>"), ("cdata", "<![CDATA[x]]>"),
+                         ("script", "<script>x</script>"), ("style", "<style>x</style>")):
+        p[f"lazy-{name}"] = f"- {opener}\n  2. " + fenced
+    p["lazy-paren"] = "- <!-- c -->\n  5) " + fenced
+    p["lazy-two-items"] = "- <!-- c -->\n  2. a\n  3. " + fenced
+    p["lazy-quote"] = f"> - <!-- c -->\n>   2. ```\n>      {img}\n>      ```\n"
+    p["lazy-nested"] = f"- a\n  - <!-- c -->\n    9. ```\n       {img}\n       ```\n"
+    p["lazy-latex-directive"] = "- <!-- c -->\n  2. ```\n     $x^2$ :red[stop]\n     ```\n"
+    # issue 35: e-mail addresses and mailto: autolinks (GFM links them), Streamlit's shortcodes
+    p["email"] = "write to someone@example.com or some.one+x@mail.example.org today"
+    p["email-autolink"] = "<someone@example.com>"
+    p["mailto-autolink"] = "<mailto:someone@example.com> and [m](mailto:a@example.com)"
+    p["email-in-list"] = "- a@example.com\n  - b@example.com\n"
+    p["shortcode"] = "Made with :streamlit: and :smile: :material/home:"
+    p["shortcode-deep"] = "> " * 12 + ":streamlit: " + "`x` :streamlit:"
+    p["directive-nested"] = ":red[:blue-background[x] $y$]"
+    p["latex-display"] = f"$$\n\\href{{{url}}}{{x}}\n$$\n"
+    p["latex-emphasis"] = "**$x^2$** and _$\\frac{1}{2}$_"
     return p
 
 

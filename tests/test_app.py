@@ -18,7 +18,7 @@ from qwen_trt.errors import EngineMismatchError
 from qwen_trt.params import SamplingParams
 from qwen_trt.serving.service import InferenceService
 from qwen_trt.ui.state import PendingReply
-from qwen_trt.ui.text import sanitize_markdown
+from qwen_trt.ui.text import markdown_html
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 TIMEOUT = 30
@@ -113,10 +113,10 @@ def test_message_streams_a_reply_into_history_and_clear_empties_it(scripted):
                            ("assistant", "Hello **there**, friend.\n\nSecond paragraph.")]
     user, assistant = at.chat_message
     assert (user.name, assistant.name) == ("user", "assistant")
-    assert user.markdown[0].value == "hi"
-    assert assistant.markdown[0].value == sanitize_markdown(
+    assert user.html[0].value == markdown_html("hi")
+    assert assistant.html[0].value == markdown_html(
         "Hello **there**, friend.\n\nSecond paragraph.")
-    assert "**there**" in assistant.markdown[0].value        # formatting kept
+    assert "<strong>there</strong>" in assistant.html[0].value        # formatting kept
     footer = assistant.caption[0].value
     assert "first token" in footer and "tokens/s" in footer
 
@@ -147,14 +147,14 @@ def test_model_output_html_and_images_render_as_text(scripted):
     at = run_app()
     send(at, "say something nasty")
     assert history(at)[1][1] == PAYLOAD            # history keeps the raw model text
-    shown = at.chat_message[1].markdown[0].value
-    assert shown == sanitize_markdown(PAYLOAD)
-    assert "\\<script\\>" in shown and "\\<b\\>bold\\<\\/b\\>" in shown
-    assert "\\!\\[leak\\]\\(https\\:\\/\\/evil" in shown      # the image as text
-    assert "](" not in shown                              # no link, no image
+    shown = at.chat_message[1].html[0].value
+    assert shown == markdown_html(PAYLOAD)         # st.html: no Markdown parser reads it again
+    assert "&lt;script&gt;" in shown and "&lt;b&gt;bold&lt;/b&gt;" in shown
+    assert "![leak](https://evil" in shown and "<img" not in shown   # the image as text
+    assert not at.chat_message[1].markdown                # nothing of it through st.markdown
     assert all(not m.proto.allow_html for m in all_markdown(at))
     send(at, "again")                              # re-rendered from history: same treatment
-    assert at.chat_message[1].markdown[0].value == shown
+    assert at.chat_message[1].html[0].value == shown
     assert all(not m.proto.allow_html for m in all_markdown(at))
 
 
@@ -331,7 +331,7 @@ def test_stop_mid_reply_keeps_the_partial_marked_stopped_and_frees_the_engine(sc
     assert state.pending is None
     at.run()                                                 # the next view shows it marked
     assert "stopped" in at.chat_message[1].caption[0].value
-    assert at.chat_message[1].markdown[0].value == a.content.strip()
+    assert at.chat_message[1].html[0].value == markdown_html(a.content)
 
 
 def test_stop_button_of_a_regenerated_reply(scripted):
@@ -461,6 +461,39 @@ def test_reload_keeps_the_chat_and_unknown_ids_are_not_adopted(scripted):
     assert process_store().get(sid)["messages"] == []
 
 
+def test_settings_moved_after_the_last_reply_survive_a_reload(scripted):
+    """Saved on change (issue 35): not only when a turn ends or on Clear memory. Also before
+    the first message, and without a new version (another tab's next save is no fork)."""
+    from qwen_trt.ui.store import process_store
+
+    scripted("ok")
+    at = run_app()
+    sid = at.query_params["chat"]
+    sid = sid[0] if isinstance(sid, list) else sid
+    at.sidebar.slider(key="temperature").set_value(1.2).run()       # no message yet
+    fresh = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    fresh.query_params["chat"] = sid
+    fresh.run()
+    assert fresh.sidebar.slider(key="temperature").value == 1.2
+    send(at, "hi")
+    version = process_store().get(sid)["version"]
+    at.sidebar.slider(key="top_k").set_value(7).run()                # after the last reply
+    at.sidebar.slider(key="max_new_tokens").set_value(256).run()
+    at.sidebar.text_area(key="system_prompt").set_value("Be brief.").run()
+    assert process_store().get(sid)["version"] == version
+    again = AppTest.from_file(APP, default_timeout=TIMEOUT)          # a reload
+    again.query_params["chat"] = sid
+    again.run()
+    assert history(again) == [("user", "hi"), ("assistant", "ok")]
+    assert again.sidebar.slider(key="top_k").value == 7
+    assert again.sidebar.slider(key="max_new_tokens").value == 256
+    assert again.sidebar.slider(key="temperature").value == 1.2
+    assert again.sidebar.text_area(key="system_prompt").value == "Be brief."
+    send(at, "more")                                   # the next save keeps them too
+    assert process_store().get(sid)["settings"]["top_k"] == 7
+    assert process_store().get(sid)["system_prompt"] == "Be brief."
+
+
 def test_long_chats_draw_the_newest_turns_and_show_the_rest_on_request(scripted):
     from qwen_trt.ui.stream import HISTORY_WINDOW
 
@@ -473,12 +506,12 @@ def test_long_chats_draw_the_newest_turns_and_show_the_rest_on_request(scripted)
     at.run()
     total = len(state.chat.turns())
     assert len(at.chat_message) == 2 * HISTORY_WINDOW
-    assert at.chat_message[-1].markdown[0].value == f"a{HISTORY_WINDOW + 2}"
+    assert at.chat_message[-1].html[0].value == markdown_html(f"a{HISTORY_WINDOW + 2}")
     more = at.button(key="show_all")
     assert more.label == f"Show {total - HISTORY_WINDOW} earlier turns"
     more.click().run()
     assert len(at.chat_message) == 2 * total
-    assert at.chat_message[0].markdown[0].value == "first"
+    assert at.chat_message[0].html[0].value == markdown_html("first")
 
 
 def test_sampling_sliders_and_penalties_reach_the_backend(scripted):

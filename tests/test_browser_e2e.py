@@ -1,8 +1,8 @@
 """End to end in a real browser: ``streamlit run app.py`` on the tiny model, driven by headless
 Debian Chromium through Playwright. One server for the module. Two messages, both replies, a
 slider, clear, Stop, a slider moved mid-reply, a second session waiting for the shared engine,
-regenerate, edit, the transcript download, a reload; screenshots go to test-artifacts/
-(gitignored)."""
+regenerate, edit, the transcript download, a reload (the chat and the sliders come back);
+screenshots go to test-artifacts/ (gitignored)."""
 from __future__ import annotations
 
 import json
@@ -77,12 +77,16 @@ def app_started(tiny_model_dir, tmp_path_factory):
         _wait_healthy(proc, url, log)
         yield url, str(seed_dir), log
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 @pytest.fixture(scope="module")
@@ -156,9 +160,9 @@ def test_chat_in_a_real_browser(app_url):
             assert messages.nth(2).locator("b").count() == 0
             # A Markdown image shows as the text it is: the browser fetches nothing.
             expect(messages.nth(2)).to_contain_text("![pic](http://127.0.0.1:9/leak.png)")
-            assert messages.nth(2).get_by_test_id("stMarkdownContainer").locator("img").count() == 0
+            assert messages.nth(2).get_by_test_id("stHtml").locator("img").count() == 0
             for i in (1, 3):
-                body = messages.nth(i).get_by_test_id("stMarkdownContainer").first.inner_text()
+                body = messages.nth(i).get_by_test_id("stHtml").first.inner_text()
                 assert body.strip(), f"reply {i} is empty"
 
             temp = sidebar.get_by_test_id("stSlider").nth(1)
@@ -226,7 +230,7 @@ def test_chat_in_a_real_browser(app_url):
 
 
 def _markdown_text(message) -> str:
-    return message.get_by_test_id("stMarkdownContainer").first.inner_text()
+    return message.get_by_test_id("stHtml").first.inner_text()
 
 
 def test_stop_slider_mid_reply_regenerate_edit_download_reload(app_started):
@@ -274,13 +278,21 @@ def test_stop_slider_mid_reply_regenerate_edit_download_reload(app_started):
             expect(messages.nth(1)).to_contain_text("stopped")
             partial = _markdown_text(messages.nth(1)).strip()
             assert partial and CURSOR not in partial
+            # A slider moved after the last reply is kept too (saved on change).
+            temp.get_by_role("slider").focus()
+            page.keyboard.press("ArrowRight")
+            expect(temp).to_contain_text("0.05")
+            _wait_idle(page)
 
-            # Reload: the same chat comes back, the reply marked stopped.
+            # Reload: the same chat comes back, the reply marked stopped, the sliders as set.
             page.reload()
             expect(page.get_by_test_id("stChatInput")).to_be_visible()
             _wait_idle(page)
             expect(messages).to_have_count(2)
             expect(messages.nth(1)).to_contain_text("stopped")
+            expect(temp).to_contain_text("0.05")
+            expect(top_p).to_contain_text("0.75")                  # moved mid-reply
+            expect(max_len).to_contain_text("4032")
             # the kept reply is what was shown, plus any tokens still in flight at the Stop
             assert _markdown_text(messages.nth(1)).strip().startswith(partial)
             page.screenshot(path=str(ARTIFACTS / "app-reloaded.png"))

@@ -13,10 +13,10 @@ from qwen_trt.serving.service import InferenceService
 from qwen_trt.ui.state import ChatState, TurnNote
 from qwen_trt.ui.stream import StreamView, coalesce
 from qwen_trt.errors import PromptTooLongError
-from qwen_trt.ui.text import (CURSOR, dropped_note, reply_footer, sanitize_markdown,
+from qwen_trt.ui.text import (CSS_CLASS, CURSOR, dropped_note, markdown_html, reply_footer,
                               stable_prefix_end, user_error, waiting_label)
 
-# sanitize_markdown: tests/test_markdown_sanitiser.py (and in Chromium, test_markdown_browser.py)
+# markdown_html: tests/test_markdown_sanitiser.py (and in Chromium, test_markdown_browser.py)
 
 
 # -- stable_prefix_end / StreamView ------------------------------------------------------------
@@ -35,9 +35,13 @@ def test_stable_prefix_end(text, prefix):
     assert text[:stable_prefix_end(text)] == prefix
 
 
-def test_stream_view_renders_final_blocks_once_and_a_small_tail():
-    from markdown_it import MarkdownIt
+def _inner(html: str) -> str:
+    wrap = f'<div class="{CSS_CLASS}">'
+    assert html.startswith(wrap) and html.endswith("</div>")
+    return html[len(wrap):-len("</div>")]
 
+
+def test_stream_view_renders_final_blocks_once_and_a_small_tail():
     view = StreamView()
     pieces = ["Hello", " world.\n", "\nSecond ", "para ![i](http://x/y)", "\n\nThird"]
     blocks, tails = [], []
@@ -45,20 +49,21 @@ def test_stream_view_renders_final_blocks_once_and_a_small_tail():
         u = view.add(p)
         blocks += u.new_blocks
         tails.append(u.tail)
-    assert blocks == [sanitize_markdown("Hello world.\n\n"),
-                      sanitize_markdown("Second para ![i](http://x/y)\n\n")]
-    assert "\\!\\[i\\]" in blocks[1]                   # the image as text
-    assert tails[-1] == "Third" + CURSOR
-    assert all(t.endswith(CURSOR) for t in tails)
-    render = MarkdownIt("commonmark").render        # the blocks read as the whole reply
-    assert render("\n\n".join(blocks + [tails[-1][:-1]])) == \
-        render(sanitize_markdown("".join(pieces)))
+    assert blocks == [markdown_html("Hello world.\n\n"),
+                      markdown_html("Second para ![i](http://x/y)\n\n")]
+    assert "![i](http://x/y)" in blocks[1] and "<img" not in blocks[1]   # the image as text
+    assert _inner(tails[-1]) == f"<p>Third{CURSOR}</p>\n"
+    assert all(CURSOR in t for t in tails)
+    # the blocks read as the whole reply
+    assert "".join(_inner(b) for b in blocks + [markdown_html("Third")]) == \
+        _inner(markdown_html("".join(pieces)))
 
 
 def test_stream_view_draws_the_cursor_where_the_text_ends():
     view = StreamView()
-    assert view.add("```py\nx = 1\n").tail == "```py\nx = 1\n" + CURSOR + "\n```"  # in the code
-    assert view.add("```\n").tail.endswith("```\n\n" + CURSOR)     # after it, once closed
+    assert _inner(view.add("```py\nx = 1\n").tail) == \
+        f"<pre><code>x = 1\n{CURSOR}</code></pre>\n"                    # in the code
+    assert _inner(view.add("```\n").tail).endswith(f"</code></pre>\n<p>{CURSOR}</p>\n")
 
 
 # -- coalesce -----------------------------------------------------------------------------------
@@ -391,3 +396,27 @@ def test_chat_state_save_to_follows_its_fork(tiny_tokenizer):
     saved = other.save_to(store)
     assert other.forked_from == mine.chat_id and other.chat_id == saved.sid != mine.chat_id
     assert len(store.get(other.chat_id)["messages"]) == 4
+
+
+def test_settings_are_saved_on_change_and_win_over_a_reply_started_before(tiny_tokenizer):
+    from qwen_trt.ui.store import SessionStore, new_session_id
+
+    store = SessionStore()
+    state = ChatState(ChatSession(tiny_tokenizer))
+    state.chat_id = new_session_id()
+    state.save_settings(store, {"top_k": 5}, "Be kind.")     # not saved yet: a first save
+    assert store.get(state.chat_id)["settings"] == {"top_k": 5}
+    assert store.get(state.chat_id)["system_prompt"] == "Be kind."
+    version = state.version
+    state.save_settings(store, {"top_k": 9}, None)           # in place: no new version
+    assert store.get(state.chat_id)["version"] == version
+    assert store.update(new_session_id(), {"settings": {}}) is False
+    other = ChatState(ChatSession(tiny_tokenizer))            # another tab on this chat
+    other.restore(store.get(state.chat_id), chat_id=state.chat_id)
+    other.chat.add_exchange("q", "a")
+    assert other.save_to(store).forked_from is None           # a settings change forks nothing
+    # a reply that started with top_k 5 ends after the change: the newer values are kept
+    state.restore(store.get(state.chat_id), chat_id=state.chat_id)
+    state.save_to(store, {"settings": {"top_k": 5}})
+    snap = store.get(state.chat_id)
+    assert snap["settings"] == {"top_k": 9} and snap["system_prompt"] is None

@@ -1,4 +1,4 @@
-"""CPU cost of the chat UI's Markdown sanitiser (``make bench-sanitize``).
+"""CPU cost of the chat UI's Markdown-to-safe-HTML rendering (``make bench-sanitize``).
 
 The app sanitises every streamed chunk's open tail (:class:`qwen_trt.ui.stream.StreamView`) and
 each whole reply once (the final draw; history redraws are cached). This feeds a reply of
@@ -49,9 +49,9 @@ def _ms(values: list[float]) -> dict:
 
 def run(chars: int = 4000, chunk: int = 12, repeats: int = 5) -> dict:
     text = reply(chars)
-    full = getattr(ui_text.sanitize_markdown, "__wrapped__", ui_text.sanitize_markdown)
+    full = getattr(ui_text.markdown_html, "__wrapped__", ui_text.markdown_html)
     per_chunk, per_reply, whole = [], [], []
-    clear = getattr(ui_text.sanitize_markdown, "cache_clear", lambda: None)
+    clear = getattr(ui_text.markdown_html, "cache_clear", lambda: None)
     for _ in range(repeats):
         clear()                       # each reply is new text: no cache hits from the last
         view = StreamView()

@@ -63,7 +63,7 @@ OBSERVER_JS = """([marker, cursor]) => {
     const last = msgs[k - 1];
     // only live elements: a reused message keeps the previous run's children, marked stale,
     // until this run replaces them
-    const live = [...last.querySelectorAll('[data-testid="stMarkdownContainer"]')]
+    const live = [...last.querySelectorAll('[data-testid="stHtml"]')]
       .filter(md => !md.closest('[data-stale="true"]'));
     // the reply's text: not its footer, nor the label of its Stop button
     const body = live.filter(md => !md.closest('[data-testid="stCaptionContainer"]')
@@ -216,7 +216,7 @@ def measure_turn(browser, url: str, sid: str | None, turn: int, max_new: int,
         page.wait_for_timeout(300)                # the last mutations of the final draw
         lat = page.evaluate("window.__lat")
         footer = messages.last.get_by_test_id("stCaptionContainer").last.inner_text()
-        reply_text = messages.last.get_by_test_id("stMarkdownContainer").first.inner_text()
+        reply_text = messages.last.get_by_test_id("stHtml").first.inner_text()
         drawn_history = base
     except Exception:
         shot = Path(tempfile.gettempdir()) / f"ui-latency-turn{turn}-failed.png"

@@ -51,6 +51,7 @@ class ChatState:
     chat_id: str | None = None        # its id in the reload store (the page URL's ?chat=)
     version: int = 0                  # the store's version of it this tab last saw
     forked_from: str | None = None    # set when a save found another tab's newer version
+    settings: dict | None = None      # the sidebar's values as last changed (save_settings)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _save_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -132,12 +133,33 @@ class ChatState:
         with self._save_lock:             # an old and a new script run may save at once
             if self.chat_id is None:
                 return None
-            saved = store.save(self.chat_id, dict(self.snapshot(), **(extra or {})),
-                               self.version)
+            extra = dict(extra or {})
+            if self.settings is not None:     # newer than what a long reply started with
+                extra["settings"] = self.settings
+            saved = store.save(self.chat_id, dict(self.snapshot(), **extra), self.version)
             self.chat_id, self.version = saved.sid, saved.version
             if saved.forked_from is not None:
                 self.forked_from = saved.forked_from
             return saved
+
+    def save_settings(self, store: SessionStore, settings: dict,
+                      system_prompt: str | None) -> None:
+        """Keep the sidebar's ``settings`` and ``system_prompt`` for a reload as soon as they
+        change: written into the saved chat in place (its version stays, so no fork), or, for a
+        chat not saved yet, as its first save."""
+        fields = {"settings": settings, "system_prompt": system_prompt}
+        with self._save_lock:
+            # later saves of the conversation carry these, not the values a reply started with
+            self.settings = dict(settings)
+            self.chat.system_prompt = system_prompt      # read by the next prepare()
+            if self.chat_id is None:
+                return
+            if store.update(self.chat_id, fields):
+                return
+            saved = store.save(self.chat_id, dict(self.snapshot(), **fields), self.version)
+            self.chat_id, self.version = saved.sid, saved.version
+            if saved.forked_from is not None:
+                self.forked_from = saved.forked_from
 
     def restore(self, snap: dict, chat_id: str | None = None) -> None:
         """Replace the conversation with ``snap`` (from :meth:`snapshot`, or the reload store

@@ -118,6 +118,20 @@ class SessionStore:
             self._put_locked(fork, dict(copy.deepcopy(snapshot), version=1, forked_from=sid))
             return Saved(fork, 1, forked_from=sid)
 
+    def update(self, sid: str, fields: dict) -> bool:
+        """Set ``fields`` (the tab's settings, not the conversation) on chat ``sid`` in place,
+        keeping its version, so a settings change never makes another tab's save a fork.
+        False when the store has no such chat (then save the whole chat instead)."""
+        with self._lock:
+            self._expire()
+            item = self._items.get(sid)
+            if item is None:
+                return False
+            item[1].update(copy.deepcopy(fields))
+            self._items[sid] = (self._clock(), item[1])
+            self._items.move_to_end(sid)
+            return True
+
     def forks(self, sid: str) -> list[str]:
         """The chats forked from ``sid`` that are still kept (newest last)."""
         with self._lock:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from qwen_trt.serving.events import Delta, Event, Waiting
-from qwen_trt.ui.text import CURSOR, render_safe, sanitize_markdown, stable_prefix_end
+from qwen_trt.ui.text import CURSOR, markdown_html, render_html, stable_prefix_end
 
 DEFAULT_INTERVAL_S = 0.03
 # Turns drawn on every rerun; older ones wait behind a "Show earlier turns" button, so the
@@ -65,8 +65,8 @@ def coalesce(events: Iterable[Event], interval_s: float = DEFAULT_INTERVAL_S,
 class StreamUpdate:
     """What to draw for one chunk: blocks that just became final, and the new tail."""
 
-    new_blocks: list[str]     # sanitised Markdown, each rendered once, in order
-    tail: str                 # sanitised Markdown of the open block, cursor included
+    new_blocks: list[str]     # safe HTML (text.markdown_html), each drawn once, in order
+    tail: str                 # safe HTML of the open block, cursor included
 
 
 @dataclass
@@ -85,9 +85,9 @@ class StreamView:
         end = self.frozen + stable_prefix_end(self.text[self.frozen:])
         new: list[str] = []
         if end > self.frozen:
-            new.append(sanitize_markdown(self.text[self.frozen:end]))
+            new.append(markdown_html(self.text[self.frozen:end]))
             self.frozen = end
         # the cursor goes in before sanitising, so it is drawn where the text ends (inside an
         # open code block, for one); the tail changes on every chunk: not worth caching
         tail = self.text[self.frozen:] + self.cursor
-        return StreamUpdate(new_blocks=new, tail=render_safe(tail) if tail else "")
+        return StreamUpdate(new_blocks=new, tail=render_html(tail))
