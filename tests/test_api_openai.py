@@ -219,11 +219,11 @@ def grammar_module(monkeypatch):
         def verdict(self, kind: str, spec: str, limits) -> str:
             seen.append(Grammar(kind, spec))
             if kind == "json_schema" and "$ref" in spec:
-                return "unsupported keyword '$ref' at /properties/a"
-            return ""
+                return "unsupported keyword '$ref' at /properties/a", None
+            return "", None
 
     one = Checker()
-    monkeypatch.setattr(constraints, "checker", lambda: one)
+    monkeypatch.setattr(constraints, "checker", lambda *_: one)
     monkeypatch.setattr(constraints, "_verdicts", OrderedDict())
     return seen
 
@@ -269,7 +269,7 @@ def test_a_schema_the_engine_cannot_compile_is_a_400(env, grammar_module):
 def test_without_a_grammar_engine_constraints_are_refused(env, monkeypatch):
     from qwen_trt.api import constraints
 
-    monkeypatch.setattr(constraints, "checker", lambda: None)     # no xgrammar installed
+    monkeypatch.setattr(constraints, "checker", lambda *_: None)   # no xgrammar installed
     _, _, _, origin = env
     r = post(origin, "/v1/chat/completions", {"messages": ask(),
                                               "response_format": {"type": "json_object"}})

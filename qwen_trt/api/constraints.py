@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -80,23 +81,30 @@ def parse_response_format(obj: Mapping) -> Grammar | None:
     return Grammar("json_schema", json.dumps(schema, ensure_ascii=False))
 
 
-def checker():
-    """Where grammars are checked: the checker processes (:mod:`qwen_trt.api.grammar_check`),
-    or None where this install cannot constrain (no xgrammar). Found without importing it."""
+def checker(tokenizer_source: str | None = None):
+    """Where grammars are checked: the checker processes (:mod:`qwen_trt.api.grammar_check`;
+    with the served tokenizer's folder they also compile and measure the shortest reply), or
+    None where this install cannot constrain (no xgrammar). Found without importing it."""
     if importlib.util.find_spec("xgrammar") is None:
         return None
     from qwen_trt.api.grammar_check import pool
 
-    return pool()
+    return pool(tokenizer_source)
+
+
+def tokenizer_folder(tokenizer) -> str | None:
+    """The folder ``tokenizer`` was loaded from, when it is one (a checker loads it again)."""
+    path = getattr(tokenizer, "name_or_path", None)
+    return path if isinstance(path, str) and path and os.path.isdir(path) else None
 
 
 _lock = threading.Lock()
-_verdicts: OrderedDict[tuple[int, str], str] = OrderedDict()
+_verdicts: OrderedDict[tuple[int, str], tuple[str, int | None]] = OrderedDict()
 _running: dict[tuple[int, str], tuple[Future, list]] = {}
 _threads: ThreadPoolExecutor | None = None
 
 
-def _keep(key: tuple[int, str], verdict: str) -> None:
+def _keep(key: tuple[int, str], verdict: tuple[str, int | None]) -> None:
     with _lock:
         _verdicts[key] = verdict
         _verdicts.move_to_end(key)
@@ -115,7 +123,7 @@ def _start(pool, grammar: Grammar, key: tuple[int, str], limits: GrammarLimits) 
         if _threads is None:
             _threads = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="qwen-trt-grammar")
 
-        def run() -> str:
+        def run() -> tuple[str, int | None]:
             try:
                 verdict = pool.verdict(grammar.kind, grammar.spec, limits)
             finally:
@@ -128,13 +136,16 @@ def _start(pool, grammar: Grammar, key: tuple[int, str], limits: GrammarLimits) 
         return got
 
 
-async def check(grammar: Grammar | None, param: str) -> None:
+async def check(grammar: Grammar | None, param: str, tokenizer=None,
+                max_tokens: int | None = None) -> None:
     """400 when the engine cannot apply ``grammar`` (a bad schema, one past a size limit or
-    the time budget, or no grammar support); 503 when no checker is free within the budget.
-    The event loop only measures the size limits; xgrammar runs in a checker process."""
+    the time budget, or no grammar support), or when ``max_tokens`` cannot hold the shortest
+    reply it allows (measured on ``tokenizer``'s vocabulary, when it is a folder); 503 when no
+    checker is free within the budget. The event loop only measures the size limits; xgrammar
+    runs in a checker process."""
     if grammar is None:
         return
-    pool = checker()
+    pool = checker(tokenizer_folder(tokenizer))
     if pool is None:
         raise ApiError(400, f"'{param}' needs constrained decoding, which this server's engine "
                             "does not have.", param=param, code="unsupported_parameter")
@@ -160,10 +171,16 @@ async def check(grammar: Grammar | None, param: str) -> None:
                            headers={"Retry-After": "5"}) from None
         except CheckerTimeout:
             verdict = (f"the grammar took longer than {limits.budget_s:g} s to check "
-                       f"(QWEN_TRT_GRAMMAR_BUDGET_S); use less nesting or fewer enum values")
+                       f"(QWEN_TRT_GRAMMAR_BUDGET_S); use less nesting or fewer enum values",
+                       None)
             _keep(key, verdict)
-    if verdict:
-        raise ApiError(400, f"'{param}': {verdict}", param=param)
+    line, shortest = verdict
+    if line:
+        raise ApiError(400, f"'{param}': {line}", param=param)
+    if shortest is not None and max_tokens is not None and max_tokens < shortest:
+        raise ApiError(400, f"'max_tokens' ({max_tokens}) cannot hold the shortest reply "
+                            f"'{param}' allows ({shortest} tokens); raise it.",
+                       param="max_tokens")
 
 
 def check_backend(info, grammar: Grammar | None, grammar_param: str,

@@ -63,17 +63,21 @@ class _Child:
 
 
 class CheckerPool:
-    """Up to ``size`` checker processes, started on first use."""
+    """Up to ``size`` checker processes, started on first use (with ``tokenizer_source``, a
+    folder, each loads that tokenizer first)."""
 
-    def __init__(self, size: int = 2) -> None:
+    def __init__(self, size: int = 2, tokenizer_source: str | None = None) -> None:
         self.size = size
+        self.tokenizer_source = tokenizer_source
         self._idle: list[_Child] = []
         self._slots = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
 
-    def verdict(self, kind: str, spec: str, limits) -> str:
-        """``""`` when the grammar passes ``limits`` (a ``GrammarLimits``: this process's
-        settings, not the child's) and builds, else the one line that refuses it; raises
+    def verdict(self, kind: str, spec: str, limits) -> tuple[str, int | None]:
+        """``("", shortest)`` when the grammar passes ``limits`` (a ``GrammarLimits``: this
+        process's settings, not the child's) and builds (``shortest``: the fewest tokens of a
+        reply, None without a tokenizer), else ``(line, None)`` with the line that refuses it;
+        raises
         :class:`CheckerBusy`, :class:`CheckerUnavailable` or :class:`CheckerTimeout`."""
         budget_s = limits.budget_s
         if not self._slots.acquire(timeout=budget_s):
@@ -89,7 +93,8 @@ class CheckerPool:
                 if line is None:
                     raise CheckerTimeout()
                 ok = True
-                return json.loads(line)["verdict"]
+                got = json.loads(line)
+                return got["verdict"], got.get("shortest")
             except (OSError, ValueError, KeyError):
                 raise CheckerTimeout() from None
             finally:
@@ -109,6 +114,12 @@ class CheckerPool:
                     return child
         child = _Child()
         line = child.read_line(START_S)
+        if line == b"ready\n" and self.tokenizer_source is not None:
+            child.proc.stdin.write(json.dumps({"tokenizer": self.tokenizer_source}).encode()
+                                   + b"\n")
+            child.proc.stdin.flush()
+            line = child.read_line(START_S)
+            line = b"ready\n" if line and json.loads(line).get("ok") else None
         if line != b"ready\n":
             child.kill()
             raise CheckerUnavailable()
@@ -127,33 +138,58 @@ def child_main() -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     from qwen_trt.errors import first_line
-    from qwen_trt.fast.step.grammar import GrammarLimits, _xgr, check_grammar
+    from qwen_trt.fast.step.grammar import (SHORTEST_CAP, Constraint, GrammarBook, GrammarLimits,
+                                            _xgr, check_grammar)
     from qwen_trt.params import Grammar
 
     _xgr()                                   # the imports, before saying ready
     out.write(b"ready\n")
     out.flush()
+    book = None
     for line in sys.stdin.buffer:
+        req = json.loads(line)
+        if "tokenizer" in req:
+            try:
+                from transformers import AutoTokenizer
+
+                from qwen_trt.model.template import default_stop_ids
+
+                tok = AutoTokenizer.from_pretrained(req["tokenizer"])
+                book = GrammarBook(tok, len(tok), default_stop_ids(tok))
+                answer = {"ok": True}
+            except Exception as e:  # noqa: BLE001 - the parent reports it did not start
+                print(f"grammar checker: no tokenizer ({first_line(e)})", file=sys.stderr)
+                answer = {"ok": False}
+            out.write(json.dumps(answer).encode() + b"\n")
+            out.flush()
+            continue
+        shortest = None
         try:
-            req = json.loads(line)
-            check_grammar(Grammar(req["kind"], req["spec"]), GrammarLimits(**req["limits"]))
+            grammar, limits = Grammar(req["kind"], req["spec"]), GrammarLimits(**req["limits"])
+            check_grammar(grammar, limits)
             verdict = ""
+            if book is not None:
+                compiled = book.compile(grammar, limits)
+                try:
+                    shortest = Constraint(book, compiled, SHORTEST_CAP).shortest
+                except ValueError:
+                    shortest = None          # longer than SHORTEST_CAP: left to the engine
         except ValueError as e:
             verdict = first_line(e) or "invalid"
         except Exception as e:  # noqa: BLE001 - one line back; the API answers 400 with it
             verdict = f"the grammar could not be checked ({type(e).__name__})"
-        out.write(json.dumps({"verdict": verdict}).encode() + b"\n")
+        out.write(json.dumps({"verdict": verdict, "shortest": shortest}).encode() + b"\n")
         out.flush()
 
 
-_POOL: CheckerPool | None = None
+_POOLS: dict[str | None, CheckerPool] = {}
 _POOL_LOCK = threading.Lock()
 
 
-def pool() -> CheckerPool:
-    """This process's checker pool."""
-    global _POOL
+def pool(tokenizer_source: str | None = None) -> CheckerPool:
+    """This process's checker pool for ``tokenizer_source`` (a tokenizer folder, or None)."""
     with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = CheckerPool()
-        return _POOL
+        got = _POOLS.get(tokenizer_source)
+        if got is None:
+            got = _POOLS[tokenizer_source] = CheckerPool(tokenizer_source=tokenizer_source)
+        return got

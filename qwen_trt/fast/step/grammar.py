@@ -198,6 +198,8 @@ class Constraint:
         self._matcher = _xgr().GrammarMatcher(compiled)
         self._host = torch.full((1, book.width), -1, dtype=torch.int32)
         self._scan = _Scan()
+        self._path: list[int] | None = None   # the closing path from here, while followed
+        self._path_cap = 0
         self.max_new_tokens = max_new_tokens
         self.generated = 0
         self.closing = False
@@ -282,22 +284,32 @@ class Constraint:
 
     def _closing_distance(self, cap: int) -> int:
         """Tokens the closing mode takes to end the reply from here (at most ``cap``), on a
-        fork of the matcher, always taking the first token closing mode allows."""
+        fork of the matcher, always taking the first token closing mode allows. The path is
+        kept while the reply follows it (the same policy from the same state: the same path),
+        so forced closing measures it once."""
+        if self._path is not None and (len(self._path) <= cap or self._path_cap >= cap):
+            return min(len(self._path), cap)
         m = self._matcher.fork()
         scan = self._scan.copy()
         host = torch.empty_like(self._host)
         stops = self._book.stop_ids
         texts = self._book.token_bytes
-        for n in range(1, cap + 1):
+        path: list[int] = []
+        for _ in range(cap):
             tok = _first_bit(self._narrow(self._allowed(m, host), scan))
+            path.append(-1 if tok is None else tok)
             if tok is None or tok in stops or not m.accept_token(tok) or m.is_terminated():
-                return n
+                self._path, self._path_cap = path, cap
+                return len(path)
             scan.feed(texts[tok])
+        self._path, self._path_cap = None, 0          # cut at cap: not a whole path
         return cap
 
     def accept(self, token: int) -> bool:
         """Advance past ``token``; False when the grammar does not allow it."""
         self.generated += 1
+        path = self._path
+        self._path = path[1:] if path and path[0] == int(token) else None
         ok = bool(self._matcher.accept_token(int(token)))
         if ok:
             self._scan.feed(self._book.token_bytes[int(token)])
