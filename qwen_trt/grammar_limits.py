@@ -5,7 +5,8 @@ linearly in its enum values (4,500 enum strings: seconds; 100,000: minutes), so 
 measured first (its bytes before it is parsed, then its depth and enum values) and refused in
 one line naming the limit it passes: :class:`GrammarLimits`, from ``QWEN_TRT_GRAMMAR_*``. No
 torch, no xgrammar here: the API's process checks limits without loading either
-(:mod:`qwen_trt.api.constraints`), the engine before it compiles (:mod:`qwen_trt.fast.step.grammar`).
+(:mod:`qwen_trt.api.constraints`), the engine before it compiles
+(:mod:`qwen_trt.fast.step.grammar`).
 """
 from __future__ import annotations
 

@@ -9,8 +9,15 @@ grammar to an idle one and waits at most the budget for its answer: past it, tha
 killed (its work ends with it) and the next check starts a fresh one. Starting a child does not
 count against the budget.
 
-Protocol (one JSON line each way): ``{"kind": ..., "spec": ..., "limits": {...}}`` in; ``{"verdict": ""}`` (it
-passes) or ``{"verdict": "<one line>"}`` out.
+With the served model's tokenizer (a folder: ``tokenizer_source``), a child also compiles
+the grammar against that vocabulary (the engine's own work, so a spec whose compile runs away
+is caught here too) and measures the shortest reply it allows as the engine's closing mode
+writes it (``Constraint.shortest``), so a ``max_tokens`` below it is refused up front. The
+tokenizer is loaded once per child, before its first check (not budgeted).
+
+Protocol (one JSON line each way): ``{"tokenizer": path}`` -> ``{"ok": true}`` once; then
+``{"kind": ..., "spec": ..., "limits": {...}}`` -> ``{"verdict": "", "shortest": n | null}``
+(it passes) or ``{"verdict": "<one line>", "shortest": null}``.
 """
 from __future__ import annotations
 

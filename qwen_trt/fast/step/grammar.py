@@ -4,7 +4,8 @@
   (bytes, nesting depth, enum values: ``GrammarLimits``); :func:`build_grammar` calls it first.
 * :func:`check_grammar` checks a :class:`~qwen_trt.params.Grammar` without a tokenizer (the
   API runs it in a checker process, :mod:`qwen_trt.api.grammar_check`, within
-  ``GrammarLimits.budget_s``, to answer 400 before submitting): a bad schema is a one-line ``GrammarError`` (a ``ValueError``).
+  ``GrammarLimits.budget_s``, to answer 400 before submitting): a bad schema is a one-line
+  ``GrammarError`` (a ``ValueError``).
 * :class:`GrammarBook` (one per loaded tokenizer) compiles grammars against the vocabulary on
   its own threads (xgrammar lets go of the interpreter while it works), waiting at most the
   budget; it keeps the compiled ones, and the refusals, by the spec's SHA-256 (bounded), and
@@ -155,8 +156,8 @@ def build_grammar(grammar: Grammar, limits: GrammarLimits | None = None):
 
 def check_grammar(grammar: Grammar, limits: GrammarLimits | None = None) -> None:
     """Raise ``GrammarError`` (a ``ValueError``; one line naming the problem) unless
-    ``grammar`` is within the limits and builds. It may take long (up to the budget, for a
-    spec within the limits): callers on an event loop run it on a thread."""
+    ``grammar`` is within the limits and builds. It may take long (for a spec within the
+    limits, seconds): the API runs it in a checker process, never on its event loop."""
     build_grammar(grammar, limits)
 
 
