@@ -3,7 +3,7 @@
 xgrammar's time grows about with the cube of a JSON schema's nesting depth and faster than
 linearly in its enum values (4,500 enum strings: seconds; 100,000: minutes), so a spec is
 measured first (its bytes before it is parsed, then its depth and enum values) and refused in
-one line naming the limit it passes: :class:`GrammarLimits`, from ``QWEN_TRT_GRAMMAR_*``. No
+one line naming the limit it passes: :class:`GrammarLimits` (its settings: ``_LIMIT_VARS``). No
 torch, no xgrammar here: the API's process checks limits without loading either
 (:mod:`qwen_trt.api.constraints`), the engine before it compiles
 (:mod:`qwen_trt.fast.step.grammar`).

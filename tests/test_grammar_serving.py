@@ -44,8 +44,12 @@ def constrained(schema: dict, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def origin(tiny_backend):
-    service = InferenceService(tiny_backend)
+def origin(tiny_model_dir):
+    from qwen_trt.backends.torch_backend import TorchBackend
+
+    # its own backend: closing the service closes it (the session's tiny_backend is shared)
+    service = InferenceService(TorchBackend.load(str(tiny_model_dir), device="cpu",
+                                                 warmup=False))
     try:
         with app_in_thread(create_app(service, model_name="tiny")) as url:
             assert httpx.get(f"{url}/health", timeout=30).status_code == 200
@@ -127,7 +131,7 @@ def test_the_serial_runner_steps_on_while_a_grammar_compiles(tiny_backend, tiny_
                                       grammar=_schema_grammar()))
     runner.add(2, ids, SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True))
     out, done_at, longest = _run_serial(runner)
-    assert longest < 0.5, longest              # no step waited for the 1.5 s compile
+    assert longest < 1.0, longest              # no step waited for the 1.5 s compile
     assert done_at[2] < done_at[1]             # the plain request went ahead
     assert sum(len(e.token_ids) for e in out[2]) == 20
     text = tiny_tokenizer.decode([t for e in out[1] for t in e.token_ids][:-1])
@@ -147,7 +151,7 @@ def test_a_compile_past_the_budget_fails_only_its_request(tiny_backend, tiny_tok
     runner.add(1, ids, SamplingParams(max_new_tokens=32, grammar=grammar))
     runner.add(2, ids, SamplingParams(max_new_tokens=5, temperature=0, ignore_eos=True))
     out, _, longest = _run_serial(runner)
-    assert longest < 0.5, longest
+    assert longest < 1.0, longest
     (fail,) = out[1]
     assert fail.finish == "error" and "did not compile within 0.3 s" in fail.error
     assert "QWEN_TRT_GRAMMAR_BUDGET_S" in fail.error
