@@ -6,8 +6,8 @@ can still run long. So :class:`CheckerPool` keeps up to ``size`` child interpret
 (:func:`child_main`: they import :mod:`qwen_trt.fast.step.grammar` once, say ``ready``, then answer
 one JSON line per check) and :meth:`CheckerPool.verdict` — blocking, for a thread — sends a
 grammar to an idle one and waits at most the budget for its answer: past it, that child is
-killed (its work ends with it) and the next check starts a fresh one. Starting a child does not
-count against the budget.
+killed (its work ends with it) and a fresh one started in the background. Starting a child
+does not count against the budget.
 
 With the served model's tokenizer (a folder: ``tokenizer_source``), a child also compiles
 the grammar against that vocabulary (the engine's own work, so a spec whose compile runs away
@@ -110,6 +110,7 @@ class CheckerPool:
                         self._idle.append(child)
                 else:
                     child.kill()
+                    self._replace()
         finally:
             self._slots.release()
 
@@ -119,6 +120,10 @@ class CheckerPool:
                 child = self._idle.pop()
                 if child.proc.poll() is None:
                     return child
+        return self._start()
+
+    def _start(self) -> _Child:
+        """A new child, ready (its imports done, the tokenizer loaded); CheckerUnavailable."""
         child = _Child()
         line = child.read_line(START_S)
         if line == b"ready\n" and self.tokenizer_source is not None:
@@ -131,6 +136,21 @@ class CheckerPool:
             child.kill()
             raise CheckerUnavailable()
         return child
+
+    def _replace(self) -> None:
+        """Start a child in the background for the one just killed, so the next check does not
+        wait for its start."""
+        def run() -> None:
+            try:
+                child = self._start()
+            except (CheckerUnavailable, OSError, ValueError):
+                return
+            with self._lock:
+                if len(self._idle) < self.size:
+                    self._idle.append(child)
+                    return
+            child.kill()
+        threading.Thread(target=run, daemon=True, name="qwen-trt-grammar-checker").start()
 
     def close(self) -> None:
         with self._lock:
