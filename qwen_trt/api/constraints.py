@@ -99,12 +99,13 @@ def tokenizer_folder(tokenizer) -> str | None:
 
 
 _lock = threading.Lock()
-_verdicts: OrderedDict[tuple[int, str], tuple[str, int | None]] = OrderedDict()
-_running: dict[tuple[int, str], tuple[Future, list]] = {}
+Key = tuple[int, str, float]     # (the checker pool, the spec's SHA-256, the budget)
+_verdicts: OrderedDict[Key, tuple[str, int | None]] = OrderedDict()
+_running: dict[Key, Future] = {}
 _threads: ThreadPoolExecutor | None = None
 
 
-def _keep(key: tuple[int, str], verdict: tuple[str, int | None]) -> None:
+def _keep(key: Key, verdict: tuple[str, int | None]) -> None:
     with _lock:
         _verdicts[key] = verdict
         _verdicts.move_to_end(key)
@@ -112,7 +113,7 @@ def _keep(key: tuple[int, str], verdict: tuple[str, int | None]) -> None:
             _verdicts.popitem(last=False)
 
 
-def _start(pool, grammar: Grammar, key: tuple[int, str], limits: GrammarLimits) -> Future:
+def _start(pool, grammar: Grammar, key: Key, limits: GrammarLimits) -> Future:
     """The check of ``grammar`` (one per spec at a time), on a thread that waits for its
     checker; its result: the verdict, or a CheckerBusy / CheckerTimeout."""
     global _threads
@@ -156,7 +157,7 @@ async def check(grammar: Grammar | None, param: str, tokenizer=None,
         check_limits(grammar, limits)              # before any xgrammar work
     except ValueError as e:
         raise ApiError(400, f"'{param}': {first_line(e) or 'invalid'}", param=param) from e
-    key = (id(pool), grammar_key(grammar))
+    key = (id(pool), grammar_key(grammar), limits.budget_s)
     with _lock:
         verdict = _verdicts.get(key)
     if verdict is None:
