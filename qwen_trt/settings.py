@@ -150,6 +150,17 @@ SETTINGS: tuple[Setting, ...] = (
        "the worker: no step progress for this many seconds while requests wait or run (a hung "
        "GPU or process) and it is killed and restarted, those requests get one error line and "
        "/health says 503 meanwhile; 0 = off", flag="--watchdog-s"),
+    _S("QWEN_TRT_MAX_STEP_S", "float", 120.0,
+       "a worker step running longer than this stops beating: the watchdog counts it as stuck "
+       "(0 = no limit)"),
+    _S("QWEN_TRT_GRAMMAR_MAX_BYTES", "int", 65536,
+       "largest JSON schema (a tool_choice: all the tools' schemas together) in bytes; larger: 400"),
+    _S("QWEN_TRT_GRAMMAR_MAX_DEPTH", "int", 64,
+       "deepest nesting of objects and arrays in a JSON schema document; deeper: 400"),
+    _S("QWEN_TRT_GRAMMAR_MAX_ENUM", "int", 4096,
+       "most enum values plus consts in one grammar's schemas; more: 400"),
+    _S("QWEN_TRT_GRAMMAR_BUDGET_S", "float", 5.0,
+       "seconds a grammar may take to check or compile; longer: 400 (API) or the request fails"),
     _S("QWEN_TRT_QUANTIZATION", "str", "auto",
        "fast path weights: auto (as the checkpoint has them: bf16, or an FP8 / AWQ / GPTQ "
        "checkpoint) | none (dequantize a packed one) | fp8 | int4 (quantize a bf16 checkpoint "

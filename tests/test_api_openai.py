@@ -5,8 +5,6 @@ chunk and error checked against OpenAI's own OpenAPI schemas (tests/openai_spec.
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import httpx
 import pytest
@@ -211,15 +209,22 @@ def test_control_tokens_inside_tools_stay_text(env, script):
 # -- constrained decoding (the grammar module is h3b's; a stand-in here) -------------------------
 @pytest.fixture
 def grammar_module(monkeypatch):
+    from collections import OrderedDict
+
+    from qwen_trt.api import constraints
+
     seen = []
 
-    def check_grammar(g: Grammar) -> None:
-        seen.append(g)
-        if g.kind == "json_schema" and "$ref" in g.spec:
-            raise ValueError("unsupported keyword '$ref' at /properties/a")
-    mod = types.ModuleType("qwen_trt.fast.step.grammar")
-    mod.check_grammar = check_grammar
-    monkeypatch.setitem(sys.modules, "qwen_trt.fast.step.grammar", mod)
+    class Checker:                  # stands in for the checker processes
+        def verdict(self, kind: str, spec: str, limits) -> str:
+            seen.append(Grammar(kind, spec))
+            if kind == "json_schema" and "$ref" in spec:
+                return "unsupported keyword '$ref' at /properties/a", None
+            return "", None
+
+    one = Checker()
+    monkeypatch.setattr(constraints, "checker", lambda *_: one)
+    monkeypatch.setattr(constraints, "_verdicts", OrderedDict())
     return seen
 
 
@@ -262,7 +267,9 @@ def test_a_schema_the_engine_cannot_compile_is_a_400(env, grammar_module):
 
 
 def test_without_a_grammar_engine_constraints_are_refused(env, monkeypatch):
-    monkeypatch.setitem(sys.modules, "qwen_trt.fast.step.grammar", None)
+    from qwen_trt.api import constraints
+
+    monkeypatch.setattr(constraints, "checker", lambda *_: None)   # no xgrammar installed
     _, _, _, origin = env
     r = post(origin, "/v1/chat/completions", {"messages": ask(),
                                               "response_format": {"type": "json_object"}})

@@ -430,11 +430,11 @@ def test_a_constraint_ends_in_time_whatever_is_picked(tiny_tokenizer):
 def test_the_constrained_bench_runs_on_cpu(tiny_model_dir):
     from qwen_trt.bench.constrained import run as bench
 
-    out = bench(str(tiny_model_dir), streams=2, new_tokens=12, prompt_len=16, device="cpu",
+    out = bench(str(tiny_model_dir), streams=2, new_tokens=16, prompt_len=16, device="cpu",
                 log=lambda line: None)
     assert all(v is not None for v in out["summary"].values()), out["summary"]
     assert len(out["streams_one_constrained"]["per_stream_tok_s"]) == 2
-    assert out["streams_plain"]["tokens"] == 24 and out["streams_logprobs"]["tokens"] == 24
+    assert out["streams_plain"]["tokens"] == 32 and out["streams_logprobs"]["tokens"] == 32
 
 
 def test_frequency_penalty_reaches_every_path(tiny_backend, fast_backend, runner_backend,
@@ -452,3 +452,53 @@ def test_frequency_penalty_reaches_every_path(tiny_backend, fast_backend, runner
     assert max(Counter(b).values()) < max(Counter(a).values())
     assert list(fast_backend.stream(ids, pen)) == b
     assert list(runner_backend.stream(ids, pen)) == b
+
+
+RECURSIVE = {"type": "object", "properties": {"name": {"type": "string"},
+                                              "child": {"$ref": "#"}}}
+NESTED_LISTS = {"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                "$ref": "#/$defs/n"}
+
+
+@pytest.mark.parametrize("grammar, schema", [
+    (Grammar("json_object"), {"type": "object"}),
+    (Grammar("json_schema", json.dumps(RECURSIVE)), RECURSIVE),
+    (Grammar("json_schema", json.dumps(NESTED_LISTS)), NESTED_LISTS),
+    (Grammar("json_schema", json.dumps(SCHEMA)), SCHEMA),
+    (GRAMMARS["tool_calls"], None),
+], ids=["json_object", "optional recursion", "nested lists", "required keys", "tool call"])
+def test_the_forced_close_ends_valid_at_every_budget_that_holds_a_reply(tiny_tokenizer, grammar,
+                                                                        schema):
+    """Uniform picks among the allowed tokens (the worst model) at every budget from the
+    shortest reply the grammar allows up: the reply always ends with the stop and parses
+    (json_object was cut at '{"', an optional recursive schema never closed); a budget below
+    the shortest is refused before any token, naming both numbers."""
+    import random
+
+    from qwen_trt.fast.step.grammar import GrammarBook
+
+    stop = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    book = GrammarBook(tiny_tokenizer, len(tiny_tokenizer), (stop,))
+    bits = torch.arange(32, dtype=torch.int32)
+    shortest = book.constraint(grammar, 512).shortest
+    with pytest.raises(GrammarError, match=rf"max_tokens \({shortest - 1}\) cannot hold the "
+                                           rf"shortest reply this grammar allows \({shortest} "):
+        book.constraint(grammar, shortest - 1)
+    for budget in range(shortest, shortest + 14):
+        for seed in range(3):
+            rng = random.Random(budget * 10 + seed)
+            c = book.constraint(grammar, budget)
+            out, tok = [], None
+            for _ in range(budget):
+                allowed = ((c.fill().unsqueeze(-1) >> bits) & 1).flatten().nonzero().flatten()
+                tok = int(allowed[rng.randrange(len(allowed))])
+                assert c.accept(tok)
+                if tok == stop:
+                    break
+                out.append(tok)
+            text = tiny_tokenizer.decode(out)
+            assert tok == stop, (budget, seed, text)
+            if schema is None:
+                check_reply("tool_calls", text)
+            else:
+                jsonschema.validate(json.loads(text), schema)

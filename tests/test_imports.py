@@ -76,7 +76,7 @@ def test_the_graph_sees_function_level_imports():
 # layers below it, never one above — at module level or inside a function.
 LAYERS = {
     "qwen_trt": 0, "qwen_trt.errors": 0, "qwen_trt.params": 0, "qwen_trt.progress": 0,
-    "qwen_trt.settings": 0, "qwen_trt.debug": 0, "qwen_trt.stats": 0,
+    "qwen_trt.settings": 0, "qwen_trt.grammar_limits": 0, "qwen_trt.debug": 0, "qwen_trt.stats": 0,
     "qwen_trt.model": 1,
     "qwen_trt.fast": 2,
     "qwen_trt.backends": 3, "qwen_trt.engine": 3, "qwen_trt.onnx": 3,

@@ -92,6 +92,44 @@ def test_a_long_step_that_still_runs_is_not_killed(tiny_model_dir, tiny_tokenize
         client.close()
 
 
+def test_the_heartbeat_stops_once_a_step_runs_past_the_step_limit():
+    """A step stuck outside the interpreter (here a sleep, as a runaway native call: the
+    heartbeat thread keeps running) beats until QWEN_TRT_MAX_STEP_S, then falls silent, which
+    is what the watchdog restarts a worker for (the SIGSTOP test above); a step under the limit
+    beats throughout."""
+    from qwen_trt.serving.liveness import Heartbeat
+
+    class Conn:
+        def __init__(self):
+            self.beats = []
+
+        def send(self, msg):
+            assert msg == ("beat",)
+            self.beats.append(time.monotonic())
+
+    conn = Conn()
+    beat = Heartbeat(conn, 0.05, max_step_s=0.5)
+    t0 = time.monotonic()
+    with beat.step():
+        time.sleep(1.5)
+    assert conn.beats and max(conn.beats) - t0 < 0.7, [b - t0 for b in conn.beats]
+    free = Conn()
+    beat = Heartbeat(free, 0.05, max_step_s=0)            # 0: no limit
+    t0 = time.monotonic()
+    with beat.step():
+        time.sleep(1.0)
+    assert max(free.beats) - t0 > 0.8
+
+
+def test_the_step_limit_setting():
+    from qwen_trt.serving.liveness import max_step_s
+
+    assert max_step_s({}) == 120.0 and max_step_s({"QWEN_TRT_MAX_STEP_S": "0"}) == 0
+    for bad in ("-1", "inf", "soon"):
+        with pytest.raises(ValueError, match="QWEN_TRT_MAX_STEP_S"):
+            max_step_s({"QWEN_TRT_MAX_STEP_S": bad})
+
+
 def test_an_idle_engine_is_left_alone(tiny_model_dir):
     """No requests: nothing to make progress on, so a stopped worker is not the watchdog's."""
     client = WorkerClient(WorkerSpec(BackendConfig(model=str(tiny_model_dir), watchdog_s=0.5),

@@ -28,6 +28,7 @@ class ChatChoice:
                  top_logprobs: int | None = None) -> None:
         self.index = index
         self._parser = ToolCallParser() if tools.parse else None
+        self._forced = tools.forced            # only calls: no text is content
         self._texts = texts if top_logprobs is not None else None
         self._top = top_logprobs or 0
         self.content: list[str] = []
@@ -45,7 +46,7 @@ class ChatChoice:
         out: list[dict] = []
         for p in pieces:
             if isinstance(p, str):
-                if p:
+                if p and not self._forced:
                     self.content.append(p)
                     out.append({"content": p})
             elif isinstance(p, CallStart):

@@ -240,7 +240,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             raise ApiError(404, f"The model {excerpt(req.model)} does not exist here; this "
                                 f"server serves '{name}' (see /v1/models).", param="model",
                            code="model_not_found")
-        constraints.check(req.grammar, req.grammar_param)
+        await constraints.check(req.grammar, req.grammar_param, service.tokenizer,  # off the loop
+                                req.max_tokens)
         constraints.check_backend(info, req.grammar, req.grammar_param, req.logprobs)
         admission.check_fits(req.n, f"n = {req.n}")
         _queue_check()

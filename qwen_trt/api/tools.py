@@ -21,7 +21,9 @@ encoded as text (:mod:`qwen_trt.serving.session`).
   parsed, so it is plain content; earlier tool calls and results in the history still render;
 * ``required`` / ``{"type": "function", "function": {"name": ...}}``: the reply is constrained
   to call blocks (``SamplingParams.grammar`` of kind ``tool_calls``; several only with
-  ``parallel_tool_calls``), for a named function that one only.
+  ``parallel_tool_calls``), for a named function that one only. Nothing of such a reply is
+  content: a block that did not complete (a reply cut short) is dropped, never shown as
+  markup (:attr:`ToolSpec.forced`).
 * ``{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": [{"type":
   "function", "function": {"name": ...}}, ...]}}``: only the named tools are rendered (the model
   is told of no other), then ``mode`` applies as ``auto`` / ``required`` above.
@@ -74,6 +76,12 @@ class ToolSpec:
     def parse(self) -> bool:
         """Whether the reply is read for tool calls."""
         return self.render
+
+    @property
+    def forced(self) -> bool:
+        """Whether the reply is constrained to call blocks (``required`` / named): then no
+        text of it is content, not even a block cut by ``max_tokens``."""
+        return bool(self.tools) and self.choice not in ("auto", "none")
 
     def grammar(self) -> Grammar | None:
         if not self.tools or self.choice in ("auto", "none"):

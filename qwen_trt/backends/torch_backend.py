@@ -160,12 +160,15 @@ class TorchBackend(Backend):
                 logits = out.logits[:, -1, :]
                 del out
 
+    def grammars(self):
+        """This tokenizer's GrammarBook (built on the first constrained request)."""
+        from qwen_trt.fast.step.grammar import grammar_book
+
+        return grammar_book(self, self._tokenizer, self.model.config.vocab_size,
+                            self.info.stop_token_ids)
+
     def _constraint(self, params: SamplingParams):
         """The request's grammar state (compiled against this tokenizer), or None."""
         if params.grammar is None:
             return None
-        from qwen_trt.fast.step.grammar import grammar_book
-
-        book = grammar_book(self, self._tokenizer, self.model.config.vocab_size,
-                            self.info.stop_token_ids)
-        return book.constraint(params.grammar, params.max_new_tokens)
+        return self.grammars().constraint(params.grammar, params.max_new_tokens)

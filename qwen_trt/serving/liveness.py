@@ -8,8 +8,10 @@ that is stopped (SIGSTOP), frozen or stuck holding the interpreter sends nothing
 :class:`Watchdog` then sees no progress for ``--watchdog-s`` seconds while requests are in the
 engine, and the client kills the process and restarts it like a crash.
 
-What the heartbeat cannot see: a step blocked in native code that has let go of the interpreter
-(e.g. a GPU kernel that never ends while Python waits on it) still beats.
+A step blocked in native code that has let go of the interpreter (a GPU kernel that never
+ends, a library call that runs away) would beat for ever, so the heartbeat stops once one step
+has run ``QWEN_TRT_MAX_STEP_S`` (default 120 s, :func:`max_step_s`): a step stuck in anything
+is noticed ``--watchdog-s`` after that.
 """
 from __future__ import annotations
 
@@ -20,6 +22,17 @@ import weakref
 from collections.abc import Callable
 
 MAX_BEAT_S = 1.0
+
+
+def max_step_s(environ=None) -> float:
+    """``QWEN_TRT_MAX_STEP_S``, checked: seconds >= 0 (0: a step may beat for ever)."""
+    from qwen_trt import settings
+
+    value = settings.get("QWEN_TRT_MAX_STEP_S", environ)
+    if not value >= 0 or value == float("inf"):
+        raise settings.SettingError(f"QWEN_TRT_MAX_STEP_S must be a number of seconds >= 0 "
+                                    f"(0 = no limit), got {value!r}")
+    return value
 
 
 def beat_interval(watchdog_s: float) -> float:
@@ -51,16 +64,20 @@ class LockedConn:
 
 class Heartbeat:
     """Worker side: while a step runs (``with beat.step():``), a daemon thread sends
-    ``("beat",)`` on ``conn`` every ``every_s`` seconds."""
+    ``("beat",)`` on ``conn`` every ``every_s`` seconds, until the step has run ``max_step_s``
+    (0: no limit)."""
 
-    def __init__(self, conn, every_s: float) -> None:
+    def __init__(self, conn, every_s: float, max_step_s: float = 0.0) -> None:
         self._conn = conn
         self.every_s = every_s
+        self.max_step_s = max_step_s
         self._stepping = threading.Event()
+        self._since = 0.0                 # when the step running now began
         threading.Thread(target=self._run, daemon=True, name="qwen-trt-heartbeat").start()
 
     @contextlib.contextmanager
     def step(self):
+        self._since = time.monotonic()
         self._stepping.set()
         try:
             yield
@@ -73,6 +90,8 @@ class Heartbeat:
             time.sleep(self.every_s)
             if not self._stepping.is_set():
                 continue
+            if self.max_step_s and time.monotonic() - self._since > self.max_step_s:
+                continue                   # stuck: let the watchdog see the silence
             try:
                 self._conn.send(("beat",))
             except (OSError, ValueError, EOFError):

@@ -3,7 +3,10 @@
 
 One request at a time (``max_concurrency = 1``): :meth:`step` advances the running request's
 ``backend.stream`` generator by one token; the next request starts when it ends. Requests added
-while one runs wait here in FIFO order (the client normally keeps at most one here).
+while one runs wait here in FIFO order (the client normally keeps at most one here). A
+request with a grammar first has it compiled on a side thread
+(:func:`qwen_trt.fast.step.grammar.compile_in_background`, where the backend has ``grammars()``):
+the requests behind it go ahead meanwhile, and no step waits for a compile.
 :meth:`abort` closes the generator, which stops device work before the next token.
 """
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
 from qwen_trt.backends.base import Backend
@@ -48,6 +52,7 @@ class _Request:
     stop_ids: frozenset[int]
     gen: Iterator[int] | None = None
     tokens: int = 0
+    compiling: Future | None = None      # its grammar's compile, until it starts
 
 
 class SerialRunner:
@@ -68,8 +73,13 @@ class SerialRunner:
         except QwenTrtError as e:
             self._done.append(TokenEvent(request_id, finish="error", error=str(e)))
             return
-        self._queue.append(_Request(request_id, list(prompt_ids), params,
-                                    self.backend.stop_ids(params)))
+        req = _Request(request_id, list(prompt_ids), params, self.backend.stop_ids(params))
+        books = getattr(self.backend, "grammars", None)
+        if params.grammar is not None and callable(books):
+            from qwen_trt.fast.step.grammar import compile_in_background
+
+            req.compiling = compile_in_background(books, params.grammar)
+        self._queue.append(req)
         self._prompt_tokens += len(prompt_ids)
 
     def abort(self, request_id: int) -> None:
@@ -89,7 +99,7 @@ class SerialRunner:
     def step(self) -> list[TokenEvent]:
         events, self._done = self._done, []
         if self._running is None and self._queue:
-            self._running = self._queue.popleft()
+            self._running = self._next_ready(events)
         req = self._running
         if req is None:
             return events
@@ -118,6 +128,29 @@ class SerialRunner:
         else:
             events.append(TokenEvent(req.request_id, (tok,), logprobs=lps))
         return events
+
+    def _next_ready(self, events: list[TokenEvent]) -> _Request | None:
+        """The oldest queued request whose grammar (if any) is compiled; one whose grammar
+        failed ends here with its error. None: all still compile (waits a little for one,
+        rather than spin)."""
+        for req in list(self._queue):
+            if req.compiling is None:
+                self._queue.remove(req)
+                return req
+            if req.compiling.done():
+                self._queue.remove(req)
+                fut, req.compiling = req.compiling, None
+                try:
+                    fut.result()             # compiled: the backend's stream finds it cached
+                except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+                    events.append(TokenEvent(req.request_id, finish="error",
+                                             error=error_line(e)))
+                    continue
+                return req
+        pending = [r.compiling for r in self._queue if r.compiling is not None]
+        if pending and not events:
+            wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
+        return None
 
     def stats(self) -> RunnerStats:
         return RunnerStats(running=int(self._running is not None), waiting=len(self._queue),

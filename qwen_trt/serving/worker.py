@@ -36,7 +36,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from qwen_trt.backends import BackendConfig
-from qwen_trt.serving.liveness import Heartbeat, LockedConn, beat_interval
+from qwen_trt.serving.liveness import Heartbeat, LockedConn, beat_interval, max_step_s
 
 DEFAULT_LOADER = "qwen_trt.backends:load_backend"
 STATS_EVERY_S = 0.25
@@ -159,6 +159,7 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         conn.send(("stage", line, round(time.monotonic() - t0, 3)))
 
     try:
+        step_limit_s = max_step_s()
         stage("importing torch and the backend")
         t = time.monotonic()
         if spec.loader == DEFAULT_LOADER:
@@ -197,7 +198,7 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
     every_s = beat_interval(getattr(spec.cfg, "watchdog_s", 0))
     if every_s:                       # the parent's watchdog: beat while a long step runs
         conn = LockedConn(conn)
-        beat = Heartbeat(conn, every_s)
+        beat = Heartbeat(conn, every_s, step_limit_s)
     try:
         conn.send(("ready", Ready(backend.info, str(source), int(runner.max_concurrency),
                                   {k: round(v, 3) for k, v in timings.items()}, os.getpid())))
