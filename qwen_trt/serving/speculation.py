@@ -93,12 +93,14 @@ def expected_tokens(rate: float, k: int) -> float:
 
 def step_cost(batch: int, k: int) -> float:
     """A step's cost relative to a chained decode step of ``batch`` rows, when each row verifies
-    ``k`` drafts: a verify step is not chained (+10 %), and rows beyond 32 stop being free
-    (the weights' read stops hiding the extra rows' arithmetic)."""
+    ``k`` drafts, as measured on the H200 (docs/benchmarks.md, speculative decoding): a verify
+    step runs the varlen step graph, unchained, at 1.6-2.0x a chained decode step at 1 to 32
+    streams, a little more per draft, and more once the step's rows pass 64 (the weights' read
+    stops hiding the extra rows' arithmetic)."""
     if k == 0:
         return 1.0
     rows = batch * (k + 1)
-    return 1.15 + 0.02 * k + max(0, rows - 32) / 128
+    return 1.6 + 0.05 * k + max(0, rows - 64) / 256
 
 
 def auto_tokens(rate: float, batch: int, cap: int = AUTO_MAX) -> int:

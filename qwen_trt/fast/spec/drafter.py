@@ -101,6 +101,9 @@ class EagleDrafter:
         if not last:
             self.draft.forward(t(ids), hidden, t(pos), t(seqs), self.cache, embed, width)
             return {}
+        # one more draft than the rows now verify (the scheduler's adaptive count moves by
+        # steps): a row that stopped drafting is probed with one, a rising one can grow
+        k = min(self.k, max([0] + [r.draft for r in plan.rows]) + 1)
         drafts = self.draft.propose_chain(t(ids), hidden, t(pos), t(seqs), self.cache, embed,
-                                          self.k, last=t(last), width=width).tolist()
+                                          k, last=t(last), width=width).tolist()
         return {rid: tuple(d) for rid, d in zip(chain_rids, drafts)}
