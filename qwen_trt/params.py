@@ -180,6 +180,12 @@ class ReplyMetrics:
     prompt_tokens: int = 0
     finish_reason: FinishReason = "stop"
     cached_tokens: int | None = None   # prompt tokens served from the prefix cache, if known
+    steps: int | None = None      # engine steps that emitted its tokens, where known: tokens /
+                                  # steps > 1 with speculative decoding (accepted drafts)
+
+    @property
+    def tokens_per_step(self) -> float | None:
+        return self.tokens / self.steps if self.steps else None
 
 
 @dataclass

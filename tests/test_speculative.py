@@ -252,3 +252,14 @@ def test_a_draft_that_does_not_fit_the_target_is_one_line(eagle_target, tmp_path
     with pytest.raises((QwenTrtError, ValueError)) as e:
         eagle_runner((cfg, folder, {"sglang": str(bad)}), "sglang")
     assert "\n" not in str(e.value) and "hidden" in str(e.value)
+
+
+def test_the_reply_footer_shows_tokens_per_step_when_drafts_were_accepted():
+    from qwen_trt.params import Reply, ReplyMetrics
+    from qwen_trt.ui.text import reply_footer
+
+    m = ReplyMetrics(ttft_ms=9.0, tokens=90, decode_tok_s=800.0, finish_reason="stop", steps=30)
+    assert "3.00 tokens/step" in reply_footer(Reply("x", m))
+    one = ReplyMetrics(ttft_ms=9.0, tokens=90, decode_tok_s=400.0, finish_reason="stop", steps=90)
+    assert "tokens/step" not in reply_footer(Reply("x", one))
+    assert "tokens/step" not in reply_footer(Reply("x", ReplyMetrics(tokens=5)))

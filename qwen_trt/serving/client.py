@@ -561,6 +561,7 @@ class WorkerClient:
         b = a.builder
         if token_ids:
             a.sent = True
+            b.metrics.steps = (b.metrics.steps or 0) + 1     # one event a step per request
         text = []
         for i, tok in enumerate(token_ids):
             if b.done:

@@ -249,6 +249,9 @@ def reply_footer(reply: Reply, waited_s: float = 0.0, ended_by: str = "interrupt
     else:
         parts = [f"first token {format_ms(m.ttft_ms)}", f"{m.tokens} tokens",
                  f"{m.decode_tok_s:.1f} tokens/s"]
+        per_step = m.tokens_per_step
+        if per_step is not None and per_step > 1.0:     # speculative decoding accepted drafts
+            parts.append(f"{per_step:.2f} tokens/step")
         if m.finish_reason == "length":
             parts.append("stopped at max length")
         elif m.finish_reason == "cancelled":
