@@ -81,6 +81,7 @@ class SamplingParams:
     min_p: float = 0.0                # [0, 1]: drop tokens below min_p x the top token's prob
     logprobs: int | None = None
     grammar: Grammar | None = None
+    prediction: tuple[int, ...] = ()  # predicted output's token ids: drafts for speculation
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "top_k"):

@@ -263,3 +263,46 @@ def test_the_reply_footer_shows_tokens_per_step_when_drafts_were_accepted():
     one = ReplyMetrics(ttft_ms=9.0, tokens=90, decode_tok_s=400.0, finish_reason="stop", steps=90)
     assert "tokens/step" not in reply_footer(Reply("x", one))
     assert "tokens/step" not in reply_footer(Reply("x", ReplyMetrics(tokens=5)))
+
+
+def test_a_predicted_output_drafts_with_speculation_off(repetitive, varied):
+    """OpenAI's prediction: its tokens are the drafts (speculation off otherwise). A correct
+    prediction gives the same greedy tokens in far fewer steps; a wrong one the same tokens too
+    (exact acceptance)."""
+    ps = prompts(4, seed=21, repeat=False)
+    for w in (varied, repetitive):
+        reqs = {i: (p, SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True))
+                for i, p in enumerate(ps)}
+        plain, _, _, plain_steps = drive(runner_for(w), reqs)
+        right = {i: (p, SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True,
+                                       prediction=tuple(plain[i]))) for i, p in enumerate(ps)}
+        r = runner_for(w)
+        got, _, _, steps = drive(r, right)
+        assert got == plain and steps < plain_steps / 2
+        assert r.stats().extra["spec_decode"]["accepted_tokens"] > 100
+        wrong = {i: (p, SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True,
+                                       prediction=tuple(t % 50 + 3 for t in plain[i])))
+                 for i, p in enumerate(ps)}
+        assert drive(runner_for(w), wrong)[0] == plain
+
+
+def test_prediction_parsing_and_usage_counts():
+    from qwen_trt.api.errors import ApiError
+    from qwen_trt.api.protocol import parse_prediction, prediction_counts, usage
+
+    assert parse_prediction(None) is None and parse_prediction({}) is None
+    assert parse_prediction({"type": "content", "content": "abc"}) == "abc"
+    assert parse_prediction({"type": "content", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}) == "ab"
+    for bad in ("x", {"type": "text", "content": "a"}, {"type": "content"},
+                {"type": "content", "content": 3},
+                {"type": "content", "content": [{"type": "image_url"}]},
+                {"type": "content", "content": "\ud800"}):
+        with pytest.raises(ApiError) as e:
+            parse_prediction(bad)
+        assert e.value.status == 400 and "prediction" in str(e.value)
+    assert prediction_counts([1, 2, 3, 4], [1, 2, 9, 3, 4]) == (4, 0)
+    assert prediction_counts([1, 2, 3, 4], [7, 8]) == (0, 4)
+    u = usage(10, 5, None, (3, 1))
+    assert u["completion_tokens_details"] == {"accepted_prediction_tokens": 3,
+                                              "rejected_prediction_tokens": 1}

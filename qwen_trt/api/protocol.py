@@ -58,7 +58,6 @@ NEUTRAL: dict[str, Callable[[object], bool]] = {
     "skip_special_tokens": _is(True),
     "modalities": lambda v: v is None or v == ["text"],
     "audio": _empty,
-    "prediction": _empty,
     "web_search_options": _empty,
     "reasoning_effort": _empty,
     "add_generation_prompt": _is(True),
@@ -94,21 +93,25 @@ class ChatRequest:
     min_p: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
     continuous_usage: bool = False        # stream_options.continuous_usage_stats
+    prediction: str | None = None         # predicted output (OpenAI): drafts for speculation
 
-    def sampling_params(self, max_new_tokens: int, choice: int = 0) -> SamplingParams:
+    def sampling_params(self, max_new_tokens: int, choice: int = 0,
+                        prediction: tuple[int, ...] = ()) -> SamplingParams:
         """The engine's settings for choice ``choice`` (with a seed, choice i samples with
-        seed + i, so n choices differ and repeat)."""
+        seed + i, so n choices differ and repeat); ``prediction``: the predicted output's
+        token ids."""
         seed = self.seed if self.seed is None or not choice else (self.seed + choice) % 2**64
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature,
                               top_p=self.top_p, top_k=self.top_k, seed=seed,
                               ignore_eos=self.ignore_eos, logprobs=self.logprobs,
                               min_p=self.min_p, stop_token_ids=self.stop_token_ids,
-                              grammar=self.grammar, **self.penalties)
+                              grammar=self.grammar, prediction=prediction, **self.penalties)
 
-    def choice_params(self, max_new_tokens: int) -> list[SamplingParams]:
+    def choice_params(self, max_new_tokens: int,
+                      prediction: tuple[int, ...] = ()) -> list[SamplingParams]:
         """The settings of each of the n choices; a value the engine refuses is a 400."""
         try:
-            return [self.sampling_params(max_new_tokens, i) for i in range(self.n)]
+            return [self.sampling_params(max_new_tokens, i, prediction) for i in range(self.n)]
         except ValueError as e:
             raise ApiError(400, first_line(e)) from e
 
@@ -322,7 +325,30 @@ def parse_chat_request(obj, *, penalties: set[str] | None = None) -> ChatRequest
         ignore_eos=_bool(obj, "ignore_eos", False), penalties=pens, tools=tools,
         grammar=grammar, grammar_param=grammar_param, logprobs=logprobs, n=parse_n(obj),
         min_p=_number(obj, "min_p", 0.0, 0.0, 1.0), stop_token_ids=parse_stop_ids(obj),
-        continuous_usage=continuous)
+        continuous_usage=continuous, prediction=parse_prediction(obj.get("prediction")))
+
+
+def parse_prediction(value) -> str | None:
+    """OpenAI's predicted output: ``{"type": "content", "content": TEXT or [text parts]}``
+    (None or empty: none)."""
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict) or value.get("type") != "content" or "content" not in value:
+        raise _bad("prediction", "'prediction' must be {\"type\": \"content\", \"content\": "
+                                 "...}.")
+    content = value["content"]
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text"
+                   and isinstance(p.get("text"), str) for p in content):
+            raise _bad("prediction", "'prediction.content' parts must be "
+                                     "{\"type\": \"text\", \"text\": ...}.")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise _bad("prediction", "'prediction.content' must be text or a list of text parts.")
+    if not _valid_text(content):
+        raise _bad("prediction", "'prediction.content' is not valid Unicode text (a lone "
+                                 "surrogate).")
+    return content or None
 
 
 def parse_n(obj: Mapping) -> int:
@@ -348,12 +374,28 @@ def new_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+          prediction: tuple[int, int] | None = None) -> dict:
+    """``prediction``: (accepted, rejected) prediction tokens (OpenAI's
+    ``completion_tokens_details``)."""
     out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
            "total_tokens": prompt_tokens + completion_tokens}
     if cached_tokens is not None:       # prompt tokens served from the engine's prefix cache
         out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if prediction is not None:
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": prediction[0],
+                                            "rejected_prediction_tokens": prediction[1]}
     return out
+
+
+def prediction_counts(prediction: list[int], completion: list[int]) -> tuple[int, int]:
+    """(accepted, rejected): the prediction's tokens that appear in the completion, in order
+    (the longest matching blocks), and the rest."""
+    from difflib import SequenceMatcher
+
+    blocks = SequenceMatcher(None, prediction, completion, autojunk=False).get_matching_blocks()
+    accepted = sum(b.size for b in blocks)
+    return accepted, len(prediction) - accepted
 
 
 @dataclass
@@ -376,8 +418,8 @@ class ChunkWriter:
         return out
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
-                    cached_tokens: int | None = None) -> dict:
+                    cached_tokens: int | None = None, prediction=None) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.model, "choices": [],
-                "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+                "usage": usage(prompt_tokens, completion_tokens, cached_tokens, prediction)}
 

@@ -47,7 +47,8 @@ from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
 from qwen_trt.api.encoder import QUICK_CHARS, PromptEncoder
 from qwen_trt.api.hops import HopClock, RequestTrace
 from qwen_trt.api.prompt import PromptTooLong, encode_messages, text_ids, text_ids_ready
-from qwen_trt.api.protocol import ChatRequest, ChunkWriter, new_id, parse_chat_request, usage
+from qwen_trt.api.protocol import (ChatRequest, ChunkWriter, new_id, parse_chat_request,
+                                   prediction_counts, usage)
 from qwen_trt.api.schema import describe_openapi
 from qwen_trt.api.stops import StopScanner
 from qwen_trt.errors import QwenTrtError
@@ -85,6 +86,7 @@ class _Result:
     completion_tokens: int
     cached_tokens: int | None = None    # when the engine reports prefix-cache hits per request
     stop: str | None = None             # the stop string that ended the reply
+    prediction: tuple[int, int] | None = None   # (accepted, rejected) prediction tokens
 
 
 class _Counts:
@@ -271,7 +273,15 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                 ids = await run_in_threadpool(encode)
         t_encoded = time.perf_counter()
         max_new = _fit(ids, req, info)
-        handles = await submit(ids, req.choice_params(max_new))
+        pred = ()
+        if req.prediction:          # its tokens draft for the speculative path
+            try:
+                pred = tuple(await tokenize(req.prediction, False, limit=info.max_seq_len))
+            except PromptTooLong as e:
+                raise ApiError(400, f"'prediction' has at least {e.tokens} tokens, more than the "
+                                    f"model's context ({info.max_seq_len}).", param="prediction",
+                               code="context_length_exceeded") from None
+        handles = await submit(ids, req.choice_params(max_new, pred))
         texts = token_texts(tokenizer) if req.logprobs is not None else None
         choices = [ChatChoice(i, req.tools, texts, req.logprobs) for i in range(req.n)]
         t0 = time.perf_counter()
@@ -482,8 +492,11 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                     if m.decode_tok_s > 0:
                         metrics.tok_s.observe(m.decode_tok_s)
                     outcome = reason
+                    pred = getattr(getattr(handle, "params", None), "prediction", ())
                     yield _Result(reason, n_prompt, m.tokens, getattr(m, "cached_tokens", None),
-                                  scanner.matched)
+                                  scanner.matched,
+                                  prediction_counts(list(pred), list(ev.reply.token_ids))
+                                  if pred else None)
                 elif isinstance(ev, Failed):
                     outcome = "error"
                     raise _RequestError(str(ev.error))
@@ -539,9 +552,12 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                     held.append(chunk(c, {}, c.finish_reason(item.finish_reason)))
             if req.include_usage:
                 u = _usage(results)
+                d = u.get("completion_tokens_details")
                 held.append(_data(w.usage_chunk(u["prompt_tokens"], u["completion_tokens"],
                                                 (u.get("prompt_tokens_details") or {}).get(
-                                                    "cached_tokens"))))
+                                                    "cached_tokens"),
+                                                (d["accepted_prediction_tokens"],
+                                                 d["rejected_prediction_tokens"]) if d else None)))
         except _RequestError as e:
             held.append(_data(error_body(str(e), e.status)))
         yield "".join(held) + "data: [DONE]\n\n"
@@ -562,8 +578,10 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
 def _usage(results) -> dict:
     """Usage of one request: the prompt once, the completions of every choice."""
     cached = [r.cached_tokens for r in results if r.cached_tokens is not None]
+    preds = [r.prediction for r in results if r.prediction is not None]
     return usage(results[0].prompt_tokens, sum(r.completion_tokens for r in results),
-                 cached[0] if cached else None)
+                 cached[0] if cached else None,
+                 (sum(p[0] for p in preds), sum(p[1] for p in preds)) if preds else None)
 # Characters Python's str.splitlines() breaks on that JSON leaves unescaped with
 # ensure_ascii=False: a client reading the stream with splitlines (httpx's aiter_lines) would cut
 # the event in two. Escaped, the decoded text is the same.

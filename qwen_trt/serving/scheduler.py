@@ -239,8 +239,10 @@ class BatchRunner:
         self.config = config or SchedulerConfig()
         self.stop_ids = frozenset(stop_ids)
         self.spec = Speculator(self.config.speculative, oracle)
+        # (the second stream of uniforms always: a request's prediction drafts with speculation
+        # off too)
         self.sampler = SamplerState(model.max_seq_len, model.cfg.vocab_size, model.device,
-                                    rows=self.config.max_batch, speculative=self.spec.on)
+                                    rows=self.config.max_batch, speculative=True)
         self.executor = StepExecutor(model, self.sampler)
         if self.config.speculative.method == "eagle3":
             drafter = getattr(model, "drafter", None)
@@ -252,8 +254,7 @@ class BatchRunner:
         self.max_seq_len = model.max_seq_len
         self.alloc = BlockAllocator(model.cache.num_blocks, model.block_size,
                                     prefix_caching=self.config.prefix_caching)
-        self.policy = Scheduler(self.config, self.alloc, self.sampler,
-                                drafts=self._drafts if self.spec.on else None)
+        self.policy = Scheduler(self.config, self.alloc, self.sampler, drafts=self._drafts)
         # the policy's queues, as this runner's loop reads them
         self._waiting, self._running = self.policy.waiting, self.policy.running
         self._seqs: dict[int, _Seq] = {}
@@ -289,7 +290,7 @@ class BatchRunner:
                     "was built without.")))
                 return
             seq.compiling = self._compile(params)
-        if self.spec.on:
+        if self.spec.on or params.prediction:
             seq.spec = self.spec.start(seq.tokens, params)
         self._seqs[request_id] = seq
         self._waiting.append(seq)
@@ -311,7 +312,7 @@ class BatchRunner:
                  "kv_cached_free_blocks": a.cached_free, "kv_evictions": a.evictions,
                  "preemptions": self.policy.preemptions, "max_batch": self.config.max_batch,
                  "chained_steps": self.chained_steps}
-        if self.spec.on:
+        if self.spec.on or self.spec.stats.drafts:
             extra["spec_decode"] = self.spec.counters()
         return RunnerStats(
             running=len(self._running), waiting=len(self._waiting), kv_blocks_used=a.used,

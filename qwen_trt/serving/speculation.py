@@ -67,6 +67,7 @@ class SeqSpec:
 
     index: NgramIndex
     prompt_len: int = 0
+    predicted: bool = False       # a predicted output drafts (OpenAI's prediction)
     next: tuple[int, ...] = ()    # a draft model's proposal for the next step (EAGLE-3)
     drafted: float = 0.0          # decayed counts of drafted and accepted tokens
     accepted: float = 0.0
@@ -127,9 +128,9 @@ class Speculator:
         self.stats = SpecCounters()
 
     def start(self, prompt: Sequence[int], params: SamplingParams) -> SeqSpec:
-        index = NgramIndex(self.config.ngram_max, self.config.ngram_min)
-        index.extend(prompt)
-        return SeqSpec(index, len(prompt))
+        index = NgramIndex(self.config.ngram_max, self.config.ngram_min, prompt=prompt,
+                           prediction=params.prediction or None)
+        return SeqSpec(index, len(prompt), bool(params.prediction))
 
     def extend(self, s: SeqSpec, token: int) -> None:
         s.index.extend((token,))
@@ -152,7 +153,8 @@ class Speculator:
             s.drafted *= 0.5
             s.accepted *= 0.5
             return ()
-        draft = s.next if self.config.method == "eagle3" else s.index.propose(k)
+        draft = (s.next if self.config.method == "eagle3" and not s.predicted
+                 else s.index.propose(k))
         if self.oracle is not None:
             draft = self.oracle.propose(s, len(s.index.tokens) - s.prompt_len, k)
         return tuple(draft)[:k]
@@ -163,7 +165,7 @@ class Speculator:
             return False
         if self.oracle is not None:
             return self.oracle.has(s)
-        if self.config.method == "eagle3":
+        if self.config.method == "eagle3" and not s.predicted:
             return True                 # the draft runs after every step: never chained
         return bool(s.index.propose(1))
 
@@ -183,8 +185,6 @@ class Speculator:
         only while none of them would draft next step (a chain's inputs are on the device,
         so a draft needs the host's turn). The lookup is a few dictionary probes a row, made
         while the step in flight runs."""
-        if not self.on:
-            return True
         return not any(q.spec is not None and q.constraint is None and self.has_draft(q.spec)
                        for q in seqs)
 
