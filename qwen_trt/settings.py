@@ -104,6 +104,15 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_WATCHDOG_S", "float", 30.0,
        "restart the worker when it makes no progress for this long with work queued (0 = off)",
        flag="--watchdog-s"),
+    _S("QWEN_TRT_RESTART_BACKOFF_S", "float", 1.0,
+       "engine process: seconds before the 2nd restart in a row (a crash right after a start); "
+       "doubles each further one"),
+    _S("QWEN_TRT_RESTART_BACKOFF_MAX_S", "float", 60.0,
+       "engine process: the longest wait between restarts; a start that stays up this long "
+       "ends the streak"),
+    _S("QWEN_TRT_RESTART_KEEP", "int", 3,
+       "engine process: failed starts in a row that queued requests wait through (then they "
+       "and new ones get 503 until it starts)"),
     # -- qwen-trt serve ---------------------------------------------------------------------------
     _S("QWEN_TRT_HOST", "str", "127.0.0.1", "address qwen-trt serve binds (non-loopback needs a key)",
        flag="--host"),
@@ -130,6 +139,9 @@ SETTINGS: tuple[Setting, ...] = (
        flag="--allowed-origins"),
     _S("QWEN_TRT_TRACE_HOPS", "bool", False,
        "qwen-trt serve: time each hop of a request, summed at GET /debug/hops", group="test"),
+    _S("QWEN_TRT_TEST_LOADER", "str", None,
+       "engine process: load the backend with this 'module:function' instead (tests' fakes: "
+       "a slow or crashing load)", group="test"),
     # -- build and container ----------------------------------------------------------------------
     _S("QWEN_TRT_ENGINES_DIR", "path", "engines", "where engines are built and looked up",
        group="build", flag="--engines-dir"),

@@ -40,6 +40,7 @@ from qwen_trt.api.limits import MIB, BodyLimit, chars_per_token, decode_json, mi
 from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
 from qwen_trt.api.encoder import PromptEncoder
+from qwen_trt.api.health import health_of
 from qwen_trt.api.hops import HopClock, RequestTrace
 from qwen_trt.api.prompt import encode_messages
 from qwen_trt.api.protocol import ChatRequest, ChunkWriter, new_id, parse_chat_request, usage
@@ -48,7 +49,7 @@ from qwen_trt.api.stops import StopScanner
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import fit_problem
 from qwen_trt.serving.async_events import Inbox, handle_batches, merge_deltas
-from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
+from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting, WorkerStoppedError
 from qwen_trt.serving.session import PromptTokensError
 
 from qwen_trt.api.server_settings import ServerSettings
@@ -205,10 +206,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
 
     @app.get("/health")
     async def health():
-        if not engine_alive(service):
-            return JSONResponse(error_body("The engine is not running (dead or restarting).", 503),
-                                status_code=503)
-        return Response(status_code=200)
+        code, body = health_of(service)
+        return JSONResponse(body, status_code=code)
 
     if hops is not None:
         @app.get("/debug/hops")
@@ -437,8 +436,9 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                     outcome = reason
                     yield _Result(reason, n_prompt, m.tokens, getattr(m, "cached_tokens", None))
                 elif isinstance(ev, Failed):
-                    outcome = "error"
-                    raise _RequestError(str(ev.error))
+                    outcome = "error"       # the engine died under it: retryable (503)
+                    raise _RequestError(str(ev.error), 503 if isinstance(
+                        ev.error, WorkerStoppedError) else 500)
         finally:
             if ticket is not None:
                 ticket.release()
@@ -569,11 +569,13 @@ def _fit(ids: list[int], req: ChatRequest, info) -> int:
 
 def run_server(service, settings: ServerSettings, *, model_name: str | None = None,
                log_level: str = "info") -> None:
-    """Serve until SIGTERM/SIGINT (see :mod:`qwen_trt.api.shutdown`), then free the engine."""
-    from qwen_trt.api.shutdown import serve
+    """Serve until SIGTERM/SIGINT (see :mod:`qwen_trt.api.shutdown`), then free the engine.
+    The port answers at once: ``/health`` says 503 "loading" until the engine is ready
+    (:mod:`qwen_trt.api.startup`); a load error is raised once the server has stopped."""
+    from qwen_trt.api.startup import serve_while_loading
 
-    app = create_app(service, settings, model_name=model_name)
     try:
-        serve(app, settings, log_level=log_level)
+        serve_while_loading(service, lambda: create_app(service, settings, model_name=model_name),
+                            settings, log_level=log_level)
     finally:
         service.close()

@@ -83,9 +83,10 @@ def _origins(value: str | None) -> tuple[str, ...]:
 
 def run(args) -> int:
     """Check the options, start the engine process, then -- while it loads -- import the
-    HTTP server (FastAPI, the routes; the engine client reads the tokenizer meanwhile); serve
-    once the engine is ready. The engine's load is the long pole, so nothing of this process
-    runs before it is started."""
+    HTTP server (FastAPI, the routes; the engine client reads the tokenizer meanwhile) and
+    listen: ``/health`` answers 503 while the engine loads, and the API serves once it is
+    ready. The engine's load is the long pole, so nothing of this process runs before it is
+    started."""
     from qwen_trt.options import config_from
 
     from qwen_trt.api.listen import check_bindable, url_host
@@ -106,9 +107,7 @@ def run(args) -> int:
     except BaseException:
         service.close()
         raise
-    wait_ready = getattr(service, "wait_ready", None)      # the in-process service: loaded
-    if wait_ready is not None:
-        wait_ready()
-    print(f"serving {service.info.describe()}", file=sys.stderr, flush=True)
+    # The port is bound now: /health says 503 "loading" until the engine is ready, then the
+    # API serves (a load error stops the server and is raised here: one line, exit non-zero).
     run_server(service, settings, model_name=cfg.model, log_level=args.log_level)
     return 0

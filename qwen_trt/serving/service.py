@@ -217,7 +217,6 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
         return InferenceService(load_backend(cfg))
     from qwen_trt.serving.client import WorkerClient
     from qwen_trt.serving.preflight import preflight
-    from qwen_trt.serving.worker import WorkerSpec
 
     preflight(cfg)        # a missing folder or broken checkpoint: at once, not after torch loads
 
@@ -227,9 +226,19 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
             log.info("stopping the previous engine process before starting another")
             _current.close()
         # echo: where the engine's stage lines go (stderr by default; the app also shows them)
-        _current = WorkerClient(WorkerSpec(cfg), wait=wait, tokenizer_hint=_local_folder(cfg),
+        _current = WorkerClient(_spec(cfg), wait=wait, tokenizer_hint=_local_folder(cfg),
                                 **({"echo": echo} if echo is not None else {}))
         return _current
+
+
+def _spec(cfg: BackendConfig):
+    """The engine process's spec: ``cfg``, loaded by QWEN_TRT_TEST_LOADER when a test names one
+    (a fake whose load is slow or crashes), else by the real loader."""
+    from qwen_trt import settings
+    from qwen_trt.serving.worker import WorkerSpec
+
+    loader = settings.get("QWEN_TRT_TEST_LOADER")
+    return WorkerSpec(cfg, loader=loader) if loader else WorkerSpec(cfg)
 
 
 def _local_folder(cfg: BackendConfig) -> str | None:
