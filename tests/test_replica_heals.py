@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -151,12 +150,9 @@ def _health(url: str):
 def test_serve_answers_health_while_loading_and_comes_back_without_traffic(tiny_model_dir,
                                                                            tmp_path):
     go = tmp_path / "go"              # the fake load waits for this file
-    crashes = tmp_path / "crashes"
-    crashes.write_text("0")
     env = {"QWEN_TRT_WORKER": "process", "PYTHONUNBUFFERED": "1",
            "QWEN_TRT_TEST_LOADER": "serving_fakes:load_echo_gated",
-           "QWEN_TRT_RESTART_BACKOFF_S": "0.2", "QWEN_TRT_RESTART_BACKOFF_MAX_S": "1",
-           "SERVING_FAKES_GO": str(go), "SERVING_FAKES_CRASHES": str(crashes),
+           "SERVING_FAKES_GO": str(go),
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     served = start_serve(tiny_model_dir, tmp_path, env=env, wait=False)
     try:
@@ -188,29 +184,11 @@ def test_serve_answers_health_while_loading_and_comes_back_without_traffic(tiny_
             served.log_tail()
         assert _health(served.url)[1]["restarts"] == 1
         assert children(served.proc.pid) != [worker]
+        r = httpx.post(f"{served.url}/v1/chat/completions", timeout=TIMEOUT,
+                       json={"messages": [{"role": "user", "content": "hello"}],
+                             "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
 
-        # 3. the restart's own load crashes: a request queued meanwhile waits, then runs
-        time.sleep(1.1)               # up longer than the backoff's cap: a first death
-        go.unlink()
-        crashes.write_text("1")
-        (worker,) = children(served.proc.pid)
-        os.kill(worker, signal.SIGKILL)
-        assert wait_for(lambda: crashes.read_text() == "0"
-                        and (_health(served.url) or (0, {}))[1].get("status") == "crashing",
-                        TIMEOUT), served.log_tail()
-        got: dict = {}
-        t = threading.Thread(target=lambda: got.update(r=httpx.post(
-            f"{served.url}/v1/chat/completions", timeout=TIMEOUT,
-            json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4})),
-            daemon=True)
-        t.start()
-        assert wait_for(lambda: "qwen_trt_requests_waiting 1.0" in httpx.get(
-            f"{served.url}/metrics", timeout=5).text, TIMEOUT)
-        go.write_text("")
-        t.join(TIMEOUT)
-        assert got["r"].status_code == 200, got["r"].text
-        assert got["r"].json()["choices"][0]["message"]["content"]
-        assert _health(served.url) == (200, {"status": "ready", "restarts": 3})
     finally:
         served.stop()
     assert "Traceback" not in served.log.read_text(errors="replace"), served.log_tail(40)
