@@ -137,6 +137,9 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_ALLOWED_ORIGINS", "str", None,
        "comma-separated browser origins allowed to call the API directly (CORS; none by default)",
        flag="--allowed-origins"),
+    _S("QWEN_TRT_ALLOW_SLOW_FALLBACK", "bool", False,
+       "qwen-trt serve: start even when a fast-path kernel family fell back to a much slower "
+       "path (else it refuses, naming it)", flag="--allow-slow-fallback"),
     _S("QWEN_TRT_TRACE_HOPS", "bool", False,
        "qwen-trt serve: time each hop of a request, summed at GET /debug/hops", group="test"),
     _S("QWEN_TRT_TEST_LOADER", "str", None,

@@ -9,7 +9,8 @@ rest)::
          "error": {"message": ..., "type": "service_unavailable", ...}}
 
 ``kernels``: the path each kernel family of the fast path runs (:attr:`BackendInfo.kernels`),
-when the backend reports them. ``next_retry_s``: while the engine keeps crashing, the
+when the backend reports them; ``slow_fallbacks``: the families that fell back to a much slower
+path, and why (only when ``serve --allow-slow-fallback`` let it start). ``next_retry_s``: while the engine keeps crashing, the
 seconds until its next start (``null`` when a start is under way).
 """
 from __future__ import annotations
@@ -25,16 +26,17 @@ def health(status, info=None) -> tuple[int, dict]:
     state = getattr(status, "state", "ready")
     restarts = int(getattr(status, "restarts", 0) or 0)
     kernels = dict(getattr(info, "kernels", None) or {})
+    slow = dict(getattr(info, "slow_kernels", None) or {})
+    extra: dict = {}
+    if kernels:
+        extra["kernels"] = kernels
+    if slow:                                # served anyway (serve --allow-slow-fallback)
+        extra["slow_fallbacks"] = slow
     if getattr(status, "accepting", state == "ready"):
-        body: dict = {"status": "ready", "restarts": restarts}
-        if kernels:
-            body["kernels"] = kernels
-        return 200, body
+        return 200, {"status": "ready", "restarts": restarts, **extra}
     reason = getattr(status, "reason", "") or getattr(status, "stage", "") or ""
     body = {"status": state, "reason": reason, "restarts": restarts,
-            "next_retry_s": getattr(status, "next_retry_s", None)}
-    if kernels:
-        body["kernels"] = kernels
+            "next_retry_s": getattr(status, "next_retry_s", None), **extra}
     detail = f"{state}: {reason}" if reason else state
     return 503, {**body, **error_body(f"The engine is not running ({detail}); retry later.",
                                       503)}

@@ -150,7 +150,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     name = settings.model_name or model_name or info.model
     created = int(time.time())
     counts = _Counts()
-    metrics = ServerMetrics(service.status, lambda: counts.waiting, lambda: counts.running)
+    metrics = ServerMetrics(service.status, lambda: counts.waiting, lambda: counts.running,
+                            lambda: service.info)
     admission = Admission(counts, settings.max_queue, settings.retry_after_s)
     # Tokenising runs in worker threads with the GIL released (see serving.session._Codec), a few at
     # a time; /health and other requests go on meanwhile.

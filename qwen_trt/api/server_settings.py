@@ -39,6 +39,7 @@ class ServerSettings:
     body_timeout_s: float = 30.0        # ... and its body within this after them
     shutdown_grace_s: float = 10.0      # SIGTERM/SIGINT: in-flight requests get this long
     allowed_origins: tuple[str, ...] = ()   # browser origins allowed to call the API (CORS)
+    allow_slow_fallback: bool = False   # serve although a kernel family fell back to slow code
 
     def __post_init__(self) -> None:
         from qwen_trt.api.listen import check_api_key, normalize_host

@@ -39,6 +39,9 @@ def register(sub) -> None:
         p.add_argument("--api-key", default=None,
                        help=f"key clients must send as 'Authorization: Bearer KEY'; required for "
                             f"a non-loopback --host [env {ENV_KEY}]")
+    slow = settings.declared("QWEN_TRT_ALLOW_SLOW_FALLBACK")
+    p.add_argument(slow.flag, action="store_true", default=None,
+                   help=f"{slow.doc} [env {slow.name}]")
     p.add_argument("--served-model-name", default=None,
                    help="model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -70,6 +73,11 @@ def settings_from(args, environ=None):
     env = os.environ if environ is None else environ
     values = {field: _value(args, name, field, env) for name, field in SERVER_SETTINGS}
     values["allowed_origins"] = _origins(values["allowed_origins"])
+    try:
+        values["allow_slow_fallback"] = bool(getattr(args, "allow_slow_fallback", None)
+                                             or settings.get("QWEN_TRT_ALLOW_SLOW_FALLBACK", env))
+    except settings.SettingError as e:
+        raise ConfigError(str(e)) from None
     return ServerSettings(
         api_key=args.api_key if args.api_key is not None else (env.get(ENV_KEY) or None),
         model_name=args.served_model_name, **values)
@@ -101,7 +109,8 @@ def run(args) -> int:
 
     print(f"loading the model for http://{url_host(settings.host)}:{settings.port}/v1 ...",
           file=sys.stderr)
-    service = start_service(cfg, wait=False)
+    # a kernel family on a much slower path refuses the start, unless allowed (one line)
+    service = start_service(cfg, wait=False, refuse_slow=not settings.allow_slow_fallback)
     try:
         from qwen_trt.api.server import run_server          # while the engine loads
     except BaseException:

@@ -139,12 +139,15 @@ class WorkerClient:
 
     def __init__(self, spec: WorkerSpec, *, echo=None, name: str = "qwen-trt-worker",
                  wait: bool = True, tokenizer_hint: str | None = None,
-                 restart: RestartPolicy | None = None) -> None:
+                 restart: RestartPolicy | None = None, refuse_slow: bool = False) -> None:
         """``wait=False``: return once the worker is started; :meth:`wait_ready` then blocks
         (the caller does its own loading meanwhile: ``qwen-trt serve`` imports the HTTP
         server). ``tokenizer_hint``: the folder the worker will name as its tokenizer's, loaded
         here while the worker loads. ``restart``: when to start a worker that died again
-        (default: from the QWEN_TRT_RESTART_* settings)."""
+        (default: from the QWEN_TRT_RESTART_* settings). ``refuse_slow``: a worker whose fast
+        path fell back to much slower kernels counts as a failed load (``qwen-trt serve``
+        without ``--allow-slow-fallback``)."""
+        self._refuse_slow = refuse_slow
         self.spec = spec
         self._policy = restart if restart is not None else RestartPolicy.from_settings()
         self._echo = echo if echo is not None else sys.stderr
@@ -556,6 +559,12 @@ class WorkerClient:
 
     def _on_ready(self, gen: int, ready: Ready) -> QwenTrtError | None:
         t = time.monotonic()
+        if self._refuse_slow:
+            from qwen_trt.backends.kernel_paths import SlowFallbackError, slow_fallback_line
+
+            line = slow_fallback_line(ready.info)
+            if line:
+                return SlowFallbackError(line)
         try:
             if self._tokenizer is None or ready.tokenizer_source != self._tokenizer_source:
                 tok = self._preload.take(ready.tokenizer_source)

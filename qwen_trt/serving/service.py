@@ -202,7 +202,7 @@ def worker_mode(mode: str | None = None) -> str:
 
 
 def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
-                  wait: bool = True):
+                  wait: bool = True, refuse_slow: bool = False):
     """Load the backend ``cfg`` names and serve it; blocks until it is ready (load errors are
     raised as one-line :class:`QwenTrtError`). The app caches one per process.
 
@@ -212,9 +212,21 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
     read here while the engine loads.
 
     One engine process per server process: starting another stops the previous one first, so
-    two engines never share a GPU by accident."""
+    two engines never share a GPU by accident.
+
+    ``refuse_slow``: a load whose fast path fell back to much slower kernels is a load error
+    (:func:`qwen_trt.backends.kernel_paths.slow_fallback_line`; ``qwen-trt serve`` without
+    ``--allow-slow-fallback``)."""
     if worker_mode(mode) == "inline":
-        return InferenceService(load_backend(cfg))
+        service = InferenceService(load_backend(cfg))
+        if refuse_slow:
+            from qwen_trt.backends.kernel_paths import SlowFallbackError, slow_fallback_line
+
+            line = slow_fallback_line(service.info)
+            if line:
+                service.close()
+                raise SlowFallbackError(line)
+        return service
     from qwen_trt.serving.client import WorkerClient
     from qwen_trt.serving.preflight import preflight
 
@@ -227,6 +239,7 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
             _current.close()
         # echo: where the engine's stage lines go (stderr by default; the app also shows them)
         _current = WorkerClient(_spec(cfg), wait=wait, tokenizer_hint=_local_folder(cfg),
+                                refuse_slow=refuse_slow,
                                 **({"echo": echo} if echo is not None else {}))
         return _current
 

@@ -190,8 +190,11 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
     if every_s:                       # the parent's watchdog: beat while a long step runs
         conn = LockedConn(conn)
         beat = Heartbeat(conn, every_s)
+    from qwen_trt.backends.kernel_paths import with_kernel_paths
+
+    info = with_kernel_paths(backend.info, backend, runner)   # the path of each kernel family
     try:
-        conn.send(("ready", Ready(backend.info, str(source), int(runner.max_concurrency),
+        conn.send(("ready", Ready(info, str(source), int(runner.max_concurrency),
                                   {k: round(v, 3) for k, v in timings.items()}, os.getpid())))
         _preload_tokenizer(backend)
         serve(conn, runner, beat)
