@@ -156,7 +156,10 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     # Tokenising runs in worker threads with the GIL released (see serving.session._Codec), a few at
     # a time; /health and other requests go on meanwhile.
     tokenizing = asyncio.Semaphore(TOKENIZE_AT_ONCE)
-    per_token: list = []          # chars_per_token(tokenizer), worked out on first use
+    # chars_per_token(tokenizer): worked out now (it reads the whole vocabulary), so nothing of
+    # it is left for the first request once /health says ready (api.startup builds this app
+    # before it answers 200)
+    per_token: list = [chars_per_token(service.tokenizer)]
     tok_lock = threading.Lock()   # /tokenize and /detokenize call the HF tokenizer itself
     tickets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # handle -> its Ticket
     encoder = PromptEncoder(service.tokenizer)

@@ -809,8 +809,12 @@ class BatchedModel:
                 varlen_checked = self._check_varlen()
                 done("varlen_check_and_compile")
             if self.graphs:
-                for b in self.buckets:      # the plain graphs of the other widths: on use
-                    self._graph(b, self.widths[0])              # (QWEN_TRT_CHAIN=0)
+                # the plain graphs serve decode steps only with QWEN_TRT_CHAIN=0: then every
+                # width now too (a capture at the first long request was an ITL spike)
+                plain = self.widths if not options().chain else self.widths[:1]
+                for b in self.buckets:
+                    for w in plain:
+                        self._graph(b, w)
                     for w in self.widths:
                         self._fgraph(b, w)
                 done("decode_graphs")

@@ -106,6 +106,24 @@ class _TokenizerPreload:
         return self._tok
 
 
+def warm_tokenizer(tokenizer) -> None:
+    """Pay the tokenizer's first-use costs now, before the engine is called ready: the chat
+    template's compile (one probe conversation through :func:`encode_messages`) and the
+    decode path the reply builder takes (:class:`IncrementalDetokenizer`). A tokenizer these
+    fail on is left for the request that meets it to report."""
+    from qwen_trt.model.detokenizer import IncrementalDetokenizer
+    from qwen_trt.serving.session import encode_messages
+
+    try:
+        ids = encode_messages(tokenizer, [{"role": "user", "content": "warm-up"}])
+        detok = IncrementalDetokenizer(tokenizer)
+        for tid in ids[-8:]:
+            detok.add(tid)
+        detok.flush()
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass
+
+
 def _close_fds(*fds: int) -> None:
     for fd in fds:
         try:
@@ -576,6 +594,7 @@ class WorkerClient:
         except Exception as e:  # noqa: BLE001 - one line
             return ModelLoadError(first_line(f"Could not load the tokenizer from "
                                               f"'{ready.tokenizer_source}': {e}"))
+        warm_tokenizer(self._tokenizer)     # ready means warm: no first-use cost after it
         tok_s = time.monotonic() - t
         with self._lock:
             if gen != self._gen or self._closed:
