@@ -153,3 +153,35 @@ class RoundRobinRunner:
     def stats(self) -> RunnerStats:
         return RunnerStats(running=len(self.running), waiting=len(self.waiting),
                            prompt_tokens=self.prompt_tokens, extra={"peak": self.peak})
+
+
+class LazyTokenizerEcho(EchoBackend):
+    """:class:`EchoBackend` whose Hugging Face tokenizer, like the fast backend's, is read on
+    first use of ``tokenizer`` (it names its folder in ``tokenizer_source``); that first use
+    takes a second and writes the time to the file ``SERVING_FAKES_TOKENIZER_MARK`` names."""
+
+    def __init__(self, tokenizer, model: str) -> None:
+        super().__init__(tokenizer, model)
+        self._source = model
+        self._loaded = False
+
+    @property
+    def tokenizer_source(self) -> str:
+        return self._source
+
+    @property
+    def tokenizer(self):
+        if not self._loaded:
+            time.sleep(1.0)
+            mark = os.environ.get("SERVING_FAKES_TOKENIZER_MARK")
+            if mark:
+                with open(mark, "w") as f:
+                    f.write(str(time.time()))
+            self._loaded = True
+        return self._tokenizer
+
+
+def load_lazy_tokenizer(cfg):
+    from transformers import AutoTokenizer
+
+    return LazyTokenizerEcho(AutoTokenizer.from_pretrained(cfg.model), cfg.model)
