@@ -8,6 +8,9 @@ that is stopped (SIGSTOP), frozen or stuck holding the interpreter sends nothing
 :class:`Watchdog` then sees no progress for ``--watchdog-s`` seconds while requests are in the
 engine, and the client kills the process and restarts it like a crash.
 
+When it died (a crash, or the watchdog's kill), :class:`RestartPolicy` says when the client
+starts it again: at once, then backing off while starts keep failing (QWEN_TRT_RESTART_*).
+
 What the heartbeat cannot see: a step blocked in native code that has let go of the interpreter
 (e.g. a GPU kernel that never ends while Python waits on it) still beats.
 """
