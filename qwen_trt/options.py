@@ -49,6 +49,13 @@ OPTIONS: tuple[BackendOption, ...] = (
     BackendOption("--max-batch", "QWEN_TRT_MAX_BATCH",
                   "fast path: sequences decoded together (continuous batching); 1 = one request "
                   "at a time on the batch-1 decoder, the lowest single-user latency (default 32)"),
+    BackendOption("--speculative", "QWEN_TRT_SPECULATIVE",
+                  "fast path: speculative decoding: off | ngram (draft-free prompt lookup: "
+                  "several tokens a step where the reply repeats its context; exact) "
+                  "(default off)"),
+    BackendOption("--num-speculative-tokens", "QWEN_TRT_NUM_SPECULATIVE_TOKENS",
+                  "fast path with --speculative: draft tokens verified a step, 1..8, or auto "
+                  "(from each request's acceptance and the batch size; default auto)"),
     BackendOption("--fast", "QWEN_TRT_FAST",
                   f"torch backend: compiled CUDA-graph fast path: {' | '.join(FAST_MODES)} "
                   "(default auto = on CUDA)"),
@@ -110,6 +117,8 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = No
                          base_url=v["base_url"], api_key=v["api_key"],
                          cache_dir=v["cache_dir"],
                          quantization=v["quantization"] or "auto",
+                         speculative=v["speculative"] or "off",
+                         num_speculative_tokens=v["num_speculative_tokens"] or "auto",
                          **({} if watchdog is None else {"watchdog_s": watchdog}))
 
 

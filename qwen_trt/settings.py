@@ -83,6 +83,12 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_MAX_BATCH", "int", None,
        "chats decoded together on the fast path (default 32; 1 = the batch-1 decoder)",
        flag="--max-batch"),
+    _S("QWEN_TRT_SPECULATIVE", "str", "off",
+       "fast path: speculative decoding: off | ngram (draft-free prompt lookup)",
+       flag="--speculative", choices=("off", "ngram")),
+    _S("QWEN_TRT_NUM_SPECULATIVE_TOKENS", "str", "auto",
+       "fast path: draft tokens verified per step: auto (from the acceptance and the batch) "
+       "or 1..8", flag="--num-speculative-tokens"),
     _S("QWEN_TRT_FAST", "str", "auto", "torch fast path: auto | on | off", flag="--fast",
        choices=("auto", "on", "off")),
     _S("QWEN_TRT_BASE_URL", "str", None,

@@ -4,7 +4,7 @@ models.retrieve; every reply checked against OpenAI's schemas.
 
 Random weights never call a tool on their own, so the round trips that need the model to call
 one use ``tool_choice`` required / named, and structured output uses ``response_format``: both
-need the engine's constrained decoding (``qwen_trt.fast.grammar``), and those tests run
+need the engine's constrained decoding (``qwen_trt.fast.step.grammar``), and those tests run
 once that module exists (skipped otherwise). The same for logprobs, which the engine fills in
 ``Delta.logprobs`` alongside the grammar work."""
 from __future__ import annotations
@@ -22,8 +22,8 @@ from servers import start_serve  # noqa: E402
 
 KEY = "tiny-key"
 needs_engine_grammar = pytest.mark.skipif(
-    importlib.util.find_spec("qwen_trt.fast.grammar") is None,
-    reason="needs the engine's constrained decoding and logprobs (qwen_trt.fast.grammar)")
+    importlib.util.find_spec("qwen_trt.fast.step.grammar") is None,
+    reason="needs the engine's constrained decoding and logprobs (qwen_trt.fast.step.grammar)")
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

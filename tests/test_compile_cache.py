@@ -115,9 +115,9 @@ class _FakeGraph:
 
 def _cpu_batched(monkeypatch, cache):
     torch = pytest.importorskip("torch")
-    from qwen_trt.fast import batched, compile_cache
-    from qwen_trt.fast.config import FastConfig
-    from qwen_trt.fast.model import Qwen3Fast
+    from qwen_trt.fast.step import batched, compile_cache
+    from qwen_trt.fast.model.config import FastConfig
+    from qwen_trt.fast.model.model import Qwen3Fast
 
     cfg = FastConfig(vocab_size=64, hidden=32, intermediate=64, layers=1, heads=2, kv_heads=1,
                      head_dim=16, rope_theta=1e4, rms_eps=1e-6, tie_embeddings=True,
@@ -235,7 +235,7 @@ def test_each_weight_format_has_its_own_key():
     """A --quantization fp8 / int4 load (or an FP8 / AWQ checkpoint) must not take a bf16
     start's self-check passes or tuned choices: the resolved format is in the key."""
     from qwen_trt.fast.compile_cache import format_key
-    from qwen_trt.fast.qformats import QuantSpec
+    from qwen_trt.fast.model.qformats import QuantSpec
 
     keys = {format_key(QuantSpec(m)) for m in ("none", "fp8", "int4")}
     assert len(keys) == 3 and format_key(QuantSpec()) == KEY.weight_format
@@ -276,7 +276,7 @@ def test_the_shipped_h200_seed_matches_a_default_serve_of_the_real_model():
     from qwen_trt.backends.torch_backend import DEFAULT_MAX_SEQ_LEN
     from qwen_trt.fast import SHAPES
     from qwen_trt.fast.compile_cache import buckets_key, find_seed, format_key
-    from qwen_trt.fast.qformats import QuantSpec
+    from qwen_trt.fast.model.qformats import QuantSpec
 
     key = replace(KEY, triton="3.6.0", dtype="bfloat16",
                   shapes=json.dumps(asdict(SHAPES["qwen3-4b"]), sort_keys=True, default=str),

@@ -13,6 +13,7 @@ BACKENDS = ("auto", "torch", "trtllm", "openai")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 FAST_MODES = ("auto", "on", "off")
 QUANTIZATIONS = ("auto", "none", "fp8", "int4")   # fast path weight formats
+SPECULATIVE = ("off", "ngram")                     # fast path speculative decoding
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 MIN_MAX_SEQ_LEN = 32   # room for the chat template, a short message and a reply
 
@@ -45,6 +46,8 @@ class BackendConfig:
     quantization: str = "auto"      # fast path: weights as the checkpoint has them, or
                                     # fp8 / int4 quantized at load, or none (dequantized)
     cache_dir: str | None = None    # fast path on CUDA: compile/autotune cache root ("off": none)
+    speculative: str = "off"        # fast path: off | ngram
+    num_speculative_tokens: str = "auto"   # fast path: auto | 1..8 draft tokens a step
 
     def __post_init__(self) -> None:
         for what, flag, value, allowed in (("backend", "backend", self.backend, BACKENDS),
@@ -72,6 +75,13 @@ class BackendConfig:
                 or w < 0):
             raise ConfigError(f"{_where('watchdog-s')} must be a number of seconds >= 0 "
                               f"(0 turns the watchdog off), got '{w}'.")
+        if self.speculative not in SPECULATIVE:
+            raise ConfigError(f"Unknown speculative method '{self.speculative}' "
+                              f"({_where('speculative')}): use one of {', '.join(SPECULATIVE)}.")
+        k = self.num_speculative_tokens
+        if k != "auto" and not (isinstance(k, str) and k.isdigit() and 1 <= int(k) <= 8):
+            raise ConfigError(f"{_where('num-speculative-tokens')} must be auto or a whole "
+                              f"number from 1 to 8, got '{k}'.")
         if self.backend == "openai" and not self.base_url:
             raise ConfigError(f"--backend openai needs {_where('base-url')}, e.g. "
                               "http://127.0.0.1:8000/v1.")

@@ -31,7 +31,7 @@ def _graph_us(fn, calls: int) -> float:
     """µs per ``fn(i)`` call (``i`` = 0..calls-1) replayed in one CUDA graph."""
     import torch
 
-    from qwen_trt.fast.graphs import capture, replay_ms
+    from qwen_trt.fast.step.graphs import capture, replay_ms
 
     graph = capture(lambda: [fn(i) for i in range(calls)], lambda: None,
                     torch.cuda.graph_pool_handle())
@@ -42,9 +42,10 @@ def bench_kernels(fmt: str, rows=(1, 8, 32)) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from qwen_trt.fast.bgemm import bgemm
-    from qwen_trt.fast.gemv import gemv
-    from qwen_trt.fast.qformats import QuantSpec, dense, packed_bytes, quantize
+    from qwen_trt.fast.kernels.bgemm import bgemm
+    from qwen_trt.fast.kernels.gemv import gemv
+    from qwen_trt.fast.model.qformats import QuantSpec, packed_bytes, quantize
+    from qwen_trt.fast.kernels.linear import dense
 
     out = {}
     for name, (n, k, gate_up, residual) in SHAPES_4B.items():
@@ -84,8 +85,8 @@ def all_logits(model, ids):
     """Logits of every position of a prompt (prefill math, dense weights)."""
     import torch.nn.functional as F
 
-    from qwen_trt.fast.model import prefill_layer
-    from qwen_trt.fast.qformats import dense
+    from qwen_trt.fast.model.model import prefill_layer
+    from qwen_trt.fast.kernels.linear import dense
 
     dt = model.dtype
     pos = __import__("torch").arange(ids.shape[0], device=ids.device)
@@ -104,8 +105,8 @@ def bench_format(fmt: str, prompt: list[int], new_tokens: int, ref_logits, log,
     import torch
 
     from qwen_trt.fast import SHAPES, load_fast_decoder
-    from qwen_trt.fast.batched import make_batched
-    from qwen_trt.fast.graphs import replay_ms
+    from qwen_trt.fast.step.batched import make_batched
+    from qwen_trt.fast.step.graphs import replay_ms
     from qwen_trt.params import SamplingParams
 
     cfg = SHAPES["qwen3-4b"]

@@ -46,7 +46,7 @@ def check_source(src) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from qwen_trt.fast.qcheckpoint import quantize_checkpoint
+    from qwen_trt.fast.model.qcheckpoint import quantize_checkpoint
 
     src, dst = Path(args.src), Path(args.dst)
     if not src.is_dir():

@@ -130,7 +130,7 @@ def buckets_key(*, for_runner: bool, max_batch: int | None, max_seq_len: int) ->
 
 
 def format_key(spec) -> str:
-    """The key's ``weight_format`` for a :class:`qwen_trt.fast.qformats.QuantSpec` (the
+    """The key's ``weight_format`` for a :class:`qwen_trt.fast.model.qformats.QuantSpec` (the
     resolved format, whether the checkpoint holds it or the load quantizes to it)."""
     if spec.method == "none":
         return "bf16-safetensors"
@@ -461,7 +461,7 @@ def _write_atomic(path: Path, text: str) -> None:
 def tuners() -> dict:
     """Our Triton autotuners by name (empty without Triton)."""
     try:
-        from qwen_trt.fast import bgemm
+        from qwen_trt.fast.kernels import bgemm
     except ImportError:
         return {}
     t = getattr(bgemm, "_bgemm_tuned", None)

@@ -4,7 +4,7 @@ A projection of the model (``wqkv``, ``wo``, ``w_gate_up``, ``w_down``) is eithe
 ``[N, K]`` in the model dtype or a :class:`PackedLinear`, which holds packed weights and knows
 how to give them back in the model dtype (:meth:`PackedLinear.dequantize`). Code that multiplies
 by a projection calls :func:`dense` (PyTorch ops: prefill, CPU, the reference) or passes it to
-``gemv``/``bgemm``, which dispatch packed weights to the kernels of :mod:`qwen_trt.fast.qkernels`
+``gemv``/``bgemm``, which dispatch packed weights to the kernels of :mod:`qwen_trt.fast.kernels.qkernels`
 (decode). So a layer does not care which format it holds.
 
 * :class:`Fp8Linear` -- ``float8_e4m3fn`` weights ``[N, K]`` with one float32 scale per
@@ -141,43 +141,6 @@ class Int4Linear(PackedLinear):
 Weight = torch.Tensor | PackedLinear
 
 
-def dense(w: Weight, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``w`` as a dense ``[N, K]`` tensor; packed formats are dequantized to ``dtype`` (one
-    Triton kernel on CUDA, PyTorch ops elsewhere and inside ``torch.compile``)."""
-    if isinstance(w, torch.Tensor):
-        return w
-    dtype = dtype or torch.bfloat16
-    if w.device.type == "cuda" and not torch.compiler.is_compiling():
-        from qwen_trt.fast.qkernels import dequantize, triton
-
-        if triton is not None:
-            return dequantize(w, dtype)
-    return w.dequantize(dtype)
-
-
-def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
-    """``x @ w.T`` for any format: packed weights are dequantized to ``x``'s dtype first,
-    except an :class:`Fp8Linear` marked for FP8 tensor-core prefill (:func:`prefill_weight`),
-    which multiplies on FP8 tensor cores (:func:`fp8_scaled_linear`) when ``x`` has at least
-    :data:`FP8_TC_MIN_ROWS` rows (fewer, e.g. the PyTorch decode, keep bf16 activations)."""
-    if (isinstance(w, PackedLinear) and w.tensor_cores
-            and x.numel() >= FP8_TC_MIN_ROWS * x.shape[-1]):
-        return fp8_scaled_linear(x, w)
-    return F.linear(x, dense(w, x.dtype))
-
-
-def prefill_weight(w: Weight, dtype: torch.dtype) -> Weight:
-    """What a prefill's GEMMs take for ``w``: the :class:`Fp8Linear` itself where it is
-    marked for FP8 tensor-core prefill (:func:`linear` then runs :func:`fp8_scaled_linear`),
-    else the dense weights (dequantized for packed formats)."""
-    if isinstance(w, PackedLinear) and w.tensor_cores:
-        return w
-    return dense(w, dtype)
-
-
-FP8_TC_MIN_ROWS = 16   # rows from which a marked FP8 projection runs on tensor cores
-
-
 def fp8_act_quant(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """The activations ``x [M, K]`` (K a multiple of ``group``) as float8_e4m3fn with one
     float32 scale per row and ``group`` columns, the checkpoint's "dynamic" scheme:
@@ -195,33 +158,6 @@ def fp8_tensor_core_ok(w: "Fp8Linear") -> bool:
     of 128, K of 512 (rows of four float32 block scales: the 16-byte aligned stride the recipe
     asks for; Qwen3-4B's K are 2560, 4096 and 9728)."""
     return w.block == (128, 128) and w.n % 128 == 0 and w.k % 512 == 0
-
-
-def fp8_scaled_linear(x: torch.Tensor, w: "Fp8Linear") -> torch.Tensor:
-    """``x @ w.T`` on FP8 tensor cores (Hopper, CUDA 12.9+): the activations quantized per
-    row and 128 columns (:func:`fp8_act_quant`), the weights as stored with their 128x128
-    block scales, through ``torch._scaled_mm``'s block-wise recipe (1x128 for the
-    activations, 128x128 for the weights). Layouts it needs (``ScaledBlas.cpp``,
-    ``is_blockwise_1x128_scaling`` / ``is_blockwise_128x128_scaling``): the activation
-    scales outer-dimension-major (``[M, K/128]`` with stride ``(1, M)``), the weight scales'
-    transpose ``[N/128, K/128]`` row-major with 16-byte aligned rows (so K/128 a multiple of 4:
-    :func:`fp8_tensor_core_ok`), rows of ``x`` padded to a multiple of 4."""
-    lead, k = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, k)
-    m = x2.shape[0]
-    pad = (-m) % 4
-    if pad:
-        x2 = F.pad(x2, (0, 0, 0, pad))
-    if x2.is_cuda and not torch.compiler.is_compiling():
-        from qwen_trt.fast.qkernels import act_quant   # one kernel (the batched steps)
-
-        q, sx = act_quant(x2)
-    else:                                   # torch.compile fuses these (the batch-1 prefill)
-        q, sx = fp8_act_quant(x2)
-        sx = sx.t().contiguous().t()
-    out = torch._scaled_mm(q, w.weight.t(), scale_a=sx,
-                           scale_b=w.scale.float().contiguous().t(), out_dtype=x.dtype)
-    return out[:m].reshape(*lead, w.n)
 
 
 def weight_format(w: Weight) -> str:
@@ -328,7 +264,8 @@ def fuse(parts: list[Weight], dtype: torch.dtype) -> Weight:
         return Int4Linear(torch.cat([p.qweight for p in parts]),
                           torch.cat([p.scales for p in parts]),
                           torch.cat([p.zeros for p in parts]), parts[0].group)
-    return torch.cat([dense(p, dtype) for p in parts], dim=0)
+    return torch.cat([p if isinstance(p, torch.Tensor) else p.dequantize(dtype)
+                      for p in parts], dim=0)   # mixed formats: dense
 
 
 # ---- AWQ / GPTQ checkpoint layouts (``[in, out]`` storage) -------------------------------

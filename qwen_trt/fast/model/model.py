@@ -6,7 +6,7 @@ projections are one matrix, gate/up are one matrix, and the KV cache is static. 
 * :meth:`Qwen3Fast.prefill` runs a prompt that starts at position 0 (causal SDPA over the prompt
   itself) and fills the cache; it returns the logits of one chosen position.
 * :meth:`Qwen3Fast.decode` runs one token at position ``pos`` against the cache slots
-  ``<= pos`` (:mod:`qwen_trt.fast.attention`: a Triton flash-decoding kernel on CUDA, masked
+  ``<= pos`` (:mod:`qwen_trt.fast.kernels.attention`: a Triton flash-decoding kernel on CUDA, masked
   matmuls over a KV-length bucket elsewhere).
 
 Both take device tensors for positions, so they can be compiled and captured as CUDA graphs.
@@ -21,12 +21,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from qwen_trt.fast.attention import decode_attention, math_attend, rope_decode_attention
-from qwen_trt.fast.config import FastConfig
-from qwen_trt.fast.gemv import gemv
-from qwen_trt.fast.kv_cache import StaticKVCache
-from qwen_trt.fast.qformats import PackedLinear, QuantSpec, Weight, linear, prefill_weight
-from qwen_trt.fast.reference import rms_norm, rope_tables, split_norm_rope
+from qwen_trt.fast.kernels.attention import decode_attention, math_attend, rope_decode_attention
+from qwen_trt.fast.model.config import FastConfig
+from qwen_trt.fast.kernels.gemv import gemv
+from qwen_trt.fast.model.kv_cache import StaticKVCache
+from qwen_trt.fast.model.qformats import PackedLinear, QuantSpec, Weight
+from qwen_trt.fast.kernels.linear import linear, prefill_weight
+from qwen_trt.fast.model.reference import rms_norm, rope_tables, split_norm_rope
 
 
 def qkv_rope(cfg: FastConfig, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
@@ -90,7 +91,7 @@ def projection_shapes(cfg: FastConfig) -> dict[str, tuple[int, int]]:
 
 class Qwen3Layer(torch.nn.Module):
     """Weights of one decoder layer (fused projections). A projection is a dense buffer in the
-    model dtype or a packed submodule (:mod:`qwen_trt.fast.qformats`); with a packed ``quant``
+    model dtype or a packed submodule (:mod:`qwen_trt.fast.model.qformats`); with a packed ``quant``
     the projections are left empty until :meth:`set_projection` fills them."""
 
     def __init__(self, cfg: FastConfig, dtype: torch.dtype, device,
@@ -198,7 +199,7 @@ class Qwen3Fast(torch.nn.Module):
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = self.cache.kv(i)
             # packed projections: dequantized here, then the layer's bf16 GEMMs (FP8 ones
-            # marked for the tensor-core prefill go as they are: qformats.prefill_weight)
+            # marked for the tensor-core prefill go as they are: kernels.linear.prefill_weight)
             dt = self.dtype
             weights = (layer.ln_in, prefill_weight(layer.wqkv, dt), layer.q_norm,
                        layer.k_norm, prefill_weight(layer.wo, dt), layer.ln_post,

@@ -1,15 +1,15 @@
 """Reference math of the fast path in plain PyTorch ops: RMSNorm and rotary embeddings as HF
 computes them (RMSNorm in float32 then cast; rotary tables in float32).
 
-The model (:mod:`qwen_trt.fast.model`) uses these on its unfused paths, and the fused kernels'
-references (:mod:`qwen_trt.fast.gemv`, :mod:`qwen_trt.fast.rope_cache`) check against them; this
+The model (:mod:`qwen_trt.fast.model.model`) uses these on its unfused paths, and the fused kernels'
+references (:mod:`qwen_trt.fast.kernels.gemv`, :mod:`qwen_trt.fast.kernels.rope_cache`) check against them; this
 module imports none of those, so there is no import circle.
 """
 from __future__ import annotations
 
 import torch
 
-from qwen_trt.fast.config import FastConfig
+from qwen_trt.fast.model.config import FastConfig
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -10,7 +10,7 @@ Formats read (each projection ``model.layers.L.self_attn.{q,k,v,o}_proj`` and
   float32, bfloat16 or float16 as the checkpoint has it; ``w = weight * weight_scale_inv``).
   Embedding, LM head and norms stay bf16.
 * ``quant_method: awq`` (``version: gemm``, ``bits: 4``, ``zero_point: true``): ``.qweight``,
-  ``.qzeros``, ``.scales`` (see :func:`qwen_trt.fast.qformats.from_awq`).
+  ``.qzeros``, ``.scales`` (see :func:`qwen_trt.fast.model.qformats.from_awq`).
 * ``quant_method: gptq`` (``bits: 4``, ``desc_act: false``; ``checkpoint_format`` ``gptq`` or
   ``gptq_v2``): ``.qweight``, ``.qzeros``, ``.scales``, ``.g_idx``.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from qwen_trt.errors import ModelSourceError
-from qwen_trt.fast.qformats import (FP8_BLOCK, FP8_DTYPE, INT4_GROUP, Fp8Linear, QuantSpec,
+from qwen_trt.fast.model.qformats import (FP8_BLOCK, FP8_DTYPE, INT4_GROUP, Fp8Linear, QuantSpec,
                                     Weight, fp8_quantize, from_awq, from_gptq, group_for,
                                     quantize, to_awq, to_gptq)
 
@@ -111,7 +111,7 @@ Getter = Callable[[str], torch.Tensor]
 
 class ProjectionReader:
     """Reads one HF projection (``prefix`` = ``model.layers.L.self_attn.q_proj``) in the
-    checkpoint's format: a dense tensor or a :class:`~qwen_trt.fast.qformats.PackedLinear`.
+    checkpoint's format: a dense tensor or a :class:`~qwen_trt.fast.model.qformats.PackedLinear`.
     ``get(name)`` loads a tensor, ``has(name)`` tells whether it exists, ``locate(name)`` names
     the file it is (or should be) in."""
 
@@ -193,7 +193,7 @@ class ProjectionReader:
 # ---- writing quantized checkpoints (qwen-trt quantize) -----------------------------------
 
 def model_group(hf: dict, group: int = INT4_GROUP) -> int:
-    """:func:`~qwen_trt.fast.qformats.group_for` of a ``config.json``'s projection widths."""
+    """:func:`~qwen_trt.fast.model.qformats.group_for` of a ``config.json``'s projection widths."""
     heads = hf["num_attention_heads"]
     widths = [hf["hidden_size"], hf["intermediate_size"],
               heads * hf.get("head_dim", hf["hidden_size"] // heads)]

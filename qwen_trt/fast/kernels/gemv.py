@@ -15,7 +15,7 @@ Rounding follows the unfused PyTorch ops step by step (RMSNorm in float32 then c
 product in the model dtype, the projection rounded before the residual add or the activation), so
 the only difference from ``F.linear`` is the order of the float32 accumulation.
 
-On Hopper and newer the kernels use programmatic dependent launch (:mod:`qwen_trt.fast.pdl`):
+On Hopper and newer the kernels use programmatic dependent launch (:mod:`qwen_trt.fast.kernels.pdl`):
 a program loads its first weight columns, then waits for the previous kernel, so consecutive
 projections overlap their ramp-up with the previous kernel's tail.
 
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from qwen_trt.fast.kernel_parts import silu_mul, store_rows
+from qwen_trt.fast.kernels.kernel_parts import silu_mul, store_rows
 from qwen_trt.fast.options import options
-from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
-from qwen_trt.fast.qformats import dense
-from qwen_trt.fast.reference import rms_norm
+from qwen_trt.fast.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+from qwen_trt.fast.kernels.linear import dense
+from qwen_trt.fast.model.reference import rms_norm
 
 try:  # Triton comes with CUDA builds of torch; CPU-only installs lack it
     import triton
@@ -218,9 +218,9 @@ def gemv(w: torch.Tensor, x: torch.Tensor, *, ln: torch.Tensor | None = None, ep
          config: GemvConfig | None = None) -> torch.Tensor:
     """Triton GEMV with the fusions listed in the module docstring; returns ``[N]``. The
     persistent configurations stream the weights with the evict-first L2 policy. A packed weight
-    (FP8, INT4: :mod:`qwen_trt.fast.qformats`) runs :func:`qwen_trt.fast.qkernels.qgemv` instead."""
+    (FP8, INT4: :mod:`qwen_trt.fast.model.qformats`) runs :func:`qwen_trt.fast.kernels.qkernels.qgemv` instead."""
     if not isinstance(w, torch.Tensor):
-        from qwen_trt.fast.qkernels import qgemv
+        from qwen_trt.fast.kernels.qkernels import qgemv
 
         return qgemv(w, x, ln=ln, eps=eps, residual=residual, gate_up=gate_up)
     rows, k = w.shape

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-# The paged layout (qwen_trt.fast.batched): tokens per KV block, and the block every padded row
+# The paged layout (qwen_trt.fast.step.batched): tokens per KV block, and the block every padded row
 # writes to (never handed to a sequence).
 DEFAULT_BLOCK_SIZE = 32
 SCRATCH_BLOCK = 0
@@ -16,7 +16,7 @@ SCRATCH_BLOCK = 0
 
 class LayerKVCache(torch.nn.Module):
     """One K and one V buffer of ``shape`` per layer (buffers ``k{i}``/``v{i}``, not saved);
-    the static cache here and the paged one (:class:`qwen_trt.fast.batched.PagedKVCache`)."""
+    the static cache here and the paged one (:class:`qwen_trt.fast.step.batched.PagedKVCache`)."""
 
     def __init__(self, layers: int, shape: tuple[int, ...], dtype: torch.dtype,
                  device: torch.device | str) -> None:

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 import torch
 
 from qwen_trt.errors import first_line
-from qwen_trt.fast.attention import check_triton, triton_usable
+from qwen_trt.fast.kernels.attention import check_triton, triton_usable
 from qwen_trt.fast.compile_cache import run_check, skipped_checks
-from qwen_trt.fast.graphs import capture
-from qwen_trt.fast.model import Qwen3Fast, prefill_layer
-from qwen_trt.fast.sampling import Kind, SamplerState, logprob_of, pick, sampler_kind
+from qwen_trt.fast.step.graphs import capture
+from qwen_trt.fast.model.model import Qwen3Fast, prefill_layer
+from qwen_trt.fast.step.sampling import Kind, SamplerState, logprob_of, pick, sampler_kind
 from qwen_trt.params import SamplingParams
 from qwen_trt.progress import StageClock
 
@@ -346,7 +346,7 @@ class FastDecoder:
         request with ``Backend.check_request``; stops at ``stop_ids`` and
         ``params.stop_token_ids`` unless ``params.ignore_eos``; at most ``max_new_tokens``;
         stops when ``cancel`` is set or the generator is closed). ``constraint``: the request's
-        :class:`~qwen_trt.fast.grammar.Constraint` when it has a grammar."""
+        :class:`~qwen_trt.fast.step.grammar.Constraint` when it has a grammar."""
         t = len(prompt_ids)
         n = params.max_new_tokens
         stop = params.stop_ids(stop_ids)
@@ -362,7 +362,7 @@ class FastDecoder:
             emitted += 1
             if constraint is not None:
                 if not constraint.accept(tok_id):
-                    from qwen_trt.fast.grammar import GrammarError
+                    from qwen_trt.fast.step.grammar import GrammarError
 
                     raise GrammarError(f"token {int(tok_id)} broke the request's grammar")
                 if launched < n and tok_id not in stop:   # the next step needs this token

@@ -10,7 +10,7 @@ On CUDA every step replays a CUDA graph:
 * decode-only steps: a graph per batch-size bucket (1, 2, 4, 8, 16, 32; the batch is padded
   up, padded rows write the scratch block) and context width (1k, 2k, 4k, 8k tokens, the
   longest: the narrowest that holds every row), attention by
-  :func:`~qwen_trt.fast.paged_kernels.paged_decode_attention` (flash-decoding). Bucket 1 keeps
+  :func:`~qwen_trt.fast.kernels.paged_kernels.paged_decode_attention` (flash-decoding). Bucket 1 keeps
   the batch-1 decoder's fused Triton GEMVs (``model.decode_impl == "triton"``); larger buckets
   pick the small-batch Triton projections or cuBLAS by timing at warm-up. Decode steps of the
   same rows chain (:meth:`BatchedModel.decode_launch`): each step's tokens (its argmax inside
@@ -18,16 +18,16 @@ On CUDA every step replays a CUDA graph:
   step's inputs on the device.
 * steps that prefill (any mix of prefill chunks and decode rows): a graph per token-count
   bucket (16 .. 1024 rows, padded up), attention by
-  :func:`~qwen_trt.fast.paged_kernels.paged_varlen_attention`, which reads every sequence's
+  :func:`~qwen_trt.fast.kernels.paged_kernels.paged_varlen_attention`, which reads every sequence's
   rows, lengths and block table on the device, so one graph serves any mix of sequences and
   context lengths (no per-context buckets, no K/V gather, no mask tensor).
 
 Token choice runs on the device after the step, per row, with each row's own settings, by the
-one sampler of both torch paths (:mod:`qwen_trt.fast.sampling`, driven by the runner). On
+one sampler of both torch paths (:mod:`qwen_trt.fast.step.sampling`, driven by the runner). On
 CPU (and where a Triton self-check failed) the step runs eagerly with the math attention
-(:func:`~qwen_trt.fast.paged_kernels.paged_attention_ref`), which CI tests on the tiny model.
+(:func:`~qwen_trt.fast.kernels.paged_kernels.paged_attention_ref`), which CI tests on the tiny model.
 
-The weights are the :class:`~qwen_trt.fast.model.Qwen3Fast` ones; its static batch-1 cache is
+The weights are the :class:`~qwen_trt.fast.model.model.Qwen3Fast` ones; its static batch-1 cache is
 not used (``make_batched`` shrinks it).
 """
 from __future__ import annotations
@@ -43,18 +43,33 @@ import torch.nn.functional as F
 
 from qwen_trt.errors import first_line
 from qwen_trt.fast import compile_cache
-from qwen_trt.fast.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK, LayerKVCache
-from qwen_trt.fast.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
-from qwen_trt.fast.qformats import dense, linear, prefill_weight
-from qwen_trt.fast.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_attention_ref,
+from qwen_trt.fast.model.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK, LayerKVCache
+from qwen_trt.fast.model.model import Qwen3Fast, mlp, rms_norm, split_norm_rope
+from qwen_trt.fast.kernels.linear import dense, linear, prefill_weight
+from qwen_trt.fast.kernels.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, paged_attention_ref,
                                          paged_decode_attention, paged_rope_cache,
                                          paged_rope_decode_attention,
                                          paged_varlen_attention, triton, varlen_max_tiles,
                                          varlen_tiles)
-from qwen_trt.fast.graphs import capture, replay_ms
+from qwen_trt.fast.step.graphs import capture, replay_ms
 from qwen_trt.fast.options import options
 
-GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
+DEFAULT_MAX_BATCH = 32      # sequences decoded together (serve --max-batch), the one default
+
+
+def graph_buckets(max_batch: int = DEFAULT_MAX_BATCH) -> tuple[int, ...]:
+    """The decode graphs' batch buckets for ``max_batch`` rows: powers of two below it, then
+    ``max_batch`` itself (a step pads its rows up to the next bucket)."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return tuple(out) + (max_batch,)
+
+
+GRAPH_BUCKETS = graph_buckets()
 # Decode graphs per context width too (tokens; the last is the model's max_seq_len): the
 # attention's grid spans every split of its table's width, so a graph as wide as the longest
 # context a row can have launches ~18x the programs a 1.7k-token batch needs (H200, 32 rows,
@@ -79,8 +94,8 @@ def _post_attention(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torc
 
 
 def _pre_triton(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float):
-    """:func:`_pre_attention` with the norm as :func:`~qwen_trt.fast.bgemm.rms_rows`."""
-    from qwen_trt.fast.bgemm import rms_rows
+    """:func:`_pre_attention` with the norm as :func:`~qwen_trt.fast.kernels.bgemm.rms_rows`."""
+    from qwen_trt.fast.kernels.bgemm import rms_rows
 
     return linear(rms_rows(x, ln, eps), w)
 
@@ -88,9 +103,9 @@ def _pre_triton(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor, eps: float):
 def _post_triton(x: torch.Tensor, o: torch.Tensor, wo: torch.Tensor, ln: torch.Tensor,
                  w_gate_up: torch.Tensor, w_down: torch.Tensor, eps: float):
     """:func:`_post_attention` with the residual add fused into the norm
-    (:func:`~qwen_trt.fast.bgemm.rms_rows`) and SiLU·up as one kernel (``silu_mul_rows``):
+    (:func:`~qwen_trt.fast.kernels.bgemm.rms_rows`) and SiLU·up as one kernel (``silu_mul_rows``):
     the kernels inductor makes of it, the same rounding, without ``torch.compile``."""
-    from qwen_trt.fast.bgemm import rms_rows, silu_mul_rows
+    from qwen_trt.fast.kernels.bgemm import rms_rows, silu_mul_rows
 
     h, n = rms_rows(x, ln, eps, residual=linear(o, wo))
     return h + linear(silu_mul_rows(linear(n, w_gate_up)), w_down)
@@ -164,7 +179,11 @@ class BatchedModel:
 
     def __init__(self, model: Qwen3Fast, *, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  max_seq_len: int | None = None, graphs: bool | None = None,
-                 buckets: Sequence[int] = GRAPH_BUCKETS) -> None:
+                 buckets: Sequence[int] = GRAPH_BUCKETS, verify_tokens: int = 0) -> None:
+        """``buckets``: the decode graphs' batch buckets (:func:`graph_buckets` of the
+        runner's ``max_batch``: the largest is the most sequences a step holds);
+        ``verify_tokens``: the most draft tokens a sequence verifies in a step (the step
+        graphs then return up to ``1 + verify_tokens`` logit rows a sequence)."""
         self.model = model
         self.cfg = model.cfg
         self.device = model.device
@@ -234,14 +253,16 @@ class BatchedModel:
             t_max, s_max = STEP_TOKEN_BUCKETS[-1], n
             nt = varlen_max_tiles(t_max, s_max)
             self.s_max, self.t_buckets = s_max, STEP_TOKEN_BUCKETS
+            # logit rows a step returns: one a sequence, 1 + verify_tokens with drafts
+            self.l_max = min(t_max, s_max * (1 + verify_tokens))
             self.s_meta = torch.zeros(3, t_max, dtype=torch.long, device=dev)
-            self.s_rows = torch.zeros(s_max, dtype=torch.long, device=dev)
+            self.s_rows = torch.zeros(self.l_max, dtype=torch.long, device=dev)
             self.s_i32 = torch.zeros(3 * s_max + 2 * nt + s_max * self.max_blocks,
                                      dtype=torch.int32, device=dev)
-            self.s_logits = torch.zeros(s_max, self.cfg.vocab_size, dtype=model.dtype,
+            self.s_logits = torch.zeros(self.l_max, self.cfg.vocab_size, dtype=model.dtype,
                                         device=dev)
             self.h_s_meta = torch.zeros(3, t_max, dtype=torch.long, pin_memory=True)
-            self.h_s_rows = torch.zeros(s_max, dtype=torch.long, pin_memory=True)
+            self.h_s_rows = torch.zeros(self.l_max, dtype=torch.long, pin_memory=True)
             self.h_s_i32 = torch.zeros_like(self.s_i32, device="cpu").pin_memory()
             self._s_graphs: dict[int, torch.cuda.CUDAGraph] = {}
             self.step_graphs = True
@@ -278,7 +299,7 @@ class BatchedModel:
         n = len(tokens)
         bucket = next((t for t in self.t_buckets if t >= n), None) if (
             self.graphs and self.step_graphs and len(chunks) <= self.s_max
-            and len(logit_rows) <= self.s_max) else None
+            and len(logit_rows) <= self.l_max) else None
         if bucket is None:   # eager, with the same kernels
             tile = self._tile(n)
             meta_np, rows_np, i32_np = self._stage(tokens, positions, chunks, logit_rows, n,
@@ -290,7 +311,7 @@ class BatchedModel:
                                                        len(chunks), n),
                                      torch.from_numpy(rows_np).to(dev), tile)
         t_max = self.t_buckets[-1]
-        self._stage(tokens, positions, chunks, logit_rows, t_max, self.s_max, self.s_max,
+        self._stage(tokens, positions, chunks, logit_rows, t_max, self.s_max, self.l_max,
                     self._tile(bucket),
                     (self.h_s_meta.numpy(), self.h_s_rows.numpy(), self.h_s_i32.numpy()))
         self.s_meta[:, :bucket].copy_(self.h_s_meta[:, :bucket], non_blocking=True)
@@ -374,7 +395,7 @@ class BatchedModel:
 
     def _step_weight(self):
         """How a step that prefills takes its weights: FP8 ones marked for tensor cores as
-        they are (:func:`~qwen_trt.fast.qformats.prefill_weight`) only when
+        they are (:func:`~qwen_trt.fast.kernels.linear.prefill_weight`) only when
         ``QWEN_TRT_FP8_PREFILL=tensorcore`` asks and its pieces are not compiled by
         ``torch.compile``, else dense. Under ``auto`` the runner dequantizes: on the H200 its
         tensor-core steps were slower (8 prompts of 512 at once: first token 243 ms against
@@ -420,15 +441,18 @@ class BatchedModel:
                                      tiles=varlen_max_tiles(bucket, s_cap, tile[0]))
 
             def reset() -> None:   # every row padding: scratch slot, position 0, no tiles
-                self._stage([], [], [], [], t_max, s_cap, s_cap, tile,
+                self._stage([], [], [], [], t_max, s_cap, self.l_max, tile,
                             (self.h_s_meta.numpy(), self.h_s_rows.numpy(), self.h_s_i32.numpy()))
                 self.s_meta.copy_(self.h_s_meta)
                 self.s_rows.copy_(self.h_s_rows)
                 self.s_i32.copy_(self.h_s_i32)
 
+            nl = min(bucket, self.l_max)        # a step has no more logit rows than tokens
+
             def body() -> None:
                 tok, pos, slots = (self.s_meta[j, :bucket] for j in range(3))
-                self.s_logits.copy_(self._varlen_body(tok, pos, slots, meta, self.s_rows, tile))
+                self.s_logits[:nl].copy_(self._varlen_body(tok, pos, slots, meta,
+                                                           self.s_rows[:nl], tile))
 
             graph = capture(body, reset, self._pool)
             self._s_graphs[bucket] = graph
@@ -559,7 +583,7 @@ class BatchedModel:
     def _decode_body(self, b: int, impl: str, width: int | None = None) -> None:
         """One decode step of the first ``b`` rows of the static buffers. ``impl``: ``gemv``
         (b == 1: the batch-1 decoder's fused GEMVs), ``bgemm`` (the small-batch
-        Triton projections of :mod:`qwen_trt.fast.bgemm`) or
+        Triton projections of :mod:`qwen_trt.fast.kernels.bgemm`) or
         ``torch`` (cuBLAS + PyTorch ops)."""
         cfg, m = self.cfg, self.model
         eps = cfg.rms_eps
@@ -568,9 +592,9 @@ class BatchedModel:
         x = F.embedding(self.g_tok[:b], m.embed)                    # [b, hidden]
         # norms + RoPE + cache write inside the first attention kernel (fast/paged_kernels.py)
         if impl == "gemv":
-            from qwen_trt.fast.gemv import gemv
+            from qwen_trt.fast.kernels.gemv import gemv
         elif impl == "bgemm":
-            from qwen_trt.fast.bgemm import bgemm, rms_rows
+            from qwen_trt.fast.kernels.bgemm import bgemm, rms_rows
         for i, layer in enumerate(m.layers):
             kc, vc = self.cache.kv(i)
             if impl == "gemv":
@@ -877,7 +901,7 @@ def check_paged(device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim:
         got = paged_decode_attention(q.to(dtype), kc.to(dtype), vc.to(dtype), tables,
                                      torch.tensor(lens, dtype=torch.int32, device=device),
                                      block_size).float()
-        from qwen_trt.fast.paged_kernels import table_slots
+        from qwen_trt.fast.kernels.paged_kernels import table_slots
         for i, n in enumerate(lens):
             ref = paged_attention_ref(q[i:i + 1], kc, vc, table_slots(tables[i], n, block_size),
                                       torch.tensor([n - 1], device=device))[0]
@@ -892,15 +916,18 @@ def check_paged(device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim:
 def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
                  block_size: int = DEFAULT_BLOCK_SIZE, kv_tokens: int | None = None,
                  graphs: bool | None = None, warmup: bool = True,
-                 checked: bool = False) -> BatchedModel:
+                 checked: bool = False, max_batch: int = DEFAULT_MAX_BATCH,
+                 verify_tokens: int = 0) -> BatchedModel:
     """A :class:`BatchedModel` over ``model``'s weights. ``num_blocks`` (else ``kv_tokens``
     worth, else what fits in free GPU memory). Frees the model's batch-1 static cache.
+    ``max_batch``: the most sequences a step holds (the decode graphs' buckets follow it);
+    ``verify_tokens``: the most draft tokens a sequence verifies in a step.
 
     On CUDA the Triton kernels are self-checked first (the batch-1 checks of
-    :mod:`qwen_trt.fast.decoder` unless a :class:`FastDecoder` already ran them: ``checked``,
+    :mod:`qwen_trt.fast.step.decoder` unless a :class:`FastDecoder` already ran them: ``checked``,
     then the paged attention); a failing check falls back to PyTorch ops with a note."""
-    from qwen_trt.fast.attention import check_triton, triton_usable
-    from qwen_trt.fast.kv_cache import StaticKVCache
+    from qwen_trt.fast.kernels.attention import check_triton, triton_usable
+    from qwen_trt.fast.model.kv_cache import StaticKVCache
 
     cfg = model.cfg
     notes: list[str] = []
@@ -916,7 +943,7 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
                 notes.append(problem)
             else:
                 model.attn_impl = "triton"
-                from qwen_trt.fast.decoder import check_decode_kernels
+                from qwen_trt.fast.step.decoder import check_decode_kernels
 
                 problem = run_check("decode_kernels", lambda: check_decode_kernels(model))
                 if problem:
@@ -935,7 +962,8 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
         torch.cuda.empty_cache()
     if num_blocks is None:
         num_blocks = kv_blocks_for_memory(model, block_size, cap_tokens=kv_tokens) + 1
-    bm = BatchedModel(model, num_blocks=num_blocks, block_size=block_size, graphs=graphs)
+    bm = BatchedModel(model, num_blocks=num_blocks, block_size=block_size, graphs=graphs,
+                      buckets=graph_buckets(max_batch), verify_tokens=verify_tokens)
     bm.stats.phases_s["checks_and_cache"] = round(time.perf_counter() - t0, 2)
     bm.stats.notes += notes
     for note in notes:

@@ -4,7 +4,7 @@ token's *slot* is ``block * block_size + offset``, and ``block_tables[b, i]`` is
 block of a row's tokens ``i * block_size ..``.
 
 * :func:`paged_rope_cache`: per row, q/k RMSNorm + RoPE at the row's position and the K/V write
-  at the row's slot (the batched form of :mod:`qwen_trt.fast.rope_cache`, same rounding).
+  at the row's slot (the batched form of :mod:`qwen_trt.fast.kernels.rope_cache`, same rounding).
 * :func:`paged_decode_attention`: flash-decoding over per-row lengths through the block tables:
   one program per (row, kv head, ``SPLIT``-token split) for the query heads of that kv head,
   one block of keys per inner step, then a merge of the splits per (row, head). Lengths are read
@@ -22,11 +22,11 @@ from collections.abc import Sequence
 
 import torch
 
-from qwen_trt.fast.kernel_parts import (block_slots, load_kv, merge_splits, norm_rope,
+from qwen_trt.fast.kernels.kernel_parts import (block_slots, load_kv, merge_splits, norm_rope,
                                         rope_group, rope_rows, softmax_step, store_partial,
                                         write_new_kv)
 from qwen_trt.fast.options import options
-from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+from qwen_trt.fast.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 try:
     import triton
@@ -406,7 +406,7 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     """Math attention of one sequence: ``q [n, heads, d]`` at positions ``q_pos [n]`` over the
     keys at ``kv_slots [ctx]`` (token ``j`` of the sequence at slot ``kv_slots[j]``), causal
     (query at position ``p`` sees tokens ``<= p``). Returns ``[n, heads, d]``; softmax in
-    float32 like :func:`qwen_trt.fast.attention.math_attend`."""
+    float32 like :func:`qwen_trt.fast.kernels.attention.math_attend`."""
     n, heads, d = q.shape
     kvh = k_cache.shape[0]
     group = heads // kvh

@@ -18,10 +18,10 @@ import os
 import torch
 
 from qwen_trt.errors import first_line
-from qwen_trt.fast.kernel_parts import (load_kv, merge_splits, rope_group, rope_rows,
+from qwen_trt.fast.kernels.kernel_parts import (load_kv, merge_splits, rope_group, rope_rows,
                                         softmax_step, store_partial, write_new_kv)
 from qwen_trt.fast.options import options
-from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+from qwen_trt.fast.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 # Measured on an H200 (python -m qwen_trt.bench.kernel_bench --sweep): about 7 / 9 us per layer
 # at 512 / 2048 tokens of context, against 10.2 / 11.2 with 128-slot splits of 32.
@@ -177,7 +177,7 @@ def rope_decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch
                           k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
                           heads: int, split: int | None = None, block_n: int = BLOCK_N,
                           warps: int = WARPS) -> torch.Tensor:
-    """:func:`~qwen_trt.fast.rope_cache.qk_rope_cache` then :func:`decode_attention` in two
+    """:func:`~qwen_trt.fast.kernels.rope_cache.qk_rope_cache` then :func:`decode_attention` in two
     kernels instead of three: the q/k norms, RoPE and the cache write happen in the first
     attention kernel. ``qkv [(heads + 2 kv) d]`` -> ``[heads, d]``; writes K/V at ``pos``."""
     split = split or options().attn_split or ROPE_SPLIT

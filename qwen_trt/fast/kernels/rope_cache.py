@@ -8,20 +8,20 @@ tensor):
 * value heads: ``v_h``                          -> ``v_cache[h, pos]``
 
 The static cache ``[kv_heads, slots, d]`` is laid out like one layer of the paged cache with
-slot = position, so this is :func:`~qwen_trt.fast.paged_kernels.paged_rope_cache` for one row
+slot = position, so this is :func:`~qwen_trt.fast.kernels.paged_kernels.paged_rope_cache` for one row
 (one Triton kernel). Rounding follows the unfused PyTorch ops (:func:`qk_rope_cache_ref`): norm
 in float32 then cast, weight product, ``x*cos`` and ``rotate_half(x)*sin`` each rounded to the
 model dtype, then their sum. The rotary tables are ``[slots, d]`` in the model dtype (HF's
 ``cat(freqs, freqs)``). The batch-1 decode folds this into its attention kernel
-(:func:`~qwen_trt.fast.attention.rope_decode_attention`); this module keeps the separate kernel (the
+(:func:`~qwen_trt.fast.kernels.attention.rope_decode_attention`); this module keeps the separate kernel (the
 batched prefill steps and the tests use it).
 """
 from __future__ import annotations
 
 import torch
 
-from qwen_trt.fast.paged_kernels import paged_rope_cache
-from qwen_trt.fast.reference import split_norm_rope
+from qwen_trt.fast.kernels.paged_kernels import paged_rope_cache
+from qwen_trt.fast.model.reference import split_norm_rope
 
 
 def qk_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
@@ -38,7 +38,7 @@ def qk_rope_cache_ref(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Ten
                       cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
                       k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
                       heads: int) -> torch.Tensor:
-    """The same with PyTorch ops (:func:`~qwen_trt.fast.reference.split_norm_rope`)."""
+    """The same with PyTorch ops (:func:`~qwen_trt.fast.model.reference.split_norm_rope`)."""
     kv_heads, _, d = k_cache.shape
     q, k, v = split_norm_rope(qkv.reshape(1, -1), pos, cos, sin, q_norm, k_norm, heads,
                               kv_heads, d, eps)

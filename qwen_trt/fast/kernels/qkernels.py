@@ -1,4 +1,4 @@
-"""Triton kernels for packed projections (:mod:`qwen_trt.fast.qformats`): FP8 (128x128 block
+"""Triton kernels for packed projections (:mod:`qwen_trt.fast.model.qformats`): FP8 (128x128 block
 scales) and INT4 (group scales and zero points), dequantized in registers (W8A16 / W4A16: the
 activations stay in the model dtype, no FP8 tensor cores needed).
 
@@ -33,7 +33,7 @@ activations stay in the model dtype, no FP8 tensor cores needed).
 * :func:`dequantize` -- the whole matrix back to the model dtype (prefill: dequantize, then
   the bf16 GEMM).
 
-``gemv``/``bgemm`` call these when handed a :class:`~qwen_trt.fast.qformats.PackedLinear`. INT4
+``gemv``/``bgemm`` call these when handed a :class:`~qwen_trt.fast.model.qformats.PackedLinear`. INT4
 values of a row are 8 to an int32 word (column ``8j + i`` in bits ``4i``). Both kernels compute
 on the exact float32 dequantized weights (the reference rounds them to the model dtype first:
 the results agree to that rounding).
@@ -45,9 +45,9 @@ from dataclasses import dataclass
 
 import torch
 
-from qwen_trt.fast.kernel_parts import silu_mul, store_rows
-from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
-from qwen_trt.fast.qformats import Fp8Linear, Int4Linear, PackedLinear
+from qwen_trt.fast.kernels.kernel_parts import silu_mul, store_rows
+from qwen_trt.fast.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+from qwen_trt.fast.model.qformats import Fp8Linear, Int4Linear, PackedLinear
 
 try:
     import triton
@@ -1256,7 +1256,7 @@ sub.f32 $7, t, 0f4B000000;
     @triton.jit
     def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K: tl.constexpr, G: tl.constexpr,
                           BLOCK_M: tl.constexpr):
-        """:func:`~qwen_trt.fast.qformats.fp8_act_quant` for ``BLOCK_M`` rows and one group of
+        """:func:`~qwen_trt.fast.model.qformats.fp8_act_quant` for ``BLOCK_M`` rows and one group of
         ``G`` columns: float8_e4m3fn values, and the float32 scale of each row's group written
         outer-dimension-major (``[K / G, M]``: the layout ``torch._scaled_mm`` takes)."""
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -1451,7 +1451,7 @@ def dequantize(w: PackedLinear, dtype: torch.dtype, block_n: int = 32) -> torch.
 
 def act_quant(x: torch.Tensor, group: int = 128, block_m: int = 16
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`~qwen_trt.fast.qformats.fp8_act_quant` in one Triton kernel: ``(q [M, K],
+    """:func:`~qwen_trt.fast.model.qformats.fp8_act_quant` in one Triton kernel: ``(q [M, K],
     scale [M, K / group])``, the scales outer-dimension-major (stride ``(1, M)``)."""
     m, k = x.shape
     x = x.contiguous()

@@ -9,10 +9,11 @@ from pathlib import Path
 import torch
 
 from qwen_trt.errors import ModelSourceError
-from qwen_trt.fast.model import Qwen3Fast, projection_shapes
-from qwen_trt.fast.qcheckpoint import (PARTS, CheckpointQuant, ProjectionReader,
+from qwen_trt.fast.model.model import Qwen3Fast, projection_shapes
+from qwen_trt.fast.model.qcheckpoint import (PARTS, CheckpointQuant, ProjectionReader,
                                        read_quant_config)
-from qwen_trt.fast.qformats import PackedLinear, Weight, dense, fuse, quantize
+from qwen_trt.fast.model.qformats import PackedLinear, Weight, fuse, quantize
+from qwen_trt.fast.kernels.linear import dense
 
 Getter = Callable[[str], torch.Tensor]
 ProjGetter = Callable[[str], Weight]
@@ -87,7 +88,7 @@ def checkpoint_quant(folder: str | Path) -> CheckpointQuant:
 
 def load_safetensors(model: Qwen3Fast, folder: str | Path) -> None:
     """Read the checkpoint's ``*.safetensors`` straight onto the model's device, in the format
-    its ``config.json`` names (:mod:`qwen_trt.fast.qcheckpoint`)."""
+    its ``config.json`` names (:mod:`qwen_trt.fast.model.qcheckpoint`)."""
     from safetensors import safe_open
 
     folder = Path(folder)

@@ -1,5 +1,5 @@
 """Small-batch projections for the batched decode step (2..32 rows): the batch-1 GEMVs of
-:mod:`qwen_trt.fast.gemv` generalised to M rows. Each program reads a ``BLOCK_N``-row strip of
+:mod:`qwen_trt.fast.kernels.gemv` generalised to M rows. Each program reads a ``BLOCK_N``-row strip of
 the weight once for all M activation rows (``tl.dot`` with M padded to 16), so the step stays
 bound by one pass over the weights, and the small ops are fused like the GEMVs':
 
@@ -13,7 +13,7 @@ bound by one pass over the weights, and the small ops are fused like the GEMVs':
   (the cuBLAS steps that prefill: ``batched._post_triton``)
 
 Rounding follows the unfused PyTorch ops (the projection rounded to the model dtype before the
-residual add or the activation), as in :mod:`qwen_trt.fast.gemv`. float32 models use exact
+residual add or the activation), as in :mod:`qwen_trt.fast.kernels.gemv`. float32 models use exact
 (IEEE) products, not tf32.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from qwen_trt.fast.kernel_parts import silu_mul
-from qwen_trt.fast.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
+from qwen_trt.fast.kernels.kernel_parts import silu_mul
+from qwen_trt.fast.kernels.pdl import gdc_launch_dependents, gdc_wait, launch_kwargs, pdl_enabled
 
 try:
     import triton
@@ -178,18 +178,18 @@ def silu_mul_rows(gate_up: torch.Tensor) -> torch.Tensor:
 def bgemm(w: torch.Tensor, x: torch.Tensor, *, residual: torch.Tensor | None = None,
           gate_up: bool = False, config: BgemmConfig | None = None) -> torch.Tensor:
     """``x [M, K]`` (M <= 64) times ``w.T``, with the fusions of the module docstring. A
-    packed weight (:mod:`qwen_trt.fast.qformats`) runs :func:`qwen_trt.fast.qkernels.qbgemm`,
+    packed weight (:mod:`qwen_trt.fast.model.qformats`) runs :func:`qwen_trt.fast.kernels.qkernels.qbgemm`,
     and so does a dense one whose shape and row bucket ``qkernels.GEMM_TABLE`` lists (the
     split-K form, where it measured faster than this kernel)."""
     if not isinstance(w, torch.Tensor):
-        from qwen_trt.fast.qkernels import qbgemm
+        from qwen_trt.fast.kernels.qkernels import qbgemm
 
         return qbgemm(w, x, residual=residual, gate_up=gate_up)
     rows, k = w.shape
     n = rows // 2 if gate_up else rows
     m = x.shape[0]
     if config is None and x.device.type == "cuda":
-        from qwen_trt.fast.qkernels import FMT_DENSE, GEMM_TABLE, qbgemm
+        from qwen_trt.fast.kernels.qkernels import FMT_DENSE, GEMM_TABLE, qbgemm
 
         split = GEMM_TABLE.get((FMT_DENSE, n, k, max(16, triton.next_power_of_2(m))))
         if split is not None:       # the split-K GEMM measured faster for this shape

@@ -82,7 +82,10 @@ class SamplerState(torch.nn.Module):
     """Sampling settings, random numbers and generated-token sets of ``rows`` requests, as fixed
     device buffers (safe to capture in a CUDA graph)."""
 
-    def __init__(self, max_tokens: int, vocab: int, device, rows: int = 1) -> None:
+    def __init__(self, max_tokens: int, vocab: int, device, rows: int = 1,
+                 speculative: bool = False) -> None:
+        """``speculative``: a second stream of pre-drawn uniforms per row, for the verify
+        rows' rejection sampling (:func:`verify_rows`)."""
         super().__init__()
 
         def buf(name: str, *shape: int, dtype=torch.float32, fill=0) -> None:
@@ -96,6 +99,7 @@ class SamplerState(torch.nn.Module):
         buf("repetition", rows, fill=1)
         buf("frequency", rows)
         buf("uniforms", rows, max_tokens)
+        buf("uniforms2", rows, max_tokens if speculative else 1)
         buf("step", rows, dtype=torch.long)
         buf("seen", rows, vocab, dtype=torch.bool)
         buf("counts", rows, vocab)                              # times generated (frequency)
@@ -125,6 +129,9 @@ class SamplerState(torch.nn.Module):
         if gen is not None:
             n = min(params.max_new_tokens, self.uniforms.shape[1])
             self.uniforms[row, :n] = torch.rand(n, generator=gen, device=self.uniforms.device)
+            if self.uniforms2.shape[1] > 1:
+                self.uniforms2[row, :n] = torch.rand(n, generator=gen,
+                                                     device=self.uniforms.device)
 
     def advance(self, tokens: torch.Tensor, kind: Kind = PENALTIES) -> None:
         """Record the picked ``tokens [rows]`` (for the penalties) and move every row a step;
@@ -333,3 +340,122 @@ def pick_rows(st: SamplerState, logits: torch.Tensor, rows: Sequence[int],
     picked = pick_rows_device(st, logits, rows, params, masks)
     host = picked.tokens.tolist()
     return host, picked.result(host)
+
+
+# ---- verify rows (speculative decoding) ------------------------------------------------------
+def filtered_probs(lf: torch.Tensor, view) -> torch.Tensor:
+    """The sampling distribution ``[rows, vocab]`` (float32) of prepared logits ``lf``: steps
+    4-5 of the module docstring as probabilities in vocabulary order (temperature, top-k, min-p,
+    the top-p nucleus), the distribution :func:`sample` draws from. ``view``: per-row settings
+    (a :class:`SamplerState` or :class:`RowsView`, one row per row of ``lf``)."""
+    vals, idx = torch.sort(lf, dim=-1, descending=True)
+    temp = view.temperature.unsqueeze(-1)
+    vals = vals / torch.where(temp > 0, temp, torch.ones_like(temp))
+    ranks = torch.arange(vals.shape[-1], device=vals.device)
+    vals = vals.masked_fill(ranks >= view.top_k.unsqueeze(-1), float("-inf"))
+    probs = torch.softmax(vals, dim=-1)
+    probs = probs.masked_fill(probs < view.min_p.unsqueeze(-1) * probs[..., :1], 0.0)
+    before = torch.cumsum(probs / probs.sum(-1, keepdim=True), dim=-1) - probs / probs.sum(
+        -1, keepdim=True)
+    probs = probs.masked_fill(before >= view.top_p.unsqueeze(-1), 0.0)
+    probs = probs / probs.sum(-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(-1, idx, probs)
+
+
+def verify_rows(st: SamplerState, logits: torch.Tensor, firsts: Sequence[int], rows,
+                forced=None) -> list[tuple[list[int], int, list[TokenLogprob]]]:
+    """Accept each verify row's drafts against the target (the executor's verify rows:
+    ``rows[i]`` has ``draft`` drafts, its ``draft + 1`` scored positions are the logits rows
+    ``firsts[i] ..``); returns per row ``(emitted tokens, accepted drafts, logprobs)`` and
+    advances the rows' sampler state by the emitted tokens.
+
+    Plain greedy rows accept while a draft is the argmax. Other rows get the target's
+    distribution at every position with every sampler feature (the penalties count the drafts
+    before that position as generated), then exact acceptance
+    (:func:`qwen_trt.fast.spec.rejection.accept`): a greedy row accepts while the draft is the
+    argmax of the processed logits; a sampled one by rejection sampling with the row's
+    pre-drawn uniforms. Rows with a grammar do not draft (the scheduler's rule). ``forced``:
+    benchmarks only, a callable giving the drafts a greedy row accepts (the target's choice
+    replaced, at the same cost)."""
+    from qwen_trt.fast.spec.rejection import accept
+
+    dev = logits.device
+    out: list[tuple[list[int], int, list[TokenLogprob]] | None] = [None] * len(rows)
+    greedy = [i for i, r in enumerate(rows) if sampler_kind(r.params) == "greedy"]
+    if greedy:
+        spans = torch.cat([torch.arange(firsts[i], firsts[i] + rows[i].draft + 1)
+                           for i in greedy]).to(dev)
+        best = torch.argmax(logits.index_select(0, spans), dim=-1).tolist()
+        at = 0
+        for i in greedy:
+            r, k = rows[i], rows[i].draft
+            top = best[at:at + k + 1]
+            at += k + 1
+            a = 0
+            while a < k and r.drafts[a] == top[a]:
+                a += 1
+            if forced is not None:
+                a = min(forced(r), k)
+            out[i] = (list(r.drafts[:a]) + [top[a]], a, [])
+    for i, r in enumerate(rows):
+        if out[i] is not None:
+            continue
+        if r.constraint is not None:
+            raise ValueError(f"request {r.rid}: a constrained row cannot verify drafts")
+        k, row = r.draft, r.sampler_row
+        lf = logits[firsts[i]:firsts[i] + k + 1].float()
+        drafts = torch.tensor(r.drafts, dtype=torch.long, device=dev)
+        # penalties at position j: the tokens generated so far plus drafts[:j]
+        seen = st.seen[row].unsqueeze(0).repeat(k + 1, 1)
+        counts = st.counts[row].unsqueeze(0).repeat(k + 1, 1)
+        for j in range(1, k + 1):
+            seen[j:, drafts[j - 1]] = True
+            counts[j:, drafts[j - 1]] += 1
+        view = _VerifyView(st, row, k + 1, seen, counts)
+        if r.params.penalized:
+            lf = SamplerState.penalize(view, lf)
+        step = int(st.step[row])
+        cols = torch.arange(step, step + k + 1, device=dev).clamp(max=st.uniforms.shape[1] - 1)
+        if r.params.greedy:
+            top = torch.argmax(lf, dim=-1).tolist()
+            a = 0
+            while a < k and r.drafts[a] == top[a]:
+                a += 1
+            emitted = list(r.drafts[:a]) + [top[a]]
+        else:
+            p = filtered_probs(lf, view)
+            q = r.draft_probs
+            acc, toks = accept(p.unsqueeze(0), drafts.unsqueeze(0),
+                               torch.tensor([k], device=dev),
+                               None if q is None else q.unsqueeze(0).float(),
+                               st.uniforms[row, cols].unsqueeze(0),
+                               st.uniforms2[row, cols].unsqueeze(0))
+            a = int(acc[0])
+            emitted = toks[0, :a + 1].tolist()
+        lps: list[TokenLogprob] = []
+        if r.params.logprobs is not None:
+            n = r.params.logprobs
+            chosen, top_v, top_i = token_logprobs(
+                lf[:a + 1], torch.tensor(emitted, device=dev), max(n, 1))
+            lps = [logprob_of(t, chosen[j], top_v[j, :n], top_i[j, :n])
+                   for j, t in enumerate(emitted)]
+        em = torch.tensor(emitted, dtype=torch.long, device=dev)
+        st.seen[row, em] = True
+        st.counts[row].index_add_(0, em, torch.ones(len(emitted), device=dev))
+        st.step[row] += len(emitted)
+        out[i] = (emitted, a, lps)
+    if greedy:   # plain greedy rows advance too (a later sampled pick reads their step)
+        for i in greedy:
+            st.step[rows[i].sampler_row] += len(out[i][0])
+    return out  # type: ignore[return-value]
+
+
+class _VerifyView:
+    """One sampler row repeated over a verify row's positions, with per-position seen/counts."""
+
+    def __init__(self, st: SamplerState, row: int, n: int, seen: torch.Tensor,
+                 counts: torch.Tensor) -> None:
+        for name in ("temperature", "top_p", "top_k", "min_p", "presence", "repetition",
+                     "frequency"):
+            setattr(self, name, getattr(st, name)[row].expand(n))
+        self.seen, self.counts = seen, counts
