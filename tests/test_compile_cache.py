@@ -115,7 +115,8 @@ class _FakeGraph:
 
 def _cpu_batched(monkeypatch, cache):
     torch = pytest.importorskip("torch")
-    from qwen_trt.fast.step import batched, compile_cache
+    from qwen_trt.fast import compile_cache
+    from qwen_trt.fast.step import batched
     from qwen_trt.fast.model.config import FastConfig
     from qwen_trt.fast.model.model import Qwen3Fast
 
@@ -172,9 +173,12 @@ def test_the_key_covers_every_fast_module_with_triton_kernels():
     from qwen_trt.fast import compile_cache
 
     fast = Path(compile_cache.__file__).parent
-    with_kernels = {p.name for p in fast.glob("*.py") if "@triton.jit" in p.read_text()}
+    with_kernels = {p.relative_to(fast).as_posix() for p in fast.rglob("*.py")
+                    if "@triton.jit" in p.read_text()}
     assert with_kernels and with_kernels <= set(compile_cache.KERNEL_SOURCES), (
         with_kernels - set(compile_cache.KERNEL_SOURCES))
+    missing = [n for n in compile_cache.KERNEL_SOURCES if not (fast / n).is_file()]
+    assert not missing, f"moved or renamed: {missing} (they would drop out of the key)"
 
 
 def _warm_folder(root, key=KEY):
@@ -288,3 +292,4 @@ def test_the_shipped_h200_seed_matches_a_default_serve_of_the_real_model():
     path, seed = found
     assert path.name.startswith("h200-") and seed["choices"].get("bgemm")
     assert find_seed(replace(key, weight_format=format_key(QuantSpec("fp8")))) is None
+

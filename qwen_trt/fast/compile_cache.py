@@ -57,9 +57,11 @@ PICKS = "_picks"            # autotune.json's section of named choices (never a 
 SEEDS_DIR = Path(__file__).resolve().parent / "seeds"   # shipped choices (data, see make_seed)
 # every module whose kernels the cache compiles or whose self-checks a warm start skips (a change
 # to any of them must give a new key: the checks' passes are only valid for the same sources)
-KERNEL_SOURCES = ("attention.py", "batched.py", "bgemm.py", "decoder.py", "gemv.py", "graphs.py",
-                  "kernel_parts.py", "kv_cache.py", "model.py", "paged_kernels.py", "pdl.py",
-                  "qformats.py", "qkernels.py", "rope_cache.py")
+KERNEL_SOURCES = ("kernels/attention.py", "kernels/bgemm.py", "kernels/gemv.py",
+                  "kernels/kernel_parts.py", "kernels/linear.py", "kernels/paged_kernels.py",
+                  "kernels/pdl.py", "kernels/qkernels.py", "kernels/rope_cache.py",
+                  "model/kv_cache.py", "model/model.py", "model/qformats.py",
+                  "step/batched.py", "step/decoder.py", "step/graphs.py")
 
 
 def cache_root(cache_dir: str | None = None, environ=None) -> Path:
