@@ -108,7 +108,7 @@ def test_decode_with_the_kernels_equals_the_pytorch_decode(tiny_model_dir):
         from pathlib import Path
         import qwen_trt.fast.model.model as M
         from qwen_trt.fast import FastConfig, FastDecoder, build_model
-        from qwen_trt.fast.step.decoder import check_decode_kernels
+        from qwen_trt.fast.step.checks import check_decode_kernels
         from qwen_trt.fast.model.weights import load_safetensors
         from qwen_trt.params import SamplingParams
         d = Path({str(tiny_model_dir)!r})

@@ -205,7 +205,7 @@ def test_tiny_greedy_tokens_through_packed_kernels_equal_dequantized_reference(t
         import json, torch
         from pathlib import Path
         from qwen_trt.fast import FastConfig, FastDecoder, build_model
-        from qwen_trt.fast.step.decoder import check_decode_kernels
+        from qwen_trt.fast.step.checks import check_decode_kernels
         from qwen_trt.fast.model.qformats import QuantSpec
         from qwen_trt.fast.model.weights import load_safetensors
         from qwen_trt.params import SamplingParams

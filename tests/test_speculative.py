@@ -189,3 +189,66 @@ def test_the_speculative_bench_measures_against_off_and_real_acceptance_is_exact
     agree = row["agreement"]
     assert agree["identical_replies"] == agree["replies"] == 2
     assert agree["tau_measured"] > 4.0
+
+
+@pytest.fixture(scope="module")
+def eagle_target(tiny_model_dir, tmp_path_factory):
+    """The tiny checkpoint as the target (its own weights) and a random EAGLE-3 draft for it
+    in both published layouts."""
+    from qwen_trt.fast.model.config import FastConfig
+    from qwen_trt.fast.model.weights import load_safetensors
+    from qwen_trt.model.tiny_draft import write_tiny_draft
+    import json
+
+    cfg = FastConfig.from_hf(json.loads((tiny_model_dir / "config.json").read_text()))
+    drafts = {lay: str(write_tiny_draft(tmp_path_factory.mktemp(f"draft-{lay}"), tiny_model_dir,
+                                        layout=lay)) for lay in ("sglang", "speculators")}
+    return cfg, tiny_model_dir, drafts
+
+
+def eagle_runner(eagle_target, layout=None, max_batch=4, k=3):
+    from qwen_trt.fast.loader import build_model
+    from qwen_trt.fast.model.weights import load_safetensors
+    from qwen_trt.serving.scheduler import make_batch_runner
+
+    cfg, folder, drafts = eagle_target
+    m = build_model(cfg, max_seq_len=MAX_SEQ, dtype=torch.float32, device="cpu")
+    load_safetensors(m, folder)
+    spec = SpecConfig("eagle3", k, draft=drafts[layout]) if layout else SpecConfig()
+    return make_batch_runner(m, SchedulerConfig(max_batch=max_batch, token_budget=64,
+                                                speculative=spec), kv_tokens=4096)
+
+
+@pytest.mark.parametrize("layout", ["sglang", "speculators"])
+def test_eagle3_drafts_verify_to_the_tokens_of_plain_greedy(eagle_target, layout):
+    """EAGLE-3 in the runner, both layouts: the target's aux hidden states feed the draft,
+    which catches up after every step (prefill chunks of 64-token budgets, verify rows) and
+    drafts the next step; greedy tokens equal plain decoding's, mixed with sampled rows."""
+    rng = random.Random(4)
+    vocab = eagle_target[0].vocab_size
+    reqs = {i: ([rng.randrange(1, vocab) for _ in range(rng.randrange(5, 90))],
+                SamplingParams(max_new_tokens=rng.randrange(5, 30), temperature=0,
+                               ignore_eos=True)) for i in range(10)}
+    plain = drive(eagle_runner(eagle_target), reqs)[0]
+    r = eagle_runner(eagle_target, layout)
+    got = drive(r, reqs)[0]
+    assert got == plain
+    c = r.stats().extra["spec_decode"]
+    assert c["drafts"] > 0 and c["draft_tokens"] >= c["drafts"]
+
+
+def test_a_draft_that_does_not_fit_the_target_is_one_line(eagle_target, tmp_path):
+    import json
+    import shutil
+
+    from qwen_trt.errors import QwenTrtError
+
+    cfg, folder, drafts = eagle_target
+    bad = tmp_path / "bad"
+    shutil.copytree(drafts["sglang"], bad)
+    c = json.loads((bad / "config.json").read_text())
+    c["hidden_size"] = c["hidden_size"] * 2
+    (bad / "config.json").write_text(json.dumps(c))
+    with pytest.raises((QwenTrtError, ValueError)) as e:
+        eagle_runner((cfg, folder, {"sglang": str(bad)}), "sglang")
+    assert "\n" not in str(e.value) and "hidden" in str(e.value)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
+from qwen_trt import settings
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.errors import ConfigError
 
@@ -13,7 +15,7 @@ BACKENDS = ("auto", "torch", "trtllm", "openai")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 FAST_MODES = ("auto", "on", "off")
 QUANTIZATIONS = ("auto", "none", "fp8", "int4")   # fast path weight formats
-SPECULATIVE = ("off", "ngram")                     # fast path speculative decoding
+SPECULATIVE = ("off", "ngram", "eagle3:PATH")     # fast path speculative decoding
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 MIN_MAX_SEQ_LEN = 32   # room for the chat template, a short message and a reply
 
@@ -22,7 +24,7 @@ __all__ = ["Backend", "BackendInfo", "BackendConfig", "BACKENDS", "DTYPES", "FAS
 
 
 MAX_MAX_BATCH = 256   # the largest decode-graph bucket worth capturing for a 4B model on one GPU
-DEFAULT_WATCHDOG_S = 30.0   # a served engine with no step progress this long is restarted
+DEFAULT_WATCHDOG_S = settings.declared("QWEN_TRT_WATCHDOG_S").default   # 30 s, then restart
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,13 @@ class BackendConfig:
                 or w < 0):
             raise ConfigError(f"{_where('watchdog-s')} must be a number of seconds >= 0 "
                               f"(0 turns the watchdog off), got '{w}'.")
-        if self.speculative not in SPECULATIVE:
+        method, _, draft = str(self.speculative).partition(":")
+        if method not in ("off", "ngram", "eagle3") or (method == "eagle3") != bool(draft):
             raise ConfigError(f"Unknown speculative method '{self.speculative}' "
                               f"({_where('speculative')}): use one of {', '.join(SPECULATIVE)}.")
+        if method == "eagle3" and not os.path.isdir(draft):
+            raise ConfigError(f"EAGLE-3 draft folder '{draft}' ({_where('speculative')}) does "
+                              "not exist.")
         k = self.num_speculative_tokens
         if k != "auto" and not (isinstance(k, str) and k.isdigit() and 1 <= int(k) <= 8):
             raise ConfigError(f"{_where('num-speculative-tokens')} must be auto or a whole "
@@ -136,10 +142,10 @@ def load_backend(cfg: BackendConfig, *, for_runner: bool = False) -> Backend:
         raise ConfigError("The openai backend streams chats, not token ids: start it with "
                           "qwen_trt.serving.service.start_service_for().")
     if name == "trtllm":
-        from qwen_trt.backends.trtllm_backend import TrtllmBackend
+        from qwen_trt.backends.trtllm import load_trtllm
 
-        return TrtllmBackend.load(engine=cfg.engine, model=cfg.model, warmup=cfg.warmup,
-                                  max_seq_len=cfg.max_seq_len)
+        return load_trtllm(engine=cfg.engine, model=cfg.model, warmup=cfg.warmup,
+                           max_seq_len=cfg.max_seq_len)
     from qwen_trt.backends.fast_backend import FastBackend, use_fast
     from qwen_trt.backends.torch_backend import TorchBackend, pick_device
 

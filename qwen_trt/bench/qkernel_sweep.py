@@ -30,6 +30,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from qwen_trt.bench.measure import graph_us
+
 # name: (N, K, gate_up, residual, ln)
 SHAPES = {
     "4b": {"qkv": (6144, 2560, False, False, True), "o": (2560, 4096, False, True, False),
@@ -360,10 +362,8 @@ def run_item(it: dict, sh: Shape, timed: bool) -> dict:
         ref = F.linear(x.float(), wd)
     res["rel_err"] = round(((got - ref).norm() / ref.norm()).item(), 6)
     if timed and sh.device.type == "cuda":
-        from qwen_trt.bench.quant_bench import _graph_us
-
         n_calls = len(copies) if kind == "scaled_mm" else len(ws_)
-        us = _graph_us(call, n_calls)
+        us = graph_us(call, n_calls)
         res.update(us=round(us, 2), TBps=round(nbytes / us / 1e6, 3))
     return res
 

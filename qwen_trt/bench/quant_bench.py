@@ -22,20 +22,12 @@ import sys
 import time
 from pathlib import Path
 
+from qwen_trt.bench.measure import graph_us
+from qwen_trt.bench.qkernel_sweep import apply
+
 # (N, K, gate_up, residual): the decode step's fusions, so the tuned configs are the step's
 SHAPES_4B = {"qkv": (6144, 2560, False, False), "o": (2560, 4096, False, True),
              "gate_up": (19456, 2560, True, False), "down": (2560, 9728, False, True)}
-
-
-def _graph_us(fn, calls: int) -> float:
-    """µs per ``fn(i)`` call (``i`` = 0..calls-1) replayed in one CUDA graph."""
-    import torch
-
-    from qwen_trt.fast.step.graphs import capture, replay_ms
-
-    graph = capture(lambda: [fn(i) for i in range(calls)], lambda: None,
-                    torch.cuda.graph_pool_handle())
-    return replay_ms(graph, 10, warmup=2) * 1000 / calls
 
 
 def bench_kernels(fmt: str, rows=(1, 8, 32)) -> dict:
@@ -73,7 +65,7 @@ def bench_kernels(fmt: str, rows=(1, 8, 32)) -> dict:
             if r is not None:
                 ref = ref + r.float()
             err = ((got - ref).norm() / ref.norm()).item()
-            us = _graph_us(run, copies)
+            us = graph_us(run, copies)
             out[f"{name}_M{m}"] = {"us": round(us, 2), "bytes": nbytes,
                                    "TBps": round(nbytes / us / 1e6, 3), "rel_err": err}
         del ws, w, w0, wd
@@ -187,8 +179,6 @@ def main(argv=None) -> int:
                    help="fill qkernels' tables from a qkernel_sweep result first")
     args = p.parse_args(argv)
     if args.apply_sweep:
-        from qwen_trt.bench.qkernel_sweep import apply
-
         apply(args.apply_sweep)
     formats = [f for f in args.formats.split(",") if f]
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -35,6 +35,7 @@ class SpecBenchConfig:
     design_k: int = 4                   # the k at which each tau's corruption is computed
     max_seq_len: int = 4096
     quantization: str = "auto"
+    method: str = "ngram"               # ngram | eagle3 (a random draft of the published shape)
     seed: int = 0
     command: str = ""
 
@@ -43,6 +44,56 @@ class SpecBenchConfig:
             raise ValueError("concurrency values must be >= 1")
         if not self.taus or min(self.taus) < 1 or max(self.taus) > self.design_k + 1:
             raise ValueError(f"tau values must be from 1 to {self.design_k + 1} (k + 1)")
+
+
+def write_random_draft(out, target, *, seed: int = 0, draft_vocab: int = 32000):
+    """A random EAGLE-3 draft in the SGLang layout with the published Qwen3-4B drafts' shape
+    (one decoder layer of the target's width: 32 heads of 128, 8 KV heads, MLP 9728; a
+    32,000-token draft vocabulary; ~218 M parameters, ``../shared/reference/speculative.md``)
+    for the target shape ``target`` (a FastConfig): what a real draft costs, with no quality."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import save_file
+
+    from qwen_trt.fast.spec.eagle3 import default_aux_layers
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    h, heads, kvh, hd = target.hidden, target.heads, target.kv_heads, target.head_dim
+    inter = target.intermediate
+    vocab = min(draft_vocab, target.vocab_size)
+    g = torch.Generator().manual_seed(seed)
+    mat = lambda *s: (torch.randn(*s, generator=g) * 0.02).to(torch.bfloat16)  # noqa: E731
+    one = lambda: torch.ones(h, dtype=torch.bfloat16)  # noqa: E731
+    aux = (default_aux_layers(target.layers) if target.layers >= 6
+           else tuple(range(1, min(3, target.layers) + 1)))
+    t = {"midlayer.self_attn.q_proj.weight": mat(heads * hd, 2 * h),
+         "midlayer.self_attn.k_proj.weight": mat(kvh * hd, 2 * h),
+         "midlayer.self_attn.v_proj.weight": mat(kvh * hd, 2 * h),
+         "midlayer.self_attn.o_proj.weight": mat(h, heads * hd),
+         "midlayer.mlp.gate_proj.weight": mat(inter, h),
+         "midlayer.mlp.up_proj.weight": mat(inter, h),
+         "midlayer.mlp.down_proj.weight": mat(h, inter),
+         "midlayer.input_layernorm.weight": one(), "midlayer.hidden_norm.weight": one(),
+         "midlayer.post_attention_layernorm.weight": one(), "norm.weight": one(),
+         "fc.weight": mat(h, len(aux) * h), "lm_head.weight": mat(vocab, h),
+         }
+    ids = torch.randperm(target.vocab_size, generator=g)[:vocab].sort().values
+    t["d2t"] = ids - torch.arange(vocab)            # draft id i is target id i + d2t[i]
+    t["t2d"] = torch.zeros(target.vocab_size, dtype=torch.bool)
+    t["t2d"][ids] = True
+    save_file(t, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": h,
+        "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": kvh,
+        "head_dim": hd, "rms_norm_eps": target.rms_eps, "rope_theta": target.rope_theta,
+        "vocab_size": target.vocab_size, "draft_vocab_size": vocab,
+        "num_hidden_layers": 1, "max_position_embeddings": 262144,
+        # SGLang's field names a layer whose output is taken: the one before ours
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux]}}))
+    return out
 
 
 def rate_for(tau: float, k: int) -> float:
@@ -147,7 +198,14 @@ def run_spec_bench(cfg: SpecBenchConfig, log=print) -> dict:
     max_batch = max(cfg.concurrency)
     kv_tokens = max_batch * (cfg.prompt_len + cfg.new_tokens + 16) + 4096
     k = cfg.num_tokens
-    spec = SpecConfig("ngram", k)
+    if cfg.method == "eagle3":
+        import tempfile
+
+        draft_dir = write_random_draft(tempfile.mkdtemp(prefix="qwen-trt-draft-"), fcfg,
+                                       seed=cfg.seed)
+        spec = SpecConfig("eagle3", k, draft=str(draft_dir))
+    else:
+        spec = SpecConfig("ngram", k)
     base = make_batch_runner(model, SchedulerConfig(max_batch=max_batch, speculative=spec),
                              kv_tokens=kv_tokens)
     bm = base.model
@@ -220,12 +278,13 @@ def main(argv=None) -> int:
     p.add_argument("--num-tokens", type=int, default=None)
     p.add_argument("--quantization", default="auto")
     p.add_argument("--shape", default="qwen3-4b")
+    p.add_argument("--method", default="ngram", choices=("ngram", "eagle3"))
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     cfg = SpecBenchConfig(shape=a.shape, concurrency=tuple(int(x) for x in a.concurrency.split(",")),
                           taus=tuple(float(x) for x in a.taus.split(",")),
                           new_tokens=a.new_tokens, prompt_len=a.prompt_len,
-                          num_tokens=a.num_tokens, quantization=a.quantization,
+                          num_tokens=a.num_tokens, quantization=a.quantization, method=a.method,
                           command="python -m qwen_trt.bench.speculative " + " ".join(argv or []))
     res = run_spec_bench(cfg)
     with open(a.out, "w") as f:

@@ -65,9 +65,11 @@ def register(sub) -> None:
     s = p.add_argument_group("speculative decoding: --speculative runs qwen_trt.bench.speculative "
                              "(speed against controlled acceptance lengths, speculation off in "
                              "the same process; random weights of --shape)")
-    s.add_argument("--speculative", action="store_true",
+    s.add_argument("--speculative", nargs="?", const="ngram", default=None,
+                   choices=("ngram", "eagle3"),
                    help="tok/s a stream and aggregate at --concurrency (default 1,8,32) for "
-                        "each --taus, against speculation off")
+                        "each --taus, against speculation off: the n-gram proposer, or eagle3 "
+                        "(a random draft of the published Qwen3-4B drafts' shape: its cost)"),
     s.add_argument("--taus", default=None, help="mean acceptance lengths (default 1,1.5,2,3,4)")
     s.add_argument("--num-speculative-tokens", type=int, default=None,
                    help="draft tokens a step (default: the runner's auto rule)")
@@ -202,7 +204,7 @@ def run_speculative(args, cuda: bool) -> int:
     try:
         cfg = SpecBenchConfig(shape=args.shape or ("qwen3-4b" if cuda else "tiny"),
                               device=args.device, dtype=args.dtype,
-                              num_tokens=args.num_speculative_tokens,
+                              num_tokens=args.num_speculative_tokens, method=args.speculative,
                               quantization=(_split(args.quantization or "") or ["auto"])[0],
                               seed=args.seed, command=_command(args), **kw)
     except ValueError as e:

@@ -22,7 +22,11 @@ SERVER_SETTINGS = (
     ("QWEN_TRT_BODY_TIMEOUT_S", "body_timeout_s"),
     ("QWEN_TRT_SHUTDOWN_GRACE_S", "shutdown_grace_s"),
     ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"),
+    ("QWEN_TRT_RESPONSES_STORE_MAX", "responses_store_max"),
+    ("QWEN_TRT_RESPONSES_STORE_MB", "responses_store_mb"),
+    ("QWEN_TRT_ALLOWED_HOSTS", "allowed_hosts"),
 )
+STORE = "QWEN_TRT_RESPONSES_STORE"     # on unless --no-responses-store (or the variable = 0)
 
 
 def register(sub) -> None:
@@ -33,15 +37,15 @@ def register(sub) -> None:
     flags = {a for action in p._actions for a in action.option_strings}
     for name, field in SERVER_SETTINGS:
         s = settings.declared(name)
-        default = "" if s.default is None else f" (default {s.default})"
-        p.add_argument(s.flag, dest=field, default=None, help=f"{s.doc}{default} [env {name}]")
+        p.add_argument(s.flag, dest=field, default=None, help=s.help)
+    store = settings.declared(STORE)
+    p.add_argument(store.flag, dest="responses_store", action="store_false", default=None,
+                   help="keep no responses: no previous_response_id, no GET /v1/responses/{id} "
+                        f"[env {STORE}=0]")
     if "--api-key" not in flags:   # the backend options may already carry it
-        p.add_argument("--api-key", default=None,
-                       help=f"key clients must send as 'Authorization: Bearer KEY'; required for "
-                            f"a non-loopback --host [env {ENV_KEY}]")
+        p.add_argument("--api-key", default=None, help=settings.declared(ENV_KEY).help)
     slow = settings.declared("QWEN_TRT_ALLOW_SLOW_FALLBACK")
-    p.add_argument(slow.flag, action="store_true", default=None,
-                   help=f"{slow.doc} [env {slow.name}]")
+    p.add_argument(slow.flag, action="store_true", default=None, help=slow.help)
     p.add_argument("--served-model-name", default=None,
                    help="model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -78,8 +82,11 @@ def settings_from(args, environ=None):
                                              or settings.get("QWEN_TRT_ALLOW_SLOW_FALLBACK", env))
     except settings.SettingError as e:
         raise ConfigError(str(e)) from None
+    values["responses_store"] = (False if getattr(args, "responses_store", None) is False
+                                 else _value(args, STORE, "", env))
+    values["allowed_hosts"] = _names(values["allowed_hosts"])
     return ServerSettings(
-        api_key=args.api_key if args.api_key is not None else (env.get(ENV_KEY) or None),
+        api_key=args.api_key if args.api_key is not None else settings.get(ENV_KEY, env),
         model_name=args.served_model_name, **values)
 
 
@@ -87,6 +94,11 @@ def _origins(value: str | None) -> tuple[str, ...]:
     """``--allowed-origins a,b`` as a tuple (checked by ServerSettings)."""
     return tuple(dict.fromkeys(o.strip().rstrip("/") for o in (value or "").split(",")
                                if o.strip()))
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    """``--allowed-hosts a,b`` as a tuple (checked by ServerSettings)."""
+    return tuple(n.strip() for n in (value or "").split(",") if n.strip())
 
 
 def run(args) -> int:
@@ -103,8 +115,8 @@ def run(args) -> int:
     check_bindable(settings.host, settings.port)     # so does an address we cannot bind
     cfg = config_from(args)
     if cfg.backend == "openai":
-        raise ConfigError("qwen-trt serve runs a local engine: --backend openai is for the app "
-                          "and chat (use auto, torch or trtllm here).")
+        raise ConfigError("qwen-trt serve runs the model on this machine: --backend openai is "
+                          "for the app and chat (use auto, torch or trtllm here).")
     from qwen_trt.serving.service import start_service
 
     print(f"loading the model for http://{url_host(settings.host)}:{settings.port}/v1 ...",

@@ -51,8 +51,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from qwen_trt import settings
+
 ENV_CACHE_DIR = "QWEN_TRT_CACHE_DIR"
-DEFAULT_ROOT = Path("~/.cache/qwen-trt")
+DEFAULT_ROOT = Path(settings.declared(ENV_CACHE_DIR).default)     # ~/.cache/qwen-trt
 PICKS = "_picks"            # autotune.json's section of named choices (never a tuner's name)
 SEEDS_DIR = Path(__file__).resolve().parent / "seeds"   # shipped choices (data, see make_seed)
 # every module whose kernels the cache compiles or whose self-checks a warm start skips (a change
@@ -65,11 +67,9 @@ KERNEL_SOURCES = ("kernels/attention.py", "kernels/bgemm.py", "kernels/gemv.py",
 
 
 def cache_root(cache_dir: str | None = None, environ=None) -> Path:
-    env = os.environ if environ is None else environ
-    raw = cache_dir or env.get(ENV_CACHE_DIR, "").strip() or str(DEFAULT_ROOT)
     # absolute once, here: Triton joins TRITON_CACHE_DIR as given, and a relative folder would
     # be resolved against whatever the working directory is when a kernel first compiles
-    return Path(raw).expanduser().absolute()
+    return Path(cache_dir or settings.get(ENV_CACHE_DIR, environ)).expanduser().absolute()
 
 
 def kernel_sources_hash() -> str:
@@ -482,7 +482,8 @@ def open_for_fast_path(cfg, dtype, device, *, cache_dir: str | None, buckets: st
 
     global _ACTIVE
     _ACTIVE = None                 # an earlier load's cache is not this one's
-    if torch.device(device).type != "cuda" or (cache_dir or "").strip().lower() == "off":
+    cache_dir = cache_dir or settings.get(ENV_CACHE_DIR)     # the flag, else the variable
+    if torch.device(device).type != "cuda" or cache_dir.strip().lower() == "off":
         return None
     root = cache_root(cache_dir)
     try:

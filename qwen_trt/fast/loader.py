@@ -102,7 +102,7 @@ def setup_fp8_prefill(model, mode: str | None = None) -> list[str]:
     """Mark ``model``'s FP8 projections for the tensor-core prefill where it applies: on
     Hopper (compute capability 9.0, cuBLAS's block-scaled recipe) once its self-check passed.
     ``auto`` (the default: on the H200 the first token at 512 tokens is 7.7 ms on tensor
-    cores against 11.0 ms dequantizing, ``scripts/device_fp8.sh``) falls back to the
+    cores against 11.0 ms dequantizing, ``scripts/device.sh quant``) falls back to the
     dequantizing prefill elsewhere, with a note when the check fails; ``tensorcore`` makes
     that a one-line error; ``dequant`` never marks. Returns notes."""
     from qwen_trt.fast.compile_cache import run_check

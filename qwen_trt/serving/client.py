@@ -254,7 +254,7 @@ class WorkerClient:
         """Queue a request and return its handle at once (restarts a stopped engine)."""
         with self._lock:
             if self._closed:
-                raise ServiceClosedError("The engine is shutting down: reload the page.")
+                raise ServiceClosedError("The model service is shutting down: reload the page.")
             if self._giving_up():
                 raise EngineCrashingError(self._crashing_line())
             handle = RequestHandle(self, next(self._ids), prompt_ids, params, dropped_turns)
@@ -305,7 +305,7 @@ class WorkerClient:
         self._first.set()
         if proc is not None:
             if not _wait(proc, timeout):
-                log.warning("engine process %s did not stop in %.1f s; killing it", proc.pid,
+                log.warning("worker process %s did not stop in %.1f s; killing it", proc.pid,
                             timeout)
                 proc.kill()
                 _wait(proc, 2.0)
@@ -349,15 +349,15 @@ class WorkerClient:
             return ""
         took = f" ({time.monotonic() - since:.0f} s)"
         if state == "restarting":
-            return f"Restarting the engine: {stage}{took}"
+            return f"Restarting the worker: {stage}{took}"
         if state == "loading":
-            return f"Starting the engine: {stage}{took}"
+            return f"Starting the worker: {stage}{took}"
         if state == "crashing":
             with self._lock:
                 retry = self._retry_at
             wait = (f"; next start in {max(0.0, retry - time.monotonic()):.0f} s"
                     if retry is not None else f": {stage}{took}")
-            return f"The engine keeps stopping as it starts{wait}"
+            return f"The worker keeps stopping as it starts{wait}"
         return stage
 
     # -- internals (called with the lock held) -------------------------------------------------
@@ -377,7 +377,7 @@ class WorkerClient:
         self._spawned_at = time.monotonic()
         self._retry_at = None
         self._set_state(("crashing" if self._failures >= 2 else "restarting") if self._gen > 1
-                        else "loading", "starting the engine process")
+                        else "loading", "starting the worker process")
         # A fresh interpreter (CUDA cannot be used in a forked child), started with subprocess
         # rather than multiprocessing's spawn, which re-runs the parent's __main__ in the child:
         # under Streamlit that is app.py itself.
@@ -395,7 +395,7 @@ class WorkerClient:
 
     def _restart(self) -> None:
         self._restarts += 1
-        self._say(f"restarting the engine process (restart {self._restarts})")
+        self._say(f"restarting the worker process (restart {self._restarts})")
         self._spawn()
 
     def _giving_up(self) -> bool:
@@ -406,7 +406,7 @@ class WorkerClient:
         retry = self._retry_at
         when = (f"the next start is in {max(0.0, retry - time.monotonic()):.0f} s"
                 if retry is not None else "it is starting again")
-        return (f"The engine keeps stopping as it starts ({self._failures} times in a row; "
+        return (f"The worker keeps stopping as it starts ({self._failures} times in a row; "
                 f"last: {self._reason or 'unknown'}); {when}: retry later.")
 
     def _schedule_restart(self) -> None:
@@ -417,7 +417,7 @@ class WorkerClient:
             return
         self._retry_at = time.monotonic() + delay
         self._set_state("crashing", self._reason)
-        self._say(f"the engine stopped {self._failures} times in a row; next start in "
+        self._say(f"the worker stopped {self._failures} times in a row; next start in "
                   f"{delay:.1f} s")
         timer = threading.Timer(delay, self._retry, args=(self._gen,))
         timer.daemon = True
@@ -491,8 +491,8 @@ class WorkerClient:
         except (EOFError, OSError):
             pass
         except Exception:  # noqa: BLE001 - a bug here must not leave callers hanging
-            log.exception("engine client reader failed")
-            end["fatal"] = "the engine client lost its connection"
+            log.exception("worker client reader failed")
+            end["fatal"] = "the worker client lost its connection"
         fatal, load_error = end["fatal"], end["load_error"]
         if load_error is not None and proc.poll() is None:
             proc.kill()
@@ -540,8 +540,8 @@ class WorkerClient:
                 loop.remove_reader(fd)
                 ended.set()
             except Exception:  # noqa: BLE001 - a bug here must not leave callers hanging
-                log.exception("engine client reader failed")
-                end["fatal"] = "the engine client lost its connection"
+                log.exception("worker client reader failed")
+                end["fatal"] = "the worker client lost its connection"
                 loop.remove_reader(fd)
                 ended.set()
 
@@ -668,7 +668,7 @@ class WorkerClient:
             a.handle._emit(b.delta("".join(text)))
         if finish == "error":
             a.closing = True
-            a.handle._emit(Failed(RequestFailedError(error or "The engine failed on this request.")))
+            a.handle._emit(Failed(RequestFailedError(error or "The worker failed on this request.")))
             self._served += 1
         elif finish is not None or b.done:
             self._finish_here(a, cancelled=finish == "cancelled" and not b.done)
@@ -691,9 +691,9 @@ class WorkerClient:
             if quiet is None or quiet <= limit or self._proc is None:
                 return
             self._hung_gen = self._gen
-            self._set_state("restarting", f"the engine made no progress for {quiet:.0f} s")
+            self._set_state("restarting", f"the worker made no progress for {quiet:.0f} s")
             self._say(f"no progress for {quiet:.1f} s with {len(self._active)} request(s) in the "
-                      f"engine (--watchdog-s {limit:g}): stopping it (pid {self._proc.pid})")
+                      f"worker (--watchdog-s {limit:g}): stopping it (pid {self._proc.pid})")
             self._proc.kill()              # SIGKILL: also ends a stopped (SIGSTOP) process
 
     def _on_exit(self, gen: int, code: int | None, fatal: str | None,
@@ -709,7 +709,7 @@ class WorkerClient:
             up = self._ready_at is not None             # this incarnation had become ready
             if not self._ever_ready:      # the first load failed: one line, the caller exits
                 err = load_error or ModelLoadError(
-                    f"The engine process stopped while loading ({why}); see the server log.")
+                    f"The worker process stopped while loading ({why}); see the server log.")
                 self._load_error = err
                 self._set_state("failed", str(err))
                 self._say(f"load failed: {err}")
@@ -724,23 +724,23 @@ class WorkerClient:
             self._ready_at = None
             if hung:
                 limit = self._watchdog.limit_s if self._watchdog is not None else 0
-                err_line = (f"The engine stopped making progress (nothing for {limit:g} s, "
+                err_line = (f"The worker stopped making progress (nothing for {limit:g} s, "
                             f"--watchdog-s) and is being restarted; your chat is kept — send "
                             f"again.")
                 self._reason = f"no progress for {limit:g} s (--watchdog-s)"
             elif not up:
                 self._reason = first_line(f"it stopped while starting again "
                                           f"({load_error if load_error is not None else why})")
-                err_line = (f"The engine process {self._reason}; your chat is kept — send "
+                err_line = (f"The worker process {self._reason}; your chat is kept — send "
                             f"again.")
             else:
                 self._reason = f"it stopped ({why})"
-                err_line = (f"The engine process stopped ({why}) and is being restarted; your "
+                err_line = (f"The worker process stopped ({why}) and is being restarted; your "
                             f"chat is kept — send again.")
             self._say(err_line)
             self._set_state("restarting", self._reason)
             # Requests whose reply had not begun go back to the front of the queue, in order,
-            # for the restarted engine (nothing of theirs is lost; a client sees only the
+            # for the restarted worker (nothing of theirs is lost; a client sees only the
             # wait). Once only: a request in flight at a second crash may be its cause.
             again = []
             for a in self._active.values():
@@ -757,7 +757,7 @@ class WorkerClient:
             self._waiting[:0] = again
             if again:
                 self._say(f"{len(again)} request(s) whose reply had not begun wait for the "
-                          "restarted engine")
+                          "restarted worker")
             self._schedule_restart()
             if self._giving_up() and self._waiting:      # they waited through `keep` deaths
                 err = EngineCrashingError(self._crashing_line())

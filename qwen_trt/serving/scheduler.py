@@ -28,7 +28,6 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-import torch
 
 from qwen_trt.backends.runner import RunnerStats, StepFinish, TokenEvent
 from qwen_trt.fast.step.batched import DEFAULT_MAX_BATCH, BatchedModel
@@ -243,6 +242,12 @@ class BatchRunner:
         self.sampler = SamplerState(model.max_seq_len, model.cfg.vocab_size, model.device,
                                     rows=self.config.max_batch, speculative=self.spec.on)
         self.executor = StepExecutor(model, self.sampler)
+        if self.config.speculative.method == "eagle3":
+            drafter = getattr(model, "drafter", None)
+            if drafter is None:
+                raise ValueError("EAGLE-3 speculation needs the batched model built with its "
+                                 "draft (make_batch_runner)")
+            self.executor.drafter = drafter
         self.max_concurrency = self.config.max_batch
         self.max_seq_len = model.max_seq_len
         self.alloc = BlockAllocator(model.cache.num_blocks, model.block_size,
@@ -410,6 +415,8 @@ class BatchRunner:
                 if row is not None and row.draft and seq.spec is not None:
                     self.spec.record(seq.spec, row.draft, res.accepted)
             self.alloc.register_full(seq.blocks, seq.tokens, seq.computed)
+            if seq.spec is not None:
+                seq.spec.next = res.drafts
             if res.tokens:
                 seq.logprobs = res.logprobs
                 events += self._emit(seq, res.tokens)
@@ -441,6 +448,8 @@ class BatchRunner:
     # ---- scheduling ------------------------------------------------------------------------
     def _finish(self, seq: _Seq, finish: StepFinish, new: tuple[int, ...],
                 error: str | None = None) -> None:
+        if seq.row >= 0:
+            self.executor.forget(seq.row)
         self.policy.release(seq)
         del self._seqs[seq.rid]
         self._events.append(self._event(seq, new, finish, error))
@@ -519,9 +528,21 @@ def make_batch_runner(model, config: SchedulerConfig | None = None, *,
 
     config = config or SchedulerConfig()
     spec = config.speculative
+    k = spec.num_tokens or AUTO_MAX
+    draft = None
+    if spec.method == "eagle3":     # checked against the target before any warm-up
+        from qwen_trt.fast.spec.eagle3 import load_eagle3
+
+        draft = load_eagle3(spec.draft, model.cfg, dtype=model.dtype, device=model.device)
     bm = make_batched(model, block_size=block_size or DEFAULT_BLOCK_SIZE, kv_tokens=kv_tokens,
-                      graphs=graphs, warmup=warmup, checked=checked, max_batch=config.max_batch,
-                      verify_tokens=0 if spec.method == "off" else spec.num_tokens or AUTO_MAX)
+                      graphs=graphs, warmup=False, checked=checked, max_batch=config.max_batch,
+                      verify_tokens=k)
+    if draft is not None:
+        from qwen_trt.fast.spec.drafter import EagleDrafter
+
+        bm.drafter = EagleDrafter(draft, bm, slots=config.max_batch, k=k)
+    if warmup:
+        bm.warmup()
     return BatchRunner(bm, config, stop_ids=stop_ids, grammars=grammars)
 
 

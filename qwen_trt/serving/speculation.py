@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from qwen_trt.fast.spec.ngram import NgramIndex
 from qwen_trt.params import SamplingParams
 
-METHODS = ("off", "ngram")
+METHODS = ("off", "ngram", "eagle3")
 MAX_DRAFT = 8                # the most draft tokens a step verifies per sequence
 AUTO_MAX = 5                 # auto's most
 COOLDOWN_TOKENS = 32         # a sequence whose drafts keep failing drafts again after this many
@@ -37,6 +37,13 @@ class SpecConfig:
     num_tokens: int | None = None
     ngram_max: int = 5
     ngram_min: int = 2
+    draft: str | None = None          # eagle3: the draft's folder (either published layout)
+
+    @classmethod
+    def parse(cls, text: str, num_tokens: int | None = None) -> "SpecConfig":
+        """``off`` | ``ngram`` | ``eagle3:PATH`` (the ``--speculative`` value)."""
+        method, _, path = text.partition(":")
+        return cls(method, num_tokens, draft=path or None)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -45,6 +52,10 @@ class SpecConfig:
         if self.num_tokens is not None and not 1 <= self.num_tokens <= MAX_DRAFT:
             raise ValueError(f"num_speculative_tokens must be from 1 to {MAX_DRAFT} (or auto), "
                              f"got {self.num_tokens}")
+        if (self.method == "eagle3") != bool(self.draft):
+            raise ValueError("speculative decoding with EAGLE-3 needs the draft's folder: "
+                             "eagle3:PATH" if self.method == "eagle3" else
+                             f"a draft folder goes with eagle3 only, not {self.method}")
         if not 1 <= self.ngram_min <= self.ngram_max <= 16:
             raise ValueError(f"n-gram sizes must satisfy 1 <= min <= max <= 16, got "
                              f"{self.ngram_min}..{self.ngram_max}")
@@ -56,6 +67,7 @@ class SeqSpec:
 
     index: NgramIndex
     prompt_len: int = 0
+    next: tuple[int, ...] = ()    # a draft model's proposal for the next step (EAGLE-3)
     drafted: float = 0.0          # decayed counts of drafted and accepted tokens
     accepted: float = 0.0
     wait: int = 0                 # tokens to go before it drafts again
@@ -138,10 +150,10 @@ class Speculator:
             s.drafted *= 0.5
             s.accepted *= 0.5
             return ()
-        draft = s.index.propose(k)
+        draft = s.next if self.config.method == "eagle3" else s.index.propose(k)
         if self.oracle is not None:
             draft = self.oracle.propose(s, len(s.index.tokens) - s.prompt_len, k)
-        return tuple(draft)
+        return tuple(draft)[:k]
 
     def has_draft(self, s: SeqSpec) -> bool:
         """Whether ``s`` would draft at its next step (its suffix matches; not cooling down)."""
@@ -149,6 +161,8 @@ class Speculator:
             return False
         if self.oracle is not None:
             return self.oracle.has(s)
+        if self.config.method == "eagle3":
+            return True                 # the draft runs after every step: never chained
         return bool(s.index.propose(1))
 
     def record(self, s: SeqSpec, drafted: int, accepted: int) -> None:

@@ -79,7 +79,7 @@ def make_runner(backend, max_batch: int | None = None, cfg=None):
         kw = {} if max_batch is None else {"max_batch": max_batch}
         if speculative:
             k = cfg.num_speculative_tokens
-            kw["speculative"] = SpecConfig(cfg.speculative, None if k == "auto" else int(k))
+            kw["speculative"] = SpecConfig.parse(cfg.speculative, None if k == "auto" else int(k))
         return batch_runner_for(backend, SchedulerConfig(**kw))
     from qwen_trt.serving.serial import SerialRunner
 
@@ -351,7 +351,7 @@ def _load_error_line(e: BaseException) -> str:
         return str(e).replace("\n", " ")
     from qwen_trt.serving.serial import error_detail
 
-    return f"Unexpected error while loading the engine ({error_detail(e)})."
+    return f"Unexpected error while loading the model ({error_detail(e)})."
 
 
 def _picklable_error(e: BaseException):

@@ -215,6 +215,9 @@ class BatchedModel:
         self.step_graphs = False
         # (block_q, warps) of the varlen attention per token bucket: timed at warm-up
         self.varlen_tile: dict[int, tuple[int, int]] = {}
+        self.aux_layers: tuple[int, ...] = ()     # capture_aux: hidden states for a draft
+        self._aux: torch.Tensor | None = None
+        self._capturing: int | None = None
         self._pre, self._post = _pre_attention, _post_attention
         if self.triton and options().step_compile and options().step_triton:
             self._pre, self._post = _pre_triton, _post_triton
@@ -320,6 +323,7 @@ class BatchedModel:
         self.s_rows.copy_(self.h_s_rows, non_blocking=True)
         self.s_i32.copy_(self.h_s_i32, non_blocking=True)
         self._step_graph(bucket).replay()
+        self._aux = None                            # this step's aux: in s_aux
         return self.s_logits[:len(logit_rows)]
 
     def _tile(self, rows: int) -> tuple[int, int]:
@@ -384,7 +388,10 @@ class BatchedModel:
         x = F.embedding(tok, m.embed)
         dt = m.dtype        # packed projections: dequantized, then cuBLAS (or FP8 GEMMs)
         pw = self._step_weight()
+        aux = []
         for i, layer in enumerate(m.layers):
+            if i in self.aux_layers:
+                aux.append(x)
             kc, vc = self.cache.kv(i)
             qkv = self._pre(x, layer.ln_in, pw(layer.wqkv, dt), eps)
             q = paged_rope_cache(qkv, layer.q_norm, layer.k_norm, m.cos, m.sin, pos, slots,
@@ -393,7 +400,30 @@ class BatchedModel:
                                        meta.tile_seq, meta.tile_q0, self.block_size, *tile)
             x = self._post(x, o.reshape(-1, cfg.q_size), pw(layer.wo, dt), layer.ln_post,
                            pw(layer.w_gate_up, dt), pw(layer.w_down, dt), eps)
+        if self.aux_layers:         # the hidden states a draft reads (EAGLE-3), every row
+            self._keep_aux(torch.cat(aux, dim=-1))
         return self._head(x.index_select(0, rows))
+
+    def capture_aux(self, layers: Sequence[int]) -> None:
+        """Keep the hidden states entering ``layers`` (concatenated, every row of every step that
+        prefills or verifies) for a draft model (EAGLE-3): :meth:`aux` reads them after the step.
+        Call before warm-up: the step graphs copy them into a static buffer."""
+        self.aux_layers = tuple(layers)
+        if self.step_graphs:
+            self.s_aux = torch.zeros(self.t_buckets[-1], len(layers) * self.cfg.hidden,
+                                     dtype=self.model.dtype, device=self.device)
+            self._s_graphs.clear()
+
+    def _keep_aux(self, aux: torch.Tensor) -> None:
+        if self._capturing is not None:            # inside a step graph: its static buffer
+            self.s_aux[:aux.shape[0]].copy_(aux)
+        else:
+            self._aux = aux
+
+    def aux(self, rows: int) -> torch.Tensor:
+        """The aux hidden states ``[rows, n_aux * hidden]`` of the last step's first ``rows``
+        rows (:meth:`capture_aux`)."""
+        return self._aux[:rows] if self._aux is not None else self.s_aux[:rows]
 
     def _step_weight(self):
         """How a step that prefills takes its weights: FP8 ones marked for tensor cores as
@@ -417,7 +447,10 @@ class BatchedModel:
         ctx_slots = [self._slots_tensor(c.table, c.ctx) for c in chunks]
         q_pos = [torch.arange(c.ctx - c.n, c.ctx, device=dev) for c in chunks]
         x = F.embedding(tok, m.embed)
+        aux = []
         for i, layer in enumerate(m.layers):
+            if i in self.aux_layers:
+                aux.append(x)
             kc, vc = self.cache.kv(i)
             qkv = _pre_attention(x, layer.ln_in, dense(layer.wqkv, m.dtype), cfg.rms_eps)
             q, k, v = split_norm_rope(qkv, pos, m.cos, m.sin, layer.q_norm, layer.k_norm,
@@ -431,6 +464,8 @@ class BatchedModel:
             x = _post_attention(x, o.reshape(-1, cfg.q_size), dense(layer.wo, m.dtype),
                                 layer.ln_post, dense(layer.w_gate_up, m.dtype),
                                 dense(layer.w_down, m.dtype), cfg.rms_eps)
+        if self.aux_layers:
+            self._keep_aux(torch.cat(aux, dim=-1))
         rows = torch.tensor(list(logit_rows), dtype=torch.long, device=dev)
         return self._head(x.index_select(0, rows))
 
@@ -453,8 +488,12 @@ class BatchedModel:
 
             def body() -> None:
                 tok, pos, slots = (self.s_meta[j, :bucket] for j in range(3))
-                self.s_logits[:nl].copy_(self._varlen_body(tok, pos, slots, meta,
-                                                           self.s_rows[:nl], tile))
+                self._capturing = bucket
+                try:
+                    self.s_logits[:nl].copy_(self._varlen_body(tok, pos, slots, meta,
+                                                               self.s_rows[:nl], tile))
+                finally:
+                    self._capturing = None
 
             if self._warmed:
                 self.stats.late_captures += 1
@@ -933,7 +972,6 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
     On CUDA the Triton kernels are self-checked first (the batch-1 checks of
     :mod:`qwen_trt.fast.step.decoder` unless a :class:`FastDecoder` already ran them: ``checked``,
     then the paged attention); a failing check falls back to PyTorch ops with a note."""
-    from qwen_trt.fast.kernels.attention import check_triton, triton_usable
     from qwen_trt.fast.model.kv_cache import StaticKVCache
 
     cfg = model.cfg
@@ -941,22 +979,9 @@ def make_batched(model: Qwen3Fast, *, num_blocks: int | None = None,
     t0 = time.perf_counter()
     run_check = compile_cache.run_check     # skipped when the warm cache recorded a pass
     if model.device.type == "cuda" and not checked:
-        model.attn_impl, model.decode_impl = "math", "torch"
-        if triton_usable(model.device):
-            problem = run_check("attention", lambda: check_triton(
-                model.device, model.dtype, cfg.kv_heads, cfg.heads, cfg.head_dim,
-                model.cache.kv(0)[0].shape[1]))
-            if problem:
-                notes.append(problem)
-            else:
-                model.attn_impl = "triton"
-                from qwen_trt.fast.step.decoder import check_decode_kernels
+        from qwen_trt.fast.step.checks import choose_kernels
 
-                problem = run_check("decode_kernels", lambda: check_decode_kernels(model))
-                if problem:
-                    notes.append(problem + "; bucket 1 uses cuBLAS")
-                else:
-                    model.decode_impl = "triton"
+        notes += choose_kernels(model).notes
     if model.device.type == "cuda" and model.attn_impl == "triton":
         problem = run_check("paged_attention", lambda: check_paged(
             model.device, model.dtype, cfg.heads, cfg.kv_heads, cfg.head_dim, block_size))

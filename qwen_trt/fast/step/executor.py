@@ -53,6 +53,9 @@ class StepExecutor:
         # benchmarks only (qwen_trt.bench.speculative): how many drafts a greedy verify row
         # accepts, decided by the bench instead of the target (the step's cost is the same)
         self.forced_accept = None
+        # a draft model run after every step (EAGLE-3: fast.spec.drafter.EagleDrafter); its
+        # steps need the target's hidden states, so every step then takes the varlen path
+        self.drafter = None
 
     # ---- one step, read back at once --------------------------------------------------------
     @torch.inference_mode()
@@ -61,7 +64,7 @@ class StepExecutor:
         state may be read (None: all)."""
         toks, pos, logit_rows = plan.flat()
         m = self.model
-        if plan.decode_only:
+        if plan.decode_only and self.drafter is None:
             logits = m.decode(toks, pos, [r.table for r in plan.rows])
         else:
             chunks, at = [], 0
@@ -94,13 +97,18 @@ class StepExecutor:
             for r, (toks_r, acc, lps) in zip(rows, verify_rows(
                     self.sampler, logits, [i for i, _ in verify], rows, self.forced_accept)):
                 out[r.rid] = RowOutput(r.rid, tuple(toks_r), acc, tuple(lps))
+        if self.drafter is not None:
+            for rid, drafts in self.drafter.after_step(plan, out).items():
+                o = out[rid]
+                out[rid] = RowOutput(o.rid, o.tokens, o.accepted, o.logprobs, drafts)
         return StepOutput(tuple(out[r.rid] if r.rid in out else RowOutput(r.rid)
                                 for r in plan.rows))
 
     # ---- chained decode ---------------------------------------------------------------------
     def can_chain(self, plan: StepPlan) -> bool:
         """Whether ``plan`` (a decode step) may run chained (CUDA graphs of its width)."""
-        return plan.decode_only and bool(plan.rows) and self.model.can_chain(len(plan.rows))
+        return (plan.decode_only and bool(plan.rows) and self.drafter is None
+                and self.model.can_chain(len(plan.rows)))
 
     @torch.inference_mode()
     def launch(self, plan: StepPlan, live: Collection[int] | None = None) -> Inflight:
@@ -142,6 +150,11 @@ class StepExecutor:
                                   [r.params for r in rows], self._masks(rows, live))
         picked.stage()
         return Inflight(rows, m.decode_emit(b, picked.tokens), picked)
+
+    def forget(self, slot: int) -> None:
+        """The request on sampler row ``slot`` left (the drafter's state for it goes)."""
+        if self.drafter is not None:
+            self.drafter.forget(slot)
 
     # ---- grammar masks: filled on the host while the step runs on the GPU ---------------------
     def _masks(self, rows: Sequence[StepRow], live: Collection[int] | None) -> torch.Tensor | None:

@@ -106,6 +106,7 @@ class RowOutput:
     tokens: tuple[int, ...] = ()
     accepted: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
+    drafts: tuple[int, ...] = ()     # a draft model's proposal for the row's next step
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26, one device call (~8 min): the weight formats and llama.cpp's 8- and 4-bit peers on
+# Phase `peer` of scripts/device.sh (~8 min): the weight formats and llama.cpp's 8- and 4-bit peers on
 # the same GPU in the same call (its UUID in every JSON).
 #
 #   carry .whl, .dev-tok and .dev-peer: llama.tgz from ../shared/tools/llamacpp-peer/pack.sh
@@ -18,9 +18,9 @@
 # Environment: FORMATS (none,fp8,int4), QUANTS ("Q8_0 Q4_K_M"), SERVING (1), PROBE (1),
 #   DEADLINE_S (585).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DEADLINE_S=${DEADLINE_S:-585}
-source scripts/device_common.sh
+source scripts/device/common.sh
 use_carried
 PEER=${PEER:-$PWD/.dev-peer}
 QUANTS=${QUANTS:-Q8_0 Q4_K_M}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The served workload's GPU timeline in process (qwen_trt.bench.timeline), then the constrained
+# Phase `timeline` of scripts/device.sh: the served workload's GPU timeline in process (qwen_trt.bench.timeline), then the constrained
 # decoding costs (qwen_trt.bench.constrained) and, with TESTS=1, the batched CUDA tests, on one
 # GPU, each phase bounded so the JSON comes back.
 #
@@ -8,9 +8,9 @@
 # Environment: MODEL, CONCURRENCY (32), REQUESTS (96), INPUT_WORDS (400), OUTPUT_TOKENS (256),
 #   PROFILE_STEPS (200), CONSTRAINED (1), TESTS (0), DEADLINE_S (540).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DEADLINE_S=${DEADLINE_S:-540}
-source scripts/device_common.sh
+source scripts/device/common.sh
 use_carried
 
 phase_begin model

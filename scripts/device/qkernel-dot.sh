@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26, one device call (<= 200 s): time the pipelined tensor-core GEMV (QConfig.dot) against
+# Phase `qkernel-dot` of scripts/device.sh (<= 200 s): time the pipelined tensor-core GEMV (QConfig.dot) against
 # the committed FP8 / INT4 GEMV tables, then batch-1 decode with the sweep's winners applied,
 # then the CUDA tests of the packed kernels. Results flat in $OUT:
 #   qkernel-sweep-dot-h200.json  every FP8 / INT4 GEMV candidate (old and new) and the bf16 GEMV

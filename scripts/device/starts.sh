@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24, one device call (<= 570 s): the CUDA tests of the step pieces and the chained
+# Phase `starts` of scripts/device.sh (<= 570 s): the CUDA tests of the step pieces and the chained
 # sampler, the prefill step by size with the compiled and the Triton step pieces, and
 # `qwen-trt serve` started on one GPU, each start timed from the command to a 200 from /health:
 #   start1  an empty compile cache (cold)              start2  the same cache again (warm)
@@ -14,9 +14,9 @@
 #   batch-1 decode and decode graphs first), STARTS ("start1 start2 start3 start4"), RESTART (1),
 #   START_S (140 per start), DEADLINE_S (570).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DEADLINE_S=${DEADLINE_S:-570}
-source scripts/device_common.sh
+source scripts/device/common.sh
 use_carried
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
 START_S=${START_S:-140}
@@ -133,7 +133,7 @@ fi
 "$PY" - "$WORK" "$OUT/starts.json" "$(phases_json)" <<'PY'
 import json, re, sys
 work, out, phases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-res = {"tool": "scripts/device_starts.sh", "phases": phases, "starts": {}}
+res = {"tool": "scripts/device.sh starts", "phases": phases, "starts": {}}
 for name in ("start1", "start2", "start3", "start4"):
     row = {}
     try:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for a change of the engine stack: its CUDA tests, then the served path
+# Phase `served` of scripts/device.sh, for a change of the engine stack: its CUDA tests, then the served path
 # (qwen_trt.bench.served: in process and over HTTP, the warm second start), then the constrained
 # decoding costs, each phase bounded by one deadline so the JSON comes back (at most 8 files).
 #
@@ -11,9 +11,9 @@
 #   prefill step by size, qwen_trt.bench.step_sizes; STEP_PIECES default,triton compares the
 #   step's norm/SiLU pieces), DEADLINE_S (560).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DEADLINE_S=${DEADLINE_S:-560}
-source scripts/device_common.sh
+source scripts/device/common.sh
 use_carried
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader 2>/dev/null | tee "$WORK/gpu.txt"
 

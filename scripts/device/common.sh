@@ -1,4 +1,4 @@
-# Shared by scripts/device_replicas.sh and scripts/device_worker.sh (sourced, not run).
+# Shared by the phases of scripts/device.sh (sourced, not run).
 #
 # Paths: results go flat into OUT (on the device machine its $OUT, which sends back at most 8
 # files, 2 folders deep); everything big or many-filed (the checkpoint, nginx's root, server

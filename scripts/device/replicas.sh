@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# On a 2-GPU machine: one `qwen-trt serve` replica per GPU behind nginx (deploy/nginx.conf),
+# Phase `replicas` of scripts/device.sh, on a 2-GPU machine: one `qwen-trt serve` replica per GPU behind nginx (deploy/nginx.conf),
 # and the aggregate throughput of both against one replica alone, in the same run; before that,
 # the HTTP layer's own cost on GPU 0 (qwen_trt.bench.http_overhead) while GPU 1 runs
-# scripts/device_worker.sh (issue 13: load time and client vs engine speed of the engine process).
+# the `worker` phase (load time, and the client against the worker's own speed).
 #
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-#   PY=python3 bash scripts/device_replicas.sh          # then read $OUT/replicas.json
+#   PY=python3 bash scripts/device.sh replicas          # then read $OUT/replicas.json
 #
 # The device has no registry and no nginx: carry `.whl` (FastAPI, Starlette, uvicorn, pydantic
 # and the few of their needs the image lacks) and `build/debs` (Debian bookworm's nginx 1.22 and
@@ -24,20 +24,20 @@
 #                (REQUESTS default 16)
 #   INPUT_WORDS / OUTPUT_TOKENS  synthetic prompt words (80 ≈ 530 tokens with the tiny
 #                tokenizer) / tokens forced with ignore_eos (default 80 / 256)
-#   WORKER_BENCH auto (default: run scripts/device_worker.sh on GPU 1 during the HTTP-overhead
+#   WORKER_BENCH auto (default: run scripts/device.sh worker on GPU 1 during the HTTP-overhead
 #                phase when 2 GPUs are visible) | 1 (always, in parallel) | 0 (never)
 #   SERVE_ARGS   extra `qwen-trt serve` flags; NGINX_LIBS=bundled forces the bundled libraries
 #   OUT          results, flat (default $OUT, else build/out/device); WORK the rest (default
 #                /tmp/qwen-trt-device); DEADLINE_S the whole script's bound (default 470 s)
 # Results in OUT (flat, 7 files at most): replicas.json (one vs two replicas per level, phase
 # times, nginx and GPUs), one.json / two.json (the http_bench runs), http_overhead.json,
-# worker_speed.json + worker_speed.log (device_worker.sh), device.log (this script's output,
+# worker_speed.json + worker_speed.log (device.sh worker), device.log (this script's output,
 # with the tails of the server logs when something failed).
 # Every wait is bounded; servers are stopped by their PIDs on exit.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DEADLINE_S=${DEADLINE_S:-470}
-source scripts/device_common.sh
+source scripts/device/common.sh
 # this script's own results, and the per-level files of an earlier run (never merged by mistake)
 rm -f "$OUT"/{device.log,replicas.json,one.json,two.json,http_overhead.json,worker_speed.json,worker_speed.log} \
       "$WORK"/one-c*.json "$WORK"/two-c*.json
@@ -106,11 +106,11 @@ WORKER_PID=""
 if [ "$WORKER_BENCH" = 1 ] || { [ "$WORKER_BENCH" = auto ] && [ "$NGPU" -ge 2 ]; }; then
   echo "== [+$(elapsed) s] worker bench on GPU 1, in parallel (log: $WORK/device_worker.log)"
   GPU=1 MODEL="$MODEL" OUT="$OUT" WORK="$WORK" PY="$PY" DEADLINE_S="$(bound 240)" \
-    bash scripts/device_worker.sh >"$WORK/device_worker.log" 2>&1 &
+    bash scripts/device/worker.sh >"$WORK/device_worker.log" 2>&1 &
   WORKER_PID=$!
   PIDS+=("$WORKER_PID")
 elif [ "$WORKER_BENCH" = auto ]; then
-  echo "worker bench: skipped ($NGPU GPU(s); run scripts/device_worker.sh after this one)"
+  echo "worker bench: skipped ($NGPU GPU(s); run scripts/device.sh worker after this one)"
 fi
 
 phase_begin http_overhead

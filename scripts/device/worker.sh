@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's two figures that need the GPU, through the engine process as `qwen-trt serve`
+# Phase `worker` of scripts/device.sh: two figures of the worker process as `qwen-trt serve`
 # starts it (qwen_trt.bench.worker_speed):
 #   1. load + warm-up from WorkerClient start to ready, with the worker's stage lines and
 #      timings (target < 60 s on an H200 for Qwen3-4B shapes);
@@ -7,10 +7,10 @@
 #      ignore_eos) through the client, against the worker's own step timer and against the same
 #      runner in process (target: client >= 0.95 x engine).
 #
-#   PY=python3 bash scripts/device_worker.sh     # then read $OUT/worker_speed.json
+#   PY=python3 bash scripts/device.sh worker     # then read $OUT/worker_speed.json
 #
 # Alone about 2-3 minutes on an H200 (two model loads: the engine process, then in process).
-# scripts/device_replicas.sh runs this itself on GPU 1 while GPU 0 measures the HTTP layer,
+# scripts/device.sh replicas runs this itself on GPU 1 while GPU 0 measures the HTTP layer,
 # when two GPUs are visible (WORKER_BENCH=auto).
 # Environment:
 #   MODEL        checkpoint folder (default: WORK/qwen3-4b-shaped, written if missing;
@@ -24,9 +24,9 @@
 #   DEADLINE_S   the whole script's bound in seconds (default 240)
 # Results: OUT/worker_speed.json, OUT/worker_speed.log (the bench's lines, progress bars out).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DEADLINE_S=${DEADLINE_S:-240}
-source scripts/device_common.sh
+source scripts/device/common.sh
 GPU=${GPU:-0}
 WS_CONCURRENCY=${WS_CONCURRENCY:-1,8,32}
 PROMPT_LEN=${PROMPT_LEN:-512}

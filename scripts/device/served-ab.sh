@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 24 on one GPU: the served path against the in-process runner (qwen_trt.bench.served,
+# Phase `served-ab` of scripts/device.sh, one GPU: the served path against the in-process runner (qwen_trt.bench.served,
 # this tree), then, if BEFORE names another checkout, that checkout's `qwen-trt serve` under the
 # same HTTP load (its own code, this tree's load generator), so one call gives before / after.
 #
@@ -7,14 +7,14 @@
 #       whl/*.whl && export PYTHONPATH=/tmp/site
 #   whl/: fastapi, starlette, uvicorn, pydantic, pydantic-core (cp312), annotated-types,
 #   typing-inspection and opentelemetry-api (fastapi 0.165 imports it), for Python 3.12
-#   BEFORE=before PY=python3 bash scripts/device_served.sh    # then read $OUT/served.json
+#   BEFORE=before PY=python3 bash scripts/device.sh served-ab    # then read $OUT/served.json
 # Environment: MODEL (default WORK/qwen3-4b-shaped, written if missing), CONCURRENCY (1,8,32,64),
 #   MAX_BATCH (32), REQUESTS (16; at least 2 x each level), INPUT_WORDS (400), OUTPUT_TOKENS
 #   (128), BEFORE (a checkout folder, optional), OUT, WORK, DEADLINE_S (330).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DEADLINE_S=${DEADLINE_S:-330}
-source scripts/device_common.sh
+source scripts/device/common.sh
 CONCURRENCY=${CONCURRENCY:-1,8,32,64}
 MAX_BATCH=${MAX_BATCH:-32}
 REQUESTS=${REQUESTS:-16}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26, one device call (<= 480 s): the packed-kernel and FP8-prefill CUDA tests; the FP8
+# Phase `quant` of scripts/device.sh (<= 480 s): the packed-kernel and FP8-prefill CUDA tests; the FP8
 # GEMV sweep (every candidate, the f16x2 ``half`` form among them) beside the bf16 GEMV; then,
 # with the sweep's winners applied, bf16 and FP8 batch 1 (first token and decode) with the FP8
 # prefill dequantizing (QWEN_TRT_FP8_PREFILL=dequant), and FP8 again on tensor cores
@@ -51,7 +51,7 @@ for mode in ${MODES:-dequant tensorcore}; do
 done
 if [ "${RUNNER:-0}" = 1 ]; then
   WORK=${WORK:-/tmp/qwen-trt-device}
-  source scripts/device_common.sh
+  source scripts/device/common.sh
   ensure_model > "$WORK/model.log" 2>&1; echo "== model status $? at $((SECONDS - t0)) s"
   for mode in dequant tensorcore; do
     QWEN_TRT_FP8_PREFILL=$mode timeout 150 "$PY" -m qwen_trt bench --model "$MODEL" \

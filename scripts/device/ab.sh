@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# One device call that checks a change of the engine stack on the GPU: the batch-1 fast path
+# Phase `ab` of scripts/device.sh: a change of the engine stack checked on the GPU: the batch-1 fast path
 # benchmarked on a copy of an earlier tree (BASE) and on this tree, alternated (BASE, this,
 # BASE, this) so drift hits both alike, then the CUDA tests of this tree under what time is left.
 #
 #   mkdir .dev-base && git archive <commit> qwen_trt pyproject.toml | tar -x -C .dev-base
-#   (device) bash scripts/device_check.sh        # results flat in $OUT
+#   (device) bash scripts/device.sh ab        # results flat in $OUT
 #
 # Environment: OUT (default build/out/device), BASE (default .dev-base), DEADLINE_S (540),
 # TESTS (default: the fast path's, the batched runner's and the constrained-decoding CUDA tests).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/out/device}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 BASE=${BASE:-.dev-base}
 DEADLINE_S=${DEADLINE_S:-540}
