@@ -162,7 +162,7 @@ class WorkerClient:
         (the caller does its own loading meanwhile: ``qwen-trt serve`` imports the HTTP
         server). ``tokenizer_hint``: the folder the worker will name as its tokenizer's, loaded
         here while the worker loads. ``restart``: when to start a worker that died again
-        (default: from the QWEN_TRT_RESTART_* settings). ``refuse_slow``: a worker whose fast
+        (default: from QWEN_TRT_RESTART_BACKOFF_S and the other restart settings). ``refuse_slow``: a worker whose fast
         path fell back to much slower kernels counts as a failed load (``qwen-trt serve``
         without ``--allow-slow-fallback``)."""
         self._refuse_slow = refuse_slow

@@ -9,7 +9,8 @@ that is stopped (SIGSTOP), frozen or stuck holding the interpreter sends nothing
 engine, and the client kills the process and restarts it like a crash.
 
 When it died (a crash, or the watchdog's kill), :class:`RestartPolicy` says when the client
-starts it again: at once, then backing off while starts keep failing (QWEN_TRT_RESTART_*).
+starts it again: at once, then backing off while starts keep failing (QWEN_TRT_RESTART_KEEP
+and the backoff settings).
 
 What the heartbeat cannot see: a step blocked in native code that has let go of the interpreter
 (e.g. a GPU kernel that never ends while Python waits on it) still beats.
