@@ -21,6 +21,7 @@ from qwen_trt.errors import QwenTrtError
 from qwen_trt.ui.progress import BackgroundLoad, StageWriter
 from qwen_trt.model.tiny import is_tiny_model
 from qwen_trt.ui.settings import SLIDERS, params_from, settings_dict, slider_args, slider_defaults
+from qwen_trt.ui.kernels import slow_path_note
 from qwen_trt.ui.state import ChatState
 from qwen_trt.ui.store import QUERY_KEY, new_session_id, process_store
 from qwen_trt.ui.stream import StreamView, coalesce, hidden_turns
@@ -324,6 +325,8 @@ def main() -> None:
         st.error(user_error(e, "loading the engine"), icon=":material/error:")
         st.stop()
     st.sidebar.caption(f"**Engine:** {service.info.describe()}")
+    if slow_path_note(service.info):
+        st.sidebar.caption(slow_path_note(service.info))
     if is_tiny_model(service.info.model):
         st.info(DEMO_MODEL_NOTE, icon=":material/science:")
 

@@ -161,6 +161,16 @@ SETTINGS: tuple[Setting, ...] = (
        "most enum values plus consts in one grammar's schemas; more: 400"),
     _S("QWEN_TRT_GRAMMAR_BUDGET_S", "float", 5.0,
        "seconds a grammar may take to check or compile; longer: 400 (API) or the request fails"),
+    _S("QWEN_TRT_RESTART_BACKOFF_S", "float", 1.0,
+       "the worker, once it died: started again at once by itself; while starts keep failing (a "
+       "crash during the load or soon after), the next waits this many seconds, doubling each "
+       "time (/health 503 \"crashing\"); docs/deploy.md"),
+    _S("QWEN_TRT_RESTART_BACKOFF_MAX_S", "float", 60.0,
+       "the worker: the longest wait between two starts; a start that stays up this long ends "
+       "the streak"),
+    _S("QWEN_TRT_RESTART_KEEP", "int", 3,
+       "the worker: deaths in a row that queued requests wait through; then they, and new ones, "
+       "get a 503 until a start succeeds"),
     _S("QWEN_TRT_QUANTIZATION", "str", "auto",
        "fast path weights: auto (as the checkpoint has them: bf16, or an FP8 / AWQ / GPTQ "
        "checkpoint) | none (dequantize a packed one) | fp8 | int4 (quantize a bf16 checkpoint "
@@ -223,6 +233,10 @@ SETTINGS: tuple[Setting, ...] = (
        "qwen-trt serve: comma-separated Host names the API answers besides loopback and its own "
        "address (behind a proxy: the name clients use; * = any)", flag="--allowed-hosts",
        default_doc="loopback names and the bound address"),
+    _S("QWEN_TRT_ALLOW_SLOW_FALLBACK", "bool", False,
+       "qwen-trt serve: start even when a fast-path kernel family fell back to a much slower "
+       "path (else it refuses, naming the family and why); docs/fast-path.md",
+       flag="--allow-slow-fallback"),
     # -- build and container ----------------------------------------------------------------------
     _S("QWEN_TRT_ENGINES_DIR", "path", "engines", "where engines are built and looked up "
        "(qwen-trt build --engines-dir)", flag="--engines-dir"),
@@ -274,6 +288,9 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_TRACE_HOPS", "bool", False,
        "qwen-trt serve: time each hop of a request, summed at GET /debug/hops (the HTTP "
        "benchmarks set it)", group="test"),
+    _S("QWEN_TRT_TEST_LOADER", "str", None,
+       "the worker loads its backend with this 'module:function' instead (the tests' fakes: a "
+       "slow or crashing load)", group="test"),
     _S("QWEN_TRT_APP_SEED_DIR", "path", None,
        "folder of saved chats the app starts from (the browser tests and the UI benchmark)",
        group="test"),

@@ -4,6 +4,7 @@ Imported in the spawned child (tests/ is on its sys.path), so it stays light: no
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 
@@ -57,6 +58,27 @@ def load_echo(cfg):
     from transformers import AutoTokenizer
 
     return EchoBackend(AutoTokenizer.from_pretrained(cfg.model), cfg.model)
+
+
+def load_echo_gated(cfg):
+    """:func:`load_echo` with test-controlled faults, read from files the test names in the
+    environment (the engine process inherits it): ``SERVING_FAKES_CRASHES``, a file holding a
+    count: while above 0, a load takes one off and the process dies at once (exit code 3, a
+    crash during the load); ``SERVING_FAKES_GO``: a load waits until that file exists (a load
+    as slow as the test needs)."""
+    crashes = os.environ.get("SERVING_FAKES_CRASHES")
+    if crashes and os.path.exists(crashes):
+        with open(crashes) as f:
+            left = int(f.read().strip() or 0)
+        if left > 0:
+            with open(crashes, "w") as f:
+                f.write(str(left - 1))
+            os._exit(3)
+    go = os.environ.get("SERVING_FAKES_GO")
+    deadline = time.monotonic() + 120
+    while go and not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return load_echo(cfg)
 
 
 def load_fails_clearly(cfg):
@@ -131,3 +153,35 @@ class RoundRobinRunner:
     def stats(self) -> RunnerStats:
         return RunnerStats(running=len(self.running), waiting=len(self.waiting),
                            prompt_tokens=self.prompt_tokens, extra={"peak": self.peak})
+
+
+class LazyTokenizerEcho(EchoBackend):
+    """:class:`EchoBackend` whose Hugging Face tokenizer, like the fast backend's, is read on
+    first use of ``tokenizer`` (it names its folder in ``tokenizer_source``); that first use
+    takes a second and writes the time to the file ``SERVING_FAKES_TOKENIZER_MARK`` names."""
+
+    def __init__(self, tokenizer, model: str) -> None:
+        super().__init__(tokenizer, model)
+        self._source = model
+        self._loaded = False
+
+    @property
+    def tokenizer_source(self) -> str:
+        return self._source
+
+    @property
+    def tokenizer(self):
+        if not self._loaded:
+            time.sleep(1.0)
+            mark = os.environ.get("SERVING_FAKES_TOKENIZER_MARK")
+            if mark:
+                with open(mark, "w") as f:
+                    f.write(str(time.time()))
+            self._loaded = True
+        return self._tokenizer
+
+
+def load_lazy_tokenizer(cfg):
+    from transformers import AutoTokenizer
+
+    return LazyTokenizerEcho(AutoTokenizer.from_pretrained(cfg.model), cfg.model)

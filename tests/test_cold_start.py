@@ -95,7 +95,8 @@ def test_the_client_echoes_the_breakdown_in_its_ready_line(tiny_model_dir):
 
 def test_serve_starts_the_engine_before_importing_the_http_server(monkeypatch):
     """``qwen-trt serve``: the engine process is started, then FastAPI is imported (while it
-    loads), then the command waits for it."""
+    loads), then the server binds at once (it waits for the engine itself, answering /health
+    with 503 meanwhile: tests/test_replica_heals.py)."""
     code = textwrap.dedent("""
         import sys
         import qwen_trt.serving.service as service
@@ -122,7 +123,7 @@ def test_serve_starts_the_engine_before_importing_the_http_server(monkeypatch):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)
     assert "[('start', False," in r.stdout, r.stdout + r.stderr[-2000:]
-    assert r.stdout.strip().endswith("'wait_ready', 'run_server']"), r.stdout
+    assert r.stdout.strip().endswith("False, True), 'run_server']"), r.stdout   # no wait first
 
 
 def test_serve_settings_are_checked_without_fastapi():

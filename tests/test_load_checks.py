@@ -152,6 +152,28 @@ def _extra_token(d: Path) -> None:
     (d / "tokenizer.json").write_text(json.dumps(t))
 
 
+def _drop(name: str):
+    """Rewrite model.safetensors without tensor ``name`` (``"*"``: without any)."""
+    def edit(d: Path) -> None:
+        import torch  # noqa: F401
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(d / "model.safetensors")
+        assert name == "*" or name in tensors
+        save_file({k: v for k, v in tensors.items() if name != "*" and k != name},
+                  d / "model.safetensors", metadata={"format": "pt"})
+    return edit
+
+
+def _add_layer_tensor(d: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(d / "model.safetensors")
+    tensors["model.layers.7.mlp.up_proj.weight"] = torch.zeros(4, 4)
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+
+
 # case -> (edit, file named in the message, text in the message)
 CASES = {
     "fifo-weights": (_fifo("model.safetensors"), "model.safetensors",
@@ -195,6 +217,16 @@ CASES = {
     "some-inf-weights": (_rewrite_weights(_inf_in_the_middle_of_one), "model.safetensors",
                          "'model.layers.1.mlp.up_proj.weight' holds NaN or infinite values "
                          "(10 of 4096 sampled)"),
+    "no-tensors": (_drop("*"), "model.safetensors",
+                   "tensors missing (model.embed_tokens.weight, model.layers.0.input_layernorm"
+                   ".weight, model.layers.0.mlp.down_proj.weight and "),
+    "one-tensor-missing": (_drop("model.layers.1.mlp.up_proj.weight"), "model.safetensors",
+                           "1 of the model's 25 tensors missing (model.layers.1.mlp.up_proj"
+                           ".weight): the checkpoint is incomplete"),
+    "unexpected-tensor": (_add_layer_tensor, "model.safetensors",
+                          "1 unexpected tensor (model.layers.7.mlp.up_proj.weight) that a "
+                          "2-layer Qwen3 has no place for: the weights and config.json are "
+                          "from different models"),
     "bf16-nan": (_rewrite_weights(_bf16_with_nan), "model.safetensors",
                  "'model.norm.weight' holds NaN or infinite values (1 of 64 sampled)"),
 }
@@ -358,3 +390,20 @@ def test_safetensors_sample_reads_only_a_few_blocks(tmp_path):
     with open(path, "rb") as f:
         raw = checks._sample(f, 8 + len(header), 8 + len(header) + len(data), 4)
     assert len(raw) == 4 * 1024 * 4
+
+
+@pytest.mark.parametrize("case", ["no-tensors", "one-tensor-missing", "unexpected-tensor",
+                                  "shape-mismatch", "eps-nan"])
+def test_cli_chat_and_quantize_refuse_a_broken_checkpoint_in_one_line(checkpoint, case, tmp_path,
+                                                                    capsys):
+    """Once a truncated download loaded with random weights, answered and exited 0, and
+    ``quantize`` copied a config with rms_norm_eps NaN: both are one line and exit 2 now."""
+    d, file, needle = checkpoint(case)
+    for argv in (["chat", "--model", str(d), "--prompt", "hi", "--backend", "torch"],
+                 ["quantize", "--fp8", str(d), str(tmp_path / f"{case}-out")]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        lines = [x for x in err.strip().splitlines() if x != "loading model..."]
+        assert len(lines) == 1 and "Traceback" not in err, err
+        assert file in lines[0] and needle in lines[0], lines[0]
+    assert not (tmp_path / f"{case}-out").exists()       # nothing was written

@@ -20,10 +20,12 @@ class _ServiceCollector:
     """Gauges read from ``status()`` on every scrape (whatever fields it has)."""
 
     def __init__(self, status: Callable[[], object], api_waiting: Callable[[], int],
-                 api_running: Callable[[], int]) -> None:
+                 api_running: Callable[[], int], info: Callable[[], object] | None = None) -> None:
         self._status, self._waiting, self._running = status, api_waiting, api_running
+        self._info = info
 
     def collect(self):
+        yield from self._kernels()
         yield _gauge("qwen_trt_requests_waiting", "API requests not yet started by the engine",
                      self._waiting())
         yield _gauge("qwen_trt_requests_running", "API requests the engine is generating",
@@ -62,6 +64,25 @@ class _ServiceCollector:
                          restarts)
 
 
+    def _kernels(self):
+        """``qwen_trt_kernel_path{family, path, fallback} 1`` per kernel family of the fast path
+        (``fallback="1"``: a much slower path than its fast one)."""
+        try:
+            info = self._info() if self._info is not None else None
+        except Exception:  # noqa: BLE001 - no engine info yet
+            info = None
+        paths = getattr(info, "kernels", None) or {}
+        if not paths:
+            return
+        slow = getattr(info, "slow_kernels", None) or {}
+        g = GaugeMetricFamily("qwen_trt_kernel_path", "the path each fast-path kernel family "
+                              "runs (fallback=1: a much slower one than its fast path)",
+                              labels=["family", "path", "fallback"])
+        for family, path in sorted(paths.items()):
+            g.add_metric([family, str(path), "1" if family in slow else "0"], 1.0)
+        yield g
+
+
 def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:
     g = GaugeMetricFamily(name, doc)
     g.add_metric([], float(value))
@@ -70,7 +91,7 @@ def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:
 
 class ServerMetrics:
     def __init__(self, status: Callable[[], object], api_waiting: Callable[[], int],
-                 api_running: Callable[[], int]) -> None:
+                 api_running: Callable[[], int], info: Callable[[], object] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("qwen_trt_requests", "chat completion requests by outcome",
@@ -85,7 +106,7 @@ class ServerMetrics:
         self.tok_s = Histogram("qwen_trt_decode_tokens_per_second",
                                "decode rate of each finished request", buckets=TOKS_BUCKETS,
                                registry=r)
-        r.register(_ServiceCollector(status, api_waiting, api_running))
+        r.register(_ServiceCollector(status, api_waiting, api_running, info))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

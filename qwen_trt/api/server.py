@@ -45,6 +45,7 @@ from qwen_trt.api.limits import (MIB, BodyLimit, chars_per_token, context_too_lo
 from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
 from qwen_trt.api.encoder import QUICK_CHARS, PromptEncoder
+from qwen_trt.api.health import health_of
 from qwen_trt.api.hops import HopClock, RequestTrace
 from qwen_trt.api.prompt import PromptTooLong, encode_messages, text_ids, text_ids_ready
 from qwen_trt.api.protocol import (ChatRequest, ChunkWriter, new_id, parse_chat_request,
@@ -54,7 +55,7 @@ from qwen_trt.api.stops import StopScanner
 from qwen_trt.errors import QwenTrtError
 from qwen_trt.params import fit_problem
 from qwen_trt.serving.async_events import Inbox, handle_batches, merge_deltas
-from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting
+from qwen_trt.serving.events import Delta, Failed, Finished, Started, Waiting, WorkerStoppedError
 from qwen_trt.serving.session import PromptTokensError
 
 from qwen_trt.api.server_settings import ServerSettings
@@ -157,12 +158,16 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     name = settings.model_name or model_name or info.model
     created = int(time.time())
     counts = _Counts()
-    metrics = ServerMetrics(service.status, lambda: counts.waiting, lambda: counts.running)
+    metrics = ServerMetrics(service.status, lambda: counts.waiting, lambda: counts.running,
+                            lambda: service.info)
     admission = Admission(counts, settings.max_queue, settings.retry_after_s)
     # Tokenising runs in worker threads with the GIL released (see serving.session._Codec), a few at
     # a time; /health and other requests go on meanwhile.
     tokenizing = asyncio.Semaphore(TOKENIZE_AT_ONCE)
-    per_token: list = []          # chars_per_token(tokenizer), worked out on first use
+    # chars_per_token(tokenizer): worked out now (it reads the whole vocabulary), so nothing of
+    # it is left for the first request once /health says ready (api.startup builds this app
+    # before it answers 200)
+    per_token: list = [chars_per_token(service.tokenizer)]
     tok_lock = threading.Lock()   # /tokenize and /detokenize call the HF tokenizer itself
     tickets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # handle -> its Ticket
     encoder = PromptEncoder(service.tokenizer)
@@ -215,10 +220,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
 
     @app.get("/health")
     async def health():
-        if not engine_alive(service):
-            return JSONResponse(error_body("The engine is not running (dead or restarting).", 503),
-                                status_code=503)
-        return Response(status_code=200)
+        code, body = health_of(service)
+        return JSONResponse(body, status_code=code)
 
     if hops is not None:
         @app.get("/debug/hops")
@@ -498,8 +501,9 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                                   prediction_counts(list(pred), list(ev.reply.token_ids))
                                   if pred else None)
                 elif isinstance(ev, Failed):
-                    outcome = "error"
-                    raise _RequestError(str(ev.error))
+                    outcome = "error"       # the engine died under it: retryable (503)
+                    raise _RequestError(str(ev.error), 503 if isinstance(
+                        ev.error, WorkerStoppedError) else 500)
         finally:
             if ticket is not None:
                 ticket.release()
@@ -625,11 +629,13 @@ def _fit(ids: list[int], req: ChatRequest, info) -> int:
 
 def run_server(service, settings: ServerSettings, *, model_name: str | None = None,
                log_level: str = "info") -> None:
-    """Serve until SIGTERM/SIGINT (see :mod:`qwen_trt.api.shutdown`), then free the engine."""
-    from qwen_trt.api.shutdown import serve
+    """Serve until SIGTERM/SIGINT (see :mod:`qwen_trt.api.shutdown`), then free the engine.
+    The port answers at once: ``/health`` says 503 "loading" until the engine is ready
+    (:mod:`qwen_trt.api.startup`); a load error is raised once the server has stopped."""
+    from qwen_trt.api.startup import serve_while_loading
 
-    app = create_app(service, settings, model_name=model_name)
     try:
-        serve(app, settings, log_level=log_level)
+        serve_while_loading(service, lambda: create_app(service, settings, model_name=model_name),
+                            settings, log_level=log_level)
     finally:
         service.close()

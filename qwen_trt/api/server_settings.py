@@ -43,6 +43,7 @@ class ServerSettings:
     responses_store_max: int = 1024     # ... at most this many
     responses_store_mb: float = 64.0    # ... holding at most this many MiB
     allowed_hosts: tuple[str, ...] = ()     # Host names answered besides loopback's (* = any)
+    allow_slow_fallback: bool = False   # serve although a kernel family fell back to slow code
 
     def __post_init__(self) -> None:
         from qwen_trt.api.listen import allowed_host, check_api_key, normalize_host

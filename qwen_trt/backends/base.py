@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qwen_trt.errors import EmptyMessageError, PromptTooLongError, QwenTrtError
 from qwen_trt.params import SampledToken, SamplingParams, TokenLogprob, fit_problem  # noqa: F401
@@ -45,6 +45,10 @@ class BackendInfo:
                               # through TensorRT-LLM's PyTorch-backend LLM API)
     grammar: bool = False     # honours SamplingParams.grammar (constrained decoding)
     logprobs: bool = False    # reports SamplingParams.logprobs
+    # the fast path: kernel family -> the path it runs, and -> why it fell back to a slower one
+    # (qwen_trt.backends.kernel_paths; empty for other backends)
+    kernels: dict = field(default_factory=dict, compare=False)
+    slow_kernels: dict = field(default_factory=dict, compare=False)
 
     def describe(self) -> str:
         name = f"{self.name} ({PATH_LABELS.get(self.path, self.path)})" if self.path else self.name

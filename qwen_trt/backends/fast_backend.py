@@ -193,6 +193,14 @@ class FastBackend(Backend):
         backend.load_stages = dict(clock.parts)
         return backend
 
+    @property
+    def info(self) -> BackendInfo:
+        """With the path each kernel family runs (:mod:`qwen_trt.backends.kernel_paths`: the
+        batch-1 decoder's, or the batched runner's once one is attached)."""
+        from qwen_trt.backends.kernel_paths import with_kernel_paths
+
+        return with_kernel_paths(self._info, self, self.attached_runner)
+
     def take_model(self):
         """Hand the weights to a continuous-batching runner (``qwen_trt.serving.scheduler``):
         the batch-1 decoder's static cache and CUDA graphs are dropped; the model is returned."""

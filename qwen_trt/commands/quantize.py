@@ -27,16 +27,36 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_source(src) -> None:
+    """The checkpoint quantize reads is sound, as a load would check it (config numbers such
+    as ``rms_norm_eps``, every tensor there and of its shape, finite samples): a broken one
+    is one line, not a broken copy. An already quantized one is refused by the quantizer."""
+    import json
+
+    from qwen_trt.model.source import resolve_model
+
+    try:
+        quantized = bool(json.loads((src / "config.json").read_text()).get("quantization_config"))
+    except (OSError, ValueError, AttributeError):
+        quantized = False              # resolve_model names what is wrong with it
+    if not quantized:
+        resolve_model(str(src), check_tokenizer=False)
+
+
 def run(args) -> int:
     from pathlib import Path
 
     from qwen_trt.fast.model.qcheckpoint import quantize_checkpoint
 
-    dst = Path(args.dst)
+    src, dst = Path(args.src), Path(args.dst)
+    if not src.is_dir():
+        raise ModelSourceError(f"'{src}' is not a folder: quantize reads a local checkpoint "
+                               f"(config.json + *.safetensors).")
+    check_source(src)
     if dst.exists() and any(dst.iterdir()):
         raise ModelSourceError(f"'{dst}' is not empty: quantize writes a new folder")
     t = time.perf_counter()
-    quantize_checkpoint(args.src, dst, "fp8" if args.fp8 else "int4", layout=args.layout,
+    quantize_checkpoint(src, dst, "fp8" if args.fp8 else "int4", layout=args.layout,
                         group=args.group_size, device=args.device)
     print(f"done in {time.perf_counter() - t:.1f}s")
     return 0

@@ -43,6 +43,8 @@ def register(sub) -> None:
                    help=store.help)
     if "--api-key" not in flags:   # the backend options may already carry it
         p.add_argument("--api-key", default=None, help=settings.declared(ENV_KEY).help)
+    slow = settings.declared("QWEN_TRT_ALLOW_SLOW_FALLBACK")
+    p.add_argument(slow.flag, action="store_true", default=None, help=slow.help)
     p.add_argument("--served-model-name", default=None,
                    help="model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -74,6 +76,11 @@ def settings_from(args, environ=None):
     env = os.environ if environ is None else environ
     values = {field: _value(args, name, field, env) for name, field in SERVER_SETTINGS}
     values["allowed_origins"] = _origins(values["allowed_origins"])
+    try:
+        values["allow_slow_fallback"] = bool(getattr(args, "allow_slow_fallback", None)
+                                             or settings.get("QWEN_TRT_ALLOW_SLOW_FALLBACK", env))
+    except settings.SettingError as e:
+        raise ConfigError(str(e)) from None
     values["responses_store"] = (False if getattr(args, "responses_store", None) is False
                                  else _value(args, STORE, "", env))
     values["allowed_hosts"] = _names(values["allowed_hosts"])
@@ -95,9 +102,10 @@ def _names(value: str | None) -> tuple[str, ...]:
 
 def run(args) -> int:
     """Check the options, start the engine process, then -- while it loads -- import the
-    HTTP server (FastAPI, the routes; the engine client reads the tokenizer meanwhile); serve
-    once the engine is ready. The engine's load is the long pole, so nothing of this process
-    runs before it is started."""
+    HTTP server (FastAPI, the routes; the engine client reads the tokenizer meanwhile) and
+    listen: ``/health`` answers 503 while the engine loads, and the API serves once it is
+    ready. The engine's load is the long pole, so nothing of this process runs before it is
+    started."""
     from qwen_trt.options import config_from
 
     from qwen_trt.api.listen import check_bindable, url_host
@@ -112,15 +120,14 @@ def run(args) -> int:
 
     print(f"loading the model for http://{url_host(settings.host)}:{settings.port}/v1 ...",
           file=sys.stderr)
-    service = start_service(cfg, wait=False)
+    # a kernel family on a much slower path refuses the start, unless allowed (one line)
+    service = start_service(cfg, wait=False, refuse_slow=not settings.allow_slow_fallback)
     try:
         from qwen_trt.api.server import run_server          # while the engine loads
     except BaseException:
         service.close()
         raise
-    wait_ready = getattr(service, "wait_ready", None)      # the in-process service: loaded
-    if wait_ready is not None:
-        wait_ready()
-    print(f"serving {service.info.describe()}", file=sys.stderr, flush=True)
+    # The port is bound now: /health says 503 "loading" until the engine is ready, then the
+    # API serves (a load error stops the server and is raised here: one line, exit non-zero).
     run_server(service, settings, model_name=cfg.model, log_level=args.log_level)
     return 0

@@ -67,7 +67,9 @@ KERNEL_SOURCES = ("kernels/attention.py", "kernels/bgemm.py", "kernels/gemv.py",
 
 
 def cache_root(cache_dir: str | None = None, environ=None) -> Path:
-    return Path(cache_dir or settings.get(ENV_CACHE_DIR, environ)).expanduser()
+    # absolute once, here: Triton joins TRITON_CACHE_DIR as given, and a relative folder would
+    # be resolved against whatever the working directory is when a kernel first compiles
+    return Path(cache_dir or settings.get(ENV_CACHE_DIR, environ)).expanduser().absolute()
 
 
 def kernel_sources_hash() -> str:
@@ -167,8 +169,9 @@ class CompileCache:
         self.seeded = ""                     # the seed file a new folder's choices came from
 
     def open(self, *, set_env: bool = True) -> "CompileCache":
-        """Make the folder usable (rebuilding a stale or broken one) and point Triton and
-        inductor at it (unless the user set their own folders)."""
+        """Make the folder usable (rebuilding a stale or broken one; each part checked writable
+        by a probe file) and point Triton and inductor at it (unless the user set their own
+        folders and those are writable too: one that is not is replaced, in one line)."""
         key_file = self.folder / "key.json"
         if self.folder.exists():
             problem = None
@@ -186,11 +189,21 @@ class CompileCache:
             else:
                 self.warm = True
                 self._load_checks()
-        (self.folder / "triton").mkdir(parents=True, exist_ok=True)
-        (self.folder / "inductor").mkdir(parents=True, exist_ok=True)
+        for sub in ("triton", "inductor"):
+            problem = writable_problem(self.folder / sub)
+            if problem:             # OSError: open_for_fast_path starts without the cache
+                raise PermissionError(f"{self.folder / sub} is not writable ({problem})")
         if set_env:
-            os.environ.setdefault("TRITON_CACHE_DIR", str(self.folder / "triton"))
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.folder / "inductor"))
+            for var, sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR",
+                                                              "inductor")):
+                ours = str(self.folder / sub)
+                theirs = os.environ.get(var, "").strip()
+                if theirs and theirs != ours:          # the user's own folder: kept if usable
+                    problem = writable_problem(Path(theirs))
+                    if problem is None:
+                        continue
+                    self._say(f"{var}={theirs} is not writable ({problem}); using {ours}")
+                os.environ[var] = ours
         return self
 
     def seal(self) -> None:
@@ -416,6 +429,27 @@ def _same(a, b) -> bool:
     return (getattr(a, "kwargs", None) == getattr(b, "kwargs", None)
             and getattr(a, "num_warps", None) == getattr(b, "num_warps", None)
             and getattr(a, "num_stages", None) == getattr(b, "num_stages", None))
+
+
+def writable_problem(folder: Path) -> str | None:
+    """None when this process can create ``folder`` (and its parents) and write a file in it,
+    else the reason in one line. Triton and inductor write there as the first kernel
+    compiles; a folder they cannot write turns every kernel self-check into a fallback."""
+    try:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        mode = folder.stat().st_mode
+        if mode & 0o700 != 0o700:        # a restrictive umask or mode: we own what we made
+            try:
+                folder.chmod(mode | 0o700)
+            except OSError:
+                pass
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return None
 
 
 def _write_atomic(path: Path, text: str) -> None:

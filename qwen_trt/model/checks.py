@@ -7,8 +7,9 @@ Each failure is one :class:`ModelSourceError` line naming the file and the value
 * :func:`check_config_numbers`: ``rms_norm_eps`` and ``rope_theta`` finite and positive, the
   token ids (``eos_token_id``, ``bos_token_id``, ``pad_token_id``) inside the vocabulary, a known
   ``dtype``;
-* :func:`check_weights`: from the safetensors headers, every known Qwen3 tensor has the shape
-  config.json implies, and a sample of each floating-point tensor (a few thousand elements, read
+* :func:`check_weights`: from the safetensors headers, every Qwen3 tensor is there (none
+  missing, none without a place in the model: a truncated download or another model's
+  weights), each has the shape config.json implies, and a sample of each floating-point tensor (a few thousand elements, read
   directly from the file: no torch) holds no NaN or infinity;
 * :func:`check_chat_template`: the tokenizer's chat template parses and renders a plain
   conversation.
@@ -176,14 +177,63 @@ def _sample(f, start: int, end: int, size: int) -> bytes:
     return b"".join(parts)
 
 
+# Tensors a Qwen3 checkpoint may hold beyond the model's (transformers ignores them too).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+NAMED_AT_MOST = 3            # tensor names one error line quotes (then "and N more")
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:NAMED_AT_MOST])
+    more = len(names) - NAMED_AT_MOST
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def check_tensor_names(present: set[str], shape, where: str) -> None:
+    """Every tensor of a Qwen3 model of ``shape`` is in ``present`` (the names of the
+    checkpoint's safetensors headers), and nothing there lacks a place in it; one line naming
+    them (``where``: the file, or the folder of a sharded checkpoint). A quantized projection
+    counts by its stem (``q_proj.qweight`` / ``scales`` / ``weight_scale_inv`` ...); the LM
+    head may be absent when the embeddings are tied."""
+    want = expected_shapes(shape)
+    stems = {n.rsplit(".", 1)[0] for n in want}
+    have_stems = {n.rsplit(".", 1)[0] for n in present}
+    missing = sorted((n for n in want if n not in present and n.rsplit(".", 1)[0] not in have_stems
+                      and not (n == "lm_head.weight" and shape.tied_embeddings)),
+                     key=_layer_order)
+    unexpected = sorted((n for n in present if n.rsplit(".", 1)[0] not in stems
+                         and not n.endswith(_IGNORED_SUFFIXES)), key=_layer_order)
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} of the model's {len(want)} tensors missing "
+                        f"({_names(missing)})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected tensor{'s' if len(unexpected) > 1 else ''}"
+                        f" ({_names(unexpected)}) that a {shape.layers}-layer Qwen3 has no "
+                        f"place for")
+    if problems:
+        cause = ("the checkpoint is incomplete (a truncated or interrupted download?); download "
+                 "it again" if missing else "the weights and config.json are from different "
+                 "models")
+        raise ModelSourceError(f"{where}: {'; '.join(problems)}: {cause}.")
+
+
+def _layer_order(name: str):
+    """Names in model order (layer 2 before layer 10)."""
+    return [int(p) if p.isdigit() else p for p in name.split(".")]
+
+
 def check_weights(files, shape) -> None:
     """Shapes (from the headers) and a NaN / inf sample of every floating-point tensor in
-    ``files`` (safetensors files whose headers are known to be whole)."""
+    ``files`` (safetensors files whose headers are known to be whole), then that the tensors
+    are the model's, all of them (:func:`check_tensor_names`)."""
     want = expected_shapes(shape)
+    present: set[str] = set()
+    files = [Path(p) for p in files]
     for path in files:
         path = Path(path)
         with open(path, "rb") as f:
             header, base = _header(f)
+            present.update(header)
             for name in sorted(header):
                 entry = header[name]
                 dtype, dims = entry.get("dtype"), tuple(entry.get("shape") or ())
@@ -205,6 +255,10 @@ def check_weights(files, shape) -> None:
                     raise ModelSourceError(
                         f"{path}: tensor '{name}' holds NaN or infinite values ({bad} of {n} "
                         f"sampled): the weights are broken; download them again.")
+    if not files:
+        return                     # no safetensors (a .bin checkpoint): its loader checks it
+    where = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} weight files)"
+    check_tensor_names(present, shape, where)
 
 
 def check_generation_config(folder: Path, vocab: int) -> None:

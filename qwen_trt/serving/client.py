@@ -12,9 +12,16 @@ ways cannot deadlock: the reader always drains).
   rest wait here in FIFO order and report their position (:class:`Waiting`).
 * Cancel: a queued request is dropped; a running one finishes at once with its partial text
   and the worker is told to abort it (its slot frees when the worker confirms).
-* Faults: if the worker dies, each request in it ends with one :class:`Failed` line, queued
-  ones stay queued, and the next submit (or a queued request) restarts it; ``status().state``
-  and ``Waiting.engine`` say "restarting" / "loading" meanwhile. A load that fails is one line.
+* Faults: if the worker dies, each request whose reply has begun ends with one
+  :class:`Failed` line; the others stay queued (a request in the engine whose reply had not
+  begun goes back to the front, once), and the worker is started again at once, with no
+  request needed (a readiness probe that stopped sending traffic sees it come back). While
+  starts keep failing (a crash during the load, or soon after it) the next one waits
+  longer each time (:class:`~qwen_trt.serving.liveness.RestartPolicy`: state "crashing",
+  ``status().next_retry_s``); queued requests wait through ``keep`` failures in a row, then
+  they and new ones get :class:`EngineCrashingError` until a start succeeds.
+  ``status().state`` / ``reason`` and ``Waiting.engine`` say what happens meanwhile. The
+  first load failing is one line (the caller exits), never retried.
 """
 from __future__ import annotations
 
@@ -37,12 +44,13 @@ from qwen_trt.errors import first_line, QwenTrtError
 from qwen_trt.params import SamplingParams, TokenLogprob
 from qwen_trt.serving.session import PromptPlan
 from qwen_trt.serving.async_events import batch
-from qwen_trt.serving.events import (Delta, RequestFailedError, ModelLoadError, WorkerState,
+from qwen_trt.serving.events import (Delta, EngineCrashingError, RequestFailedError,
+                                     ModelLoadError, WorkerState,
                                      WorkerStoppedError, Failed, Finished, RequestHandle,
                                      ServiceClosedError, ServiceStatus, Started, cancelled_reply,
                                      queue_position)
 from qwen_trt.serving.ipc import Outbox, pair
-from qwen_trt.serving.liveness import Watchdog
+from qwen_trt.serving.liveness import RestartPolicy, Watchdog
 from qwen_trt.serving.worker import Ready, WorkerSpec, worker_command
 
 log = logging.getLogger(__name__)
@@ -98,6 +106,24 @@ class _TokenizerPreload:
         return self._tok
 
 
+def warm_tokenizer(tokenizer) -> None:
+    """Pay the tokenizer's first-use costs now, before the engine is called ready: the chat
+    template's compile (one probe conversation through :func:`encode_messages`) and the
+    decode path the reply builder takes (:class:`IncrementalDetokenizer`). A tokenizer these
+    fail on is left for the request that meets it to report."""
+    from qwen_trt.model.detokenizer import IncrementalDetokenizer
+    from qwen_trt.serving.session import encode_messages
+
+    try:
+        ids = encode_messages(tokenizer, [{"role": "user", "content": "warm-up"}])
+        detok = IncrementalDetokenizer(tokenizer)
+        for tid in ids[-8:]:
+            detok.add(tid)
+        detok.flush()
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass
+
+
 def _close_fds(*fds: int) -> None:
     for fd in fds:
         try:
@@ -130,12 +156,18 @@ class WorkerClient:
     is raised as one line). Thread-safe."""
 
     def __init__(self, spec: WorkerSpec, *, echo=None, name: str = "qwen-trt-worker",
-                 wait: bool = True, tokenizer_hint: str | None = None) -> None:
+                 wait: bool = True, tokenizer_hint: str | None = None,
+                 restart: RestartPolicy | None = None, refuse_slow: bool = False) -> None:
         """``wait=False``: return once the worker is started; :meth:`wait_ready` then blocks
         (the caller does its own loading meanwhile: ``qwen-trt serve`` imports the HTTP
         server). ``tokenizer_hint``: the folder the worker will name as its tokenizer's, loaded
-        here while the worker loads."""
+        here while the worker loads. ``restart``: when to start a worker that died again
+        (default: from QWEN_TRT_RESTART_BACKOFF_S and the other restart settings). ``refuse_slow``: a worker whose fast
+        path fell back to much slower kernels counts as a failed load (``qwen-trt serve``
+        without ``--allow-slow-fallback``)."""
+        self._refuse_slow = refuse_slow
         self.spec = spec
+        self._policy = restart if restart is not None else RestartPolicy.from_settings()
         self._echo = echo if echo is not None else sys.stderr
         self._name = name
         self._lock = threading.RLock()
@@ -149,6 +181,12 @@ class WorkerClient:
         self._state_since = time.monotonic()
         self._closed = False
         self._gen = 0
+        self._failures = 0                 # engine deaths in a row (RestartPolicy)
+        self._ever_ready = False
+        self._ready_at: float | None = None    # when this incarnation became ready
+        self._reason = ""                  # why it is being restarted (the last death)
+        self._retry_at: float | None = None    # when the next start is due (backing off)
+        self._retry_timer: threading.Timer | None = None
         self._conn = None
         self._proc = None
         self._info = None
@@ -217,6 +255,8 @@ class WorkerClient:
         with self._lock:
             if self._closed:
                 raise ServiceClosedError("The model service is shutting down: reload the page.")
+            if self._giving_up():
+                raise EngineCrashingError(self._crashing_line())
             handle = RequestHandle(self, next(self._ids), prompt_ids, params, dropped_turns)
             self._waiting.append(handle)
             if self._state in ("stopped", "failed"):
@@ -234,6 +274,9 @@ class WorkerClient:
                 state=self._state, stage=self._stage, running=len(self._active),
                 max_concurrency=self._max_concurrency, cached_tokens=self._cached,
                 prompt_tokens=self._prompt_tokens, restarts=self._restarts,
+                reason=self._reason if self._state != "ready" else "",
+                next_retry_s=(None if self._retry_at is None
+                              else round(max(0.0, self._retry_at - time.monotonic()), 3)),
                 runner=dict(self._runner_stats))
 
     def close(self, timeout: float = 5.0, *, free_backend: bool = True) -> None:
@@ -245,6 +288,9 @@ class WorkerClient:
             self._closed = True
             if self._watchdog is not None:
                 self._watchdog.stop()
+            if self._retry_timer is not None:
+                self._retry_timer.cancel()
+            self._retry_at = None
             self._set_state("closed", "")
             for h in self._waiting:
                 h._cancel.set()
@@ -306,6 +352,12 @@ class WorkerClient:
             return f"Restarting the worker: {stage}{took}"
         if state == "loading":
             return f"Starting the worker: {stage}{took}"
+        if state == "crashing":
+            with self._lock:
+                retry = self._retry_at
+            wait = (f"; next start in {max(0.0, retry - time.monotonic()):.0f} s"
+                    if retry is not None else f": {stage}{took}")
+            return f"The worker keeps stopping as it starts{wait}"
         return stage
 
     # -- internals (called with the lock held) -------------------------------------------------
@@ -323,8 +375,9 @@ class WorkerClient:
         self._gen += 1
         parent, child = pair()
         self._spawned_at = time.monotonic()
-        self._set_state("restarting" if self._gen > 1 else "loading",
-                        "starting the worker process")
+        self._retry_at = None
+        self._set_state(("crashing" if self._failures >= 2 else "restarting") if self._gen > 1
+                        else "loading", "starting the worker process")
         # A fresh interpreter (CUDA cannot be used in a forked child), started with subprocess
         # rather than multiprocessing's spawn, which re-runs the parent's __main__ in the child:
         # under Streamlit that is app.py itself.
@@ -344,6 +397,39 @@ class WorkerClient:
         self._restarts += 1
         self._say(f"restarting the worker process (restart {self._restarts})")
         self._spawn()
+
+    def _giving_up(self) -> bool:
+        """Starts keep failing past the policy's ``keep``: requests are refused meanwhile."""
+        return self._failures > self._policy.keep and self._state != "ready"
+
+    def _crashing_line(self) -> str:
+        retry = self._retry_at
+        when = (f"the next start is in {max(0.0, retry - time.monotonic()):.0f} s"
+                if retry is not None else "it is starting again")
+        return (f"The worker keeps stopping as it starts ({self._failures} times in a row; "
+                f"last: {self._reason or 'unknown'}); {when}: retry later.")
+
+    def _schedule_restart(self) -> None:
+        """Start the worker again now, or after the policy's wait while starts keep failing."""
+        delay = self._policy.delay_s(self._failures)
+        if delay <= 0:
+            self._restart()
+            return
+        self._retry_at = time.monotonic() + delay
+        self._set_state("crashing", self._reason)
+        self._say(f"the worker stopped {self._failures} times in a row; next start in "
+                  f"{delay:.1f} s")
+        timer = threading.Timer(delay, self._retry, args=(self._gen,))
+        timer.daemon = True
+        timer.name = f"{self._name}-restart"
+        self._retry_timer = timer
+        timer.start()
+
+    def _retry(self, gen: int) -> None:
+        with self._lock:
+            if self._closed or gen != self._gen or self._retry_at is None:
+                return
+            self._restart()
 
     def _pump(self) -> None:
         """Admit queued requests while the worker has free slots."""
@@ -491,6 +577,12 @@ class WorkerClient:
 
     def _on_ready(self, gen: int, ready: Ready) -> QwenTrtError | None:
         t = time.monotonic()
+        if self._refuse_slow:
+            from qwen_trt.backends.kernel_paths import SlowFallbackError, slow_fallback_line
+
+            line = slow_fallback_line(ready.info)
+            if line:
+                return SlowFallbackError(line)
         try:
             if self._tokenizer is None or ready.tokenizer_source != self._tokenizer_source:
                 tok = self._preload.take(ready.tokenizer_source)
@@ -502,6 +594,7 @@ class WorkerClient:
         except Exception as e:  # noqa: BLE001 - one line
             return ModelLoadError(first_line(f"Could not load the tokenizer from "
                                               f"'{ready.tokenizer_source}': {e}"))
+        warm_tokenizer(self._tokenizer)     # ready means warm: no first-use cost after it
         tok_s = time.monotonic() - t
         with self._lock:
             if gen != self._gen or self._closed:
@@ -514,8 +607,11 @@ class WorkerClient:
             self.pid = ready.pid
             was = self._state
             self._set_state("ready", "")
+            self._ever_ready = True
+            self._ready_at = time.monotonic()
+            self._reason = ""
             self._load_error = None
-            self._say(f"{'restarted' if was == 'restarting' else 'ready'} in "
+            self._say(f"{'restarted' if was in ('restarting', 'crashing') else 'ready'} in "
                       f"{self.timings['ready_s']:.1f} s ({ready.info.describe()}; "
                       f"{self._max_concurrency} at once; stages: "
                       + ", ".join(f"{k} {v:.1f}" for k, v in self.timings.items()) + ")")
@@ -611,12 +707,8 @@ class WorkerClient:
                 return
             why = fatal or describe_exit(code)
             hung = gen == self._hung_gen
-            if hung:
-                limit = self._watchdog.limit_s if self._watchdog is not None else 0
-                err_line = (f"The worker stopped making progress (nothing for {limit:g} s, "
-                            f"--watchdog-s) and is being restarted; your chat is kept — send "
-                            f"again.")
-            elif load_error is not None or self._state in ("loading", "restarting"):
+            up = self._ready_at is not None             # this incarnation had become ready
+            if not self._ever_ready:      # the first load failed: one line, the caller exits
                 err = load_error or ModelLoadError(
                     f"The worker process stopped while loading ({why}); see the server log.")
                 self._load_error = err
@@ -627,11 +719,27 @@ class WorkerClient:
                 self._waiting.clear()
                 self._first.set()
                 return
+            # Deaths in a row: an engine that stayed up as long as the longest wait starts over.
+            stable = up and time.monotonic() - self._ready_at >= self._policy.backoff_max_s
+            self._failures = 1 if stable else self._failures + 1
+            self._ready_at = None
+            if hung:
+                limit = self._watchdog.limit_s if self._watchdog is not None else 0
+                err_line = (f"The worker stopped making progress (nothing for {limit:g} s, "
+                            f"--watchdog-s) and is being restarted; your chat is kept — send "
+                            f"again.")
+                self._reason = f"no progress for {limit:g} s (--watchdog-s)"
+            elif not up:
+                self._reason = first_line(f"it stopped while starting again "
+                                          f"({load_error if load_error is not None else why})")
+                err_line = (f"The worker process {self._reason}; your chat is kept — send "
+                            f"again.")
             else:
-                err_line = (f"The worker process stopped ({why}); your chat is kept — send "
-                            f"again to restart it.")
+                self._reason = f"it stopped ({why})"
+                err_line = (f"The worker process stopped ({why}) and is being restarted; your "
+                            f"chat is kept — send again.")
             self._say(err_line)
-            self._set_state("stopped", err_line)
+            self._set_state("restarting", self._reason)
             # Requests whose reply had not begun go back to the front of the queue, in order,
             # for the restarted worker (nothing of theirs is lost; a client sees only the
             # wait). Once only: a request in flight at a second crash may be its cause.
@@ -651,5 +759,11 @@ class WorkerClient:
             if again:
                 self._say(f"{len(again)} request(s) whose reply had not begun wait for the "
                           "restarted worker")
-            if self._waiting or hung:      # a hung engine comes back at once (health 503 until)
-                self._restart()
+            self._schedule_restart()
+            if self._giving_up() and self._waiting:      # they waited through `keep` deaths
+                err = EngineCrashingError(self._crashing_line())
+                self._say(f"{len(self._waiting)} queued request(s) refused: {err}")
+                for h in self._waiting:
+                    h._emit(Failed(err))
+                    self._served += 1
+                self._waiting.clear()

@@ -20,7 +20,8 @@ from qwen_trt.params import Reply, ReplyMetrics, SamplingParams, TokenLogprob
 
 RequestState = Literal["queued", "running", "done"]
 # The engine's state as status() and Waiting.engine report it.
-WorkerState = Literal["loading", "ready", "restarting", "stopped", "failed", "closed"]
+# "crashing": the engine died again soon after a (re)start; the next start waits (backoff).
+WorkerState = Literal["loading", "ready", "restarting", "crashing", "stopped", "failed", "closed"]
 
 
 class RequestFailedError(QwenTrtError):
@@ -34,6 +35,11 @@ class ServiceClosedError(QwenTrtError):
 class WorkerStoppedError(RequestFailedError):
     """The engine process died (killed, out of memory, a CUDA error); the next request
     restarts it."""
+
+
+class EngineCrashingError(WorkerStoppedError):
+    """The engine process keeps dying as it starts: queued and new requests are refused (a
+    retryable 503 in the API) until a start succeeds."""
 
 
 class ModelLoadError(QwenTrtError):
@@ -88,6 +94,8 @@ class ServiceStatus:
     cached_tokens: int = 0          # prompt tokens served from the prefix cache (cumulative)
     prompt_tokens: int = 0          # prompt tokens submitted to the engine (cumulative)
     restarts: int = 0               # engine process restarts after a crash
+    reason: str = ""                # why the engine is being restarted (its last crash), else ""
+    next_retry_s: float | None = None   # seconds until the next start (backing off), else None
     runner: dict = field(default_factory=dict)   # the runner's RunnerStats, as a dict
 
     @property

@@ -8,6 +8,10 @@ that is stopped (SIGSTOP), frozen or stuck holding the interpreter sends nothing
 :class:`Watchdog` then sees no progress for ``--watchdog-s`` seconds while requests are in the
 engine, and the client kills the process and restarts it like a crash.
 
+When it died (a crash, or the watchdog's kill), :class:`RestartPolicy` says when the client
+starts it again: at once, then backing off while starts keep failing (QWEN_TRT_RESTART_KEEP
+and the backoff settings).
+
 A step blocked in native code that has let go of the interpreter (a GPU kernel that never
 ends, a library call that runs away) would beat for ever, so the heartbeat stops once one step
 has run ``QWEN_TRT_MAX_STEP_S`` (default 120 s, :func:`max_step_s`): a step stuck in anything
@@ -16,10 +20,14 @@ is noticed ``--watchdog-s`` after that.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from qwen_trt.errors import ConfigError
 
 MAX_BEAT_S = 1.0
 
@@ -130,3 +138,46 @@ class Watchdog:
                     return
                 fire()
                 del fire
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When the client starts the engine process again after it died (module docstring of
+    :mod:`qwen_trt.serving.client`): at once after a crash of an engine that was up, then,
+    while starts keep failing (a crash during the load, or within ``backoff_max_s`` of being
+    ready), after ``backoff_s``, ``2 * backoff_s``, ... up to ``backoff_max_s``. Queued
+    requests wait through ``keep`` failed starts in a row; after that they (and new ones) are
+    refused with a retryable error until a start succeeds."""
+
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+    keep: int = 3
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.backoff_s) and self.backoff_s >= 0):
+            raise ConfigError(f"QWEN_TRT_RESTART_BACKOFF_S must be 0 or more, got "
+                              f"{self.backoff_s!r}.")
+        if not (math.isfinite(self.backoff_max_s) and self.backoff_max_s >= self.backoff_s):
+            raise ConfigError(f"QWEN_TRT_RESTART_BACKOFF_MAX_S must be at least "
+                              f"QWEN_TRT_RESTART_BACKOFF_S ({self.backoff_s:g}), got "
+                              f"{self.backoff_max_s!r}.")
+        if self.keep < 1:
+            raise ConfigError(f"QWEN_TRT_RESTART_KEEP must be 1 or more, got {self.keep!r}.")
+
+    @classmethod
+    def from_settings(cls, environ=None) -> "RestartPolicy":
+        from qwen_trt import settings
+
+        try:
+            return cls(settings.get("QWEN_TRT_RESTART_BACKOFF_S", environ),
+                       settings.get("QWEN_TRT_RESTART_BACKOFF_MAX_S", environ),
+                       settings.get("QWEN_TRT_RESTART_KEEP", environ))
+        except settings.SettingError as e:
+            raise ConfigError(str(e)) from None
+
+    def delay_s(self, failures: int) -> float:
+        """The wait before the next start after ``failures`` failed starts in a row (the
+        first crash of an engine that was up counts as one: no wait)."""
+        if failures <= 1:
+            return 0.0
+        return min(self.backoff_max_s, self.backoff_s * 2 ** (failures - 2))

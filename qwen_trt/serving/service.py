@@ -202,7 +202,7 @@ def worker_mode(mode: str | None = None) -> str:
 
 
 def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
-                  wait: bool = True):
+                  wait: bool = True, refuse_slow: bool = False):
     """Load the backend ``cfg`` names and serve it; blocks until it is ready (load errors are
     raised as one-line :class:`QwenTrtError`). The app caches one per process.
 
@@ -212,12 +212,23 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
     read here while the engine loads.
 
     One engine process per server process: starting another stops the previous one first, so
-    two engines never share a GPU by accident."""
+    two engines never share a GPU by accident.
+
+    ``refuse_slow``: a load whose fast path fell back to much slower kernels is a load error
+    (:func:`qwen_trt.backends.kernel_paths.slow_fallback_line`; ``qwen-trt serve`` without
+    ``--allow-slow-fallback``)."""
     if worker_mode(mode) == "inline":
-        return InferenceService(load_backend(cfg))
+        service = InferenceService(load_backend(cfg))
+        if refuse_slow:
+            from qwen_trt.backends.kernel_paths import SlowFallbackError, slow_fallback_line
+
+            line = slow_fallback_line(service.info)
+            if line:
+                service.close()
+                raise SlowFallbackError(line)
+        return service
     from qwen_trt.serving.client import WorkerClient
     from qwen_trt.serving.preflight import preflight
-    from qwen_trt.serving.worker import WorkerSpec
 
     preflight(cfg)        # a missing folder or broken checkpoint: at once, not after torch loads
 
@@ -227,9 +238,20 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
             log.info("stopping the previous worker process before starting another")
             _current.close()
         # echo: where the engine's stage lines go (stderr by default; the app also shows them)
-        _current = WorkerClient(WorkerSpec(cfg), wait=wait, tokenizer_hint=_local_folder(cfg),
+        _current = WorkerClient(_spec(cfg), wait=wait, tokenizer_hint=_local_folder(cfg),
+                                refuse_slow=refuse_slow,
                                 **({"echo": echo} if echo is not None else {}))
         return _current
+
+
+def _spec(cfg: BackendConfig):
+    """The engine process's spec: ``cfg``, loaded by QWEN_TRT_TEST_LOADER when a test names one
+    (a fake whose load is slow or crashes), else by the real loader."""
+    from qwen_trt import settings
+    from qwen_trt.serving.worker import WorkerSpec
+
+    loader = settings.get("QWEN_TRT_TEST_LOADER")
+    return WorkerSpec(cfg, loader=loader) if loader else WorkerSpec(cfg)
 
 
 def _local_folder(cfg: BackendConfig) -> str | None:

@@ -176,11 +176,15 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         backend = load_for_spec(loader, spec)
         timings["load_and_warmup_s"] = time.monotonic() - t
         timings.update(load_parts(backend))
+        tokenizer = _load_tokenizer(backend)   # beside the runner's build and warm-up
         stage("starting the runner")
         t = time.monotonic()
         runner = (runner_factory(backend) if spec.runner
                   else make_runner(backend, max_batch=spec.cfg.max_batch, cfg=spec.cfg))
         timings["runner_s"] = time.monotonic() - t
+        t = time.monotonic()
+        tokenizer.join()                       # ready means loaded: nothing lazy after it
+        timings["tokenizer_wait_s"] = time.monotonic() - t
     except BaseException as e:  # noqa: BLE001 - the parent shows one line; a traceback on debug
         from qwen_trt.debug import debug_enabled
 
@@ -199,10 +203,12 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
     if every_s:                       # the parent's watchdog: beat while a long step runs
         conn = LockedConn(conn)
         beat = Heartbeat(conn, every_s, step_limit_s)
+    from qwen_trt.backends.kernel_paths import with_kernel_paths
+
+    info = with_kernel_paths(backend.info, backend, runner)   # the path of each kernel family
     try:
-        conn.send(("ready", Ready(backend.info, str(source), int(runner.max_concurrency),
+        conn.send(("ready", Ready(info, str(source), int(runner.max_concurrency),
                                   {k: round(v, 3) for k, v in timings.items()}, os.getpid())))
-        _preload_tokenizer(backend)
         serve(conn, runner, beat)
     except (EOFError, OSError):
         pass                          # the parent went away
@@ -218,16 +224,19 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
     os._exit(0)
 
 
-def _preload_tokenizer(backend) -> None:
+def _load_tokenizer(backend) -> threading.Thread:
     """The backend's Hugging Face tokenizer (a fast backend loads it on first use: its grammars)
-    read on a daemon thread once the engine is serving, so the first constrained request does
-    not wait for it; a failure here is left for that request to report."""
+    read on a thread started now, beside the runner's warm-up, and joined before the worker
+    says it is ready: read after ready it ran beside the first requests (the first minute's
+    stalls). A failure here is left for the request that needs it to report."""
     def load() -> None:
         try:
             backend.tokenizer
         except Exception:  # noqa: BLE001 - raised again, with its line, where it is needed
             pass
-    threading.Thread(target=load, daemon=True, name="qwen-trt-tokenizer-preload").start()
+    thread = threading.Thread(target=load, daemon=True, name="qwen-trt-tokenizer-load")
+    thread.start()
+    return thread
 
 
 def pack(events) -> list[tuple]:

@@ -172,6 +172,7 @@ class BatchedStats:
     bucket_impl: dict[int, str] = field(default_factory=dict)   # gemv | bgemm | torch
     bucket_ms: dict[int, dict[str, float]] = field(default_factory=dict)  # replay ms, warm-up
     notes: list[str] = field(default_factory=list)
+    late_captures: int = 0       # graphs captured after the warm-up (each beside live requests)
 
 
 class BatchedModel:
@@ -194,6 +195,7 @@ class BatchedModel:
                                   num_blocks, block_size, model.dtype, self.device)
         on_cuda = self.device.type == "cuda"
         self.stats = BatchedStats()
+        self._warmed = False          # warmup() done: a graph captured later is a late one
         # The paged Triton kernels need what the batch-1 attention self-check established.
         self.triton = (on_cuda and triton is not None and model.attn_impl == "triton"
                        and block_size >= 16 and block_size & (block_size - 1) == 0)
@@ -493,6 +495,8 @@ class BatchedModel:
                 finally:
                     self._capturing = None
 
+            if self._warmed:
+                self.stats.late_captures += 1
             graph = capture(body, reset, self._pool)
             self._s_graphs[bucket] = graph
             self.stats.step_graphs = len(self._s_graphs)
@@ -694,6 +698,8 @@ class BatchedModel:
             if feedback:
                 self._advance(bucket)
 
+        if self._warmed:
+            self.stats.late_captures += 1
         saved = [self.g_meta.clone(), self.g_i32.clone()]
         graph = capture(body, reset, self._pool)
         self.g_meta.copy_(saved[0])
@@ -872,8 +878,12 @@ class BatchedModel:
                 varlen_checked = self._check_varlen()
                 done("varlen_check_and_compile")
             if self.graphs:
-                for b in self.buckets:      # the plain graphs of the other widths: on use
-                    self._graph(b, self.widths[0])              # (QWEN_TRT_CHAIN=0)
+                # the plain graphs serve the decode steps that do not chain (QWEN_TRT_CHAIN=0,
+                # a speculative row about to draft): every width now, not at the first such
+                # step of a long request (a capture beside live requests: an ITL spike)
+                for b in self.buckets:
+                    for w in self.widths:
+                        self._graph(b, w)
                     for w in self.widths:
                         self._fgraph(b, w)
                 done("decode_graphs")
@@ -897,6 +907,7 @@ class BatchedModel:
                     done("step_graphs")
                 torch.cuda.synchronize()
         self.stats.warmup_s = time.perf_counter() - t
+        self._warmed = True
         return self.stats
 
 
