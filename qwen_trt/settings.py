@@ -128,6 +128,16 @@ SETTINGS: tuple[Setting, ...] = (
     _S("QWEN_TRT_ALLOWED_ORIGINS", "str", None,
        "comma-separated browser origins allowed to call the API directly (CORS; none by default)",
        flag="--allowed-origins"),
+    _S("QWEN_TRT_ACCESS_LOG", "bool", True,
+       "one stderr line per request: method, path, status, duration, request id",
+       flag="--no-access-log"),
+    _S("QWEN_TRT_KV_EVENTS", "str", None,
+       "publish KV-cache events (vLLM's ZMQ/msgpack format) on this endpoint, e.g. "
+       "tcp://127.0.0.1:5557 (connects; tcp://*:5557 or ipc://... binds)",
+       flag="--kv-events"),
+    _S("QWEN_TRT_KV_EVENTS_TOPIC", "str", "",
+       "the ZMQ topic of the KV-cache events (llm-d: kv@<pod-ip>@<model>)",
+       flag="--kv-events-topic"),
     _S("QWEN_TRT_TRACE_HOPS", "bool", False,
        "qwen-trt serve: time each hop of a request, summed at GET /debug/hops", group="test"),
     # -- build and container ----------------------------------------------------------------------

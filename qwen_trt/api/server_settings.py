@@ -12,6 +12,7 @@ from qwen_trt.errors import ConfigError
 
 LOOPBACK_NAMES = ("localhost",)
 ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
+KV_ENDPOINT_RE = re.compile(r"^(tcp://(\*|[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}|ipc://\S+)$")
 
 
 def is_loopback(host: str) -> bool:
@@ -39,6 +40,9 @@ class ServerSettings:
     body_timeout_s: float = 30.0        # ... and its body within this after them
     shutdown_grace_s: float = 10.0      # SIGTERM/SIGINT: in-flight requests get this long
     allowed_origins: tuple[str, ...] = ()   # browser origins allowed to call the API (CORS)
+    access_log: bool = True             # one line per request on stderr (api/access.py)
+    kv_events: str | None = None        # ZMQ endpoint of the KV-cache events (serving/kv_events.py)
+    kv_events_topic: str = ""
 
     def __post_init__(self) -> None:
         from qwen_trt.api.listen import check_api_key, normalize_host
@@ -62,6 +66,9 @@ class ServerSettings:
             if origin != "*" and not ORIGIN_RE.match(origin):
                 raise ConfigError(f"--allowed-origins: {origin[:80]!r} is not an origin (give "
                                   "scheme://host[:port] without a path, or *).")
+        if self.kv_events is not None and not KV_ENDPOINT_RE.match(self.kv_events):
+            raise ConfigError(f"--kv-events: {self.kv_events[:80]!r} is not a ZMQ endpoint (give "
+                              "tcp://HOST:PORT, tcp://*:PORT or ipc://PATH).")
         if not is_loopback(self.host) and not self.api_key:
             raise ConfigError(f"Refusing to listen on {self.host} without a key: set --api-key or "
                               "QWEN_TRT_API_KEY (only 127.0.0.1 / localhost may go without one).")

@@ -21,7 +21,8 @@ SERVER_SETTINGS = (
     ("QWEN_TRT_HEADER_TIMEOUT_S", "header_timeout_s"),
     ("QWEN_TRT_BODY_TIMEOUT_S", "body_timeout_s"),
     ("QWEN_TRT_SHUTDOWN_GRACE_S", "shutdown_grace_s"),
-    ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"),
+    ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"), ("QWEN_TRT_ACCESS_LOG", "access_log"),
+    ("QWEN_TRT_KV_EVENTS", "kv_events"), ("QWEN_TRT_KV_EVENTS_TOPIC", "kv_events_topic"),
 )
 
 
@@ -33,7 +34,11 @@ def register(sub) -> None:
     flags = {a for action in p._actions for a in action.option_strings}
     for name, field in SERVER_SETTINGS:
         s = settings.declared(name)
-        default = "" if s.default is None else f" (default {s.default})"
+        if s.kind == "bool" and s.flag.startswith("--no-"):     # a switch that turns it off
+            p.add_argument(s.flag, dest=field, action="store_const", const="0", default=None,
+                           help=f"turn off: {s.doc} [env {name}=0]")
+            continue
+        default = "" if s.default in (None, "") else f" (default {s.default})"
         p.add_argument(s.flag, dest=field, default=None, help=f"{s.doc}{default} [env {name}]")
     if "--api-key" not in flags:   # the backend options may already carry it
         p.add_argument("--api-key", default=None,
@@ -100,7 +105,12 @@ def run(args) -> int:
 
     print(f"loading the model for http://{url_host(settings.host)}:{settings.port}/v1 ...",
           file=sys.stderr)
-    service = start_service(cfg, wait=False)
+    kv_events = None
+    if settings.kv_events:
+        from qwen_trt.serving.kv_events import KvEventsConfig
+
+        kv_events = KvEventsConfig(settings.kv_events, settings.kv_events_topic)
+    service = start_service(cfg, wait=False, kv_events=kv_events)
     try:
         from qwen_trt.api.server import run_server          # while the engine loads
     except BaseException:

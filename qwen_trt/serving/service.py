@@ -202,7 +202,7 @@ def worker_mode(mode: str | None = None) -> str:
 
 
 def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
-                  wait: bool = True):
+                  wait: bool = True, kv_events=None):
     """Load the backend ``cfg`` names and serve it; blocks until it is ready (load errors are
     raised as one-line :class:`QwenTrtError`). The app caches one per process.
 
@@ -212,8 +212,12 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
     read here while the engine loads.
 
     One engine process per server process: starting another stops the previous one first, so
-    two engines never share a GPU by accident."""
+    two engines never share a GPU by accident. ``kv_events`` (a
+    :class:`~qwen_trt.serving.kv_events.KvEventsConfig`): the engine process publishes them."""
     if worker_mode(mode) == "inline":
+        if kv_events is not None:
+            raise ConfigError("--kv-events needs the engine in its own process "
+                              "(QWEN_TRT_WORKER=process, the default).")
         return InferenceService(load_backend(cfg))
     from qwen_trt.serving.client import WorkerClient
     from qwen_trt.serving.preflight import preflight
@@ -227,7 +231,7 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
             log.info("stopping the previous engine process before starting another")
             _current.close()
         # echo: where the engine's stage lines go (stderr by default; the app also shows them)
-        _current = WorkerClient(WorkerSpec(cfg), wait=wait, tokenizer_hint=_local_folder(cfg),
+        _current = WorkerClient(WorkerSpec(cfg, kv_events=kv_events), wait=wait, tokenizer_hint=_local_folder(cfg),
                                 **({"echo": echo} if echo is not None else {}))
         return _current
 

@@ -51,6 +51,7 @@ class WorkerSpec:
     cfg: BackendConfig = field(default_factory=BackendConfig)
     loader: str = DEFAULT_LOADER
     runner: str | None = None
+    kv_events: object | None = None     # a serving.kv_events.KvEventsConfig: publish them
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,10 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         t = time.monotonic()
         runner = (runner_factory(backend) if spec.runner
                   else make_runner(backend, max_batch=spec.cfg.max_batch))
+        if spec.kv_events is not None:
+            from qwen_trt.serving.kv_events import publishing
+
+            runner = publishing(runner, spec.kv_events, say=stage)
         timings["runner_s"] = time.monotonic() - t
     except BaseException as e:  # noqa: BLE001 - the parent shows one line; a traceback on debug
         from qwen_trt.debug import debug_enabled
