@@ -59,7 +59,7 @@ class CompletionRequest:
 
 def model_card(name: str, created: int, info) -> dict:
     return {"id": name, "object": "model", "created": created, "owned_by": "qwen-trt",
-            "root": info.model, "parent": None, "max_model_len": info.max_seq_len}
+            "root": name, "parent": None, "max_model_len": info.max_seq_len}
 
 
 def _prompts(raw, vocab: int) -> tuple:
@@ -295,12 +295,7 @@ def add_routes(app: FastAPI, ctx: ApiContext) -> None:
 
 
 async def _json(request: Request):
-    import json
+    from qwen_trt.api.limits import decode_json
 
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"The body is not valid JSON ({str(e)[:80]}).",
-                       code="invalid_json") from e
+    return decode_json(await request.body())
 
