@@ -110,8 +110,8 @@ def parse_completion_request(obj, vocab: int) -> CompletionRequest:
         raise _bad("stream_options", "'stream_options' must be an object.")
     sampling = ChatRequest(
         messages=(), model=model or None, stream=stream,
-        include_usage=stream and _bool(opts or {}, "include_usage", False),
-        continuous_usage=stream and _bool(opts or {}, "continuous_usage_stats", False),
+        include_usage=_bool(opts or {}, "include_usage", False) and stream,
+        continuous_usage=_bool(opts or {}, "continuous_usage_stats", False) and stream,
         max_tokens=_int(obj, "max_tokens", DEFAULT_MAX_TOKENS, 1),
         temperature=_number(obj, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
         top_p=_number(obj, "top_p", DEFAULT_TOP_P, 0.0, 1.0),

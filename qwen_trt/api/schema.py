@@ -39,14 +39,14 @@ class SystemMessage(BaseModel):
     model_config = Open
     role: Literal["system", "developer"]
     content: Content
-    name: Optional[str] = None
+    name: Any = Field(None, description="Ignored (the chat template has no place for it).")
 
 
 class UserMessage(BaseModel):
     model_config = Open
     role: Literal["user"]
     content: Content
-    name: Optional[str] = None
+    name: Any = Field(None, description="Ignored (the chat template has no place for it).")
 
 
 class AssistantHistoryMessage(BaseModel):
@@ -55,7 +55,7 @@ class AssistantHistoryMessage(BaseModel):
     role: Literal["assistant"]
     content: Optional[Content] = None
     tool_calls: Optional[list[ToolCall]] = None
-    name: Optional[str] = None
+    name: Any = Field(None, description="Ignored (the chat template has no place for it).")
 
 
 class ToolMessage(BaseModel):
@@ -89,14 +89,22 @@ class NamedTool(BaseModel):
 
 
 class JsonSchemaFormat(BaseModel):
-    name: Optional[str] = None
+    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_\-]{1,64}$")
     schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
     strict: Optional[bool] = None
 
 
-class ResponseFormat(BaseModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[JsonSchemaFormat] = None
+class PlainFormat(BaseModel):
+    type: Literal["text", "json_object"]
+    json_schema: Any = Field(None, description="Ignored with these types.")
+
+
+class SchemaFormat(BaseModel):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[Union[PlainFormat, SchemaFormat], Field(discriminator="type")]
 
 
 class StreamOptions(BaseModel):
@@ -145,7 +153,7 @@ class ChatCompletionRequest(Sampling):
     tools: Optional[list[Tool]] = None
     tool_choice: Union[Literal["none", "auto", "required"], NamedTool, None] = None
     parallel_tool_calls: Optional[bool] = None
-    response_format: Optional[ResponseFormat] = None
+    response_format: Optional[ResponseFormat] = None  # noqa: UP007
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
 
