@@ -54,7 +54,8 @@ class AssistantHistoryMessage(BaseModel):
     model_config = Open
     role: Literal["assistant"]
     content: Optional[Content] = None
-    tool_calls: Optional[list[ToolCall]] = None
+    # an empty object counts as no calls (as the server reads it: protocol._empty)
+    tool_calls: Union[list[ToolCall], Annotated[dict[str, Any], Field(max_length=0)], None] = None
     name: Any = Field(None, description="Ignored (the chat template has no place for it).")
 
 
