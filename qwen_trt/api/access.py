@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import sys
@@ -101,7 +102,7 @@ class RequestLog:
         try:
             await self.app(scope, receive, send_with_id)
         except BaseException as e:
-            if status == 499 and not isinstance(e, (OSError, _cancelled())):
+            if status == 499 and not isinstance(e, (OSError, asyncio.CancelledError)):
                 status = 500       # the app's 500 handler answers (outside this middleware)
             raise
         finally:
@@ -115,12 +116,6 @@ class RequestLog:
             who = f"{client[0]}:{client[1]}" if client else "-"
             log.info('%s "%s %s" %d %.1fms request_id=%s', who, scope.get("method", "-"),
                      _printable(scope.get("path", "")), status, seconds * 1e3, rid)
-
-
-def _cancelled():
-    import asyncio
-
-    return asyncio.CancelledError
 
 
 def log_to_stderr() -> None:

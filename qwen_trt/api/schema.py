@@ -35,6 +35,21 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
+class HistoryFunctionCall(BaseModel):
+    model_config = Open
+    name: str = Field(min_length=1)
+    arguments: Union[str, dict[str, Any]] = Field(
+        "{}", description="The arguments as a JSON object, or as its text.")
+
+
+class HistoryToolCall(BaseModel):
+    """A call in an earlier assistant message: the function is what counts."""
+    model_config = Open
+    id: Any = Field(None, description="Kept when a string, else call_<index>.")
+    type: Any = Field(None, description="Ignored (every call is a function call).")
+    function: HistoryFunctionCall
+
+
 class SystemMessage(BaseModel):
     model_config = Open
     role: Literal["system", "developer"]
@@ -55,7 +70,8 @@ class AssistantHistoryMessage(BaseModel):
     role: Literal["assistant"]
     content: Optional[Content] = None
     # an empty object counts as no calls (as the server reads it: protocol._empty)
-    tool_calls: Union[list[ToolCall], Annotated[dict[str, Any], Field(max_length=0)], None] = None
+    tool_calls: Union[list[HistoryToolCall], Annotated[dict[str, Any], Field(max_length=0)],
+                      None] = None
     name: Any = Field(None, description="Ignored (the chat template has no place for it).")
 
 
@@ -132,7 +148,7 @@ class Sampling(BaseModel):
     presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
     frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
     repetition_penalty: Optional[float] = Field(None, gt=0, le=2)
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=0, le=2 ** 64 - 1)
     stop: Union[str, Annotated[list[str], Field(max_length=MAX_STOPS)], None] = None
     stop_token_ids: Optional[Annotated[list[Annotated[int, Field(ge=0)]],
                                        Field(max_length=MAX_STOP_IDS)]] = None
@@ -410,9 +426,13 @@ def build_openapi(app: FastAPI) -> dict:
                                  "content": {"application/json": {"schema": _ref(req)}}}
         content = {"application/json": {"schema": _ref(res)}}
         if chunk is not None:
+            # one event: its data is a chunk's JSON, the last one's the text [DONE]
             content["text/event-stream"] = {"schema": {
-                "type": "string", "description": f"Server-sent events: 'data: <{chunk.__name__}"
-                                                 " JSON>' lines, then 'data: [DONE]'."}}
+                "type": "object", "required": ["data"],
+                "properties": {"data": {"type": "string", "contentMediaType": "application/json",
+                                        "contentSchema": _ref(chunk)}},
+                "description": f"Server-sent events: 'data: <{chunk.__name__} JSON>' lines, "
+                               "then 'data: [DONE]'."}}
         op["responses"] = {"200": {"description": "OK", "content": content},
                            "400": error, "401": error, "404": error, "503": error}
     return doc
