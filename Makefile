@@ -13,7 +13,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch>=2.4,torch==2.13.0)
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test test-compat test-kernels tiny chat engine bench bench-constrained bench-http bench-ui bench-health bench-front-door bench-sanitize onnx serve loadtest check-clients clean
+.PHONY: setup demo test docs-settings test-compat test-kernels tiny chat engine bench bench-constrained bench-http bench-ui bench-health bench-front-door bench-sanitize onnx serve loadtest check-clients clean
 
 setup: $(VENV)/.installed
 
@@ -46,6 +46,11 @@ chat: setup
 # CPU test suite (CUDA and TensorRT-LLM tests skip themselves without a GPU / tensorrt_llm).
 test: setup
 	$(PY) -m pytest -q
+
+# README's configuration table and docs/settings.md, made from qwen_trt/settings.py (the one
+# source of every QWEN_TRT_* variable); tests/test_settings.py fails when they are stale.
+docs-settings:
+	$(PY) -m qwen_trt.settings --write
 
 # The core suite again under transformers 4.57 (what TensorRT-LLM 1.2 pins), in its own venv.
 COMPAT_VENV ?= .venv-tf457

@@ -28,8 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="qwen-trt",
         description="Low-latency chat with Qwen3-4B-Instruct-2507 (TensorRT-LLM or PyTorch).")
     parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of a failure (one line without) [env "
-                             "QWEN_TRT_DEBUG=1]")
+                        help=settings.declared("QWEN_TRT_DEBUG").help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)

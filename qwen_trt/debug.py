@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import os
 
+from qwen_trt import settings
+
 DEBUG_ENV = "QWEN_TRT_DEBUG"
-_TRUE = ("1", "true", "yes", "on")
 
 
 def debug_enabled(environ=None) -> bool:
-    """Whether tracebacks are wanted (``QWEN_TRT_DEBUG`` set to 1 / true / yes / on)."""
-    env = os.environ if environ is None else environ
-    return (env.get(DEBUG_ENV) or "").strip().lower() in _TRUE
+    """Whether tracebacks are wanted (``QWEN_TRT_DEBUG`` read by :func:`settings.parse_bool`;
+    a value that is no on/off word counts as off here: this runs while reporting an error)."""
+    try:
+        return settings.get(DEBUG_ENV, environ)
+    except settings.SettingError:
+        return False
 
 
 def enable_debug() -> None:

@@ -1,8 +1,9 @@
 """The backend options, one home for the app and the CLI.
 
 ``add_backend_args(parser)`` adds ``--model --engine --backend --device --dtype --max-seq-len
---max-batch --fast --watchdog-s --quantization --base-url --api-key`` to any argparse parser; ``config_from(args, environ)`` turns the parsed flags plus the
-``QWEN_TRT_*`` environment variables into a checked :class:`BackendConfig` (a flag wins over its
+--max-batch --fast --watchdog-s --quantization --cache-dir --base-url --api-key`` to any argparse
+parser, their help from their declarations in :mod:`qwen_trt.settings`;
+``config_from(args, environ)`` turns the parsed flags plus the ``QWEN_TRT_*`` environment variables into a checked :class:`BackendConfig` (a flag wins over its
 variable; an empty variable counts as unset; with nothing given the backend's ``auto`` choice
 applies). The values themselves are checked once, in ``BackendConfig.__post_init__``.
 
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from qwen_trt import settings
-from qwen_trt.backends import BACKENDS, DTYPES, FAST_MODES, QUANTIZATIONS, BackendConfig
+from qwen_trt.backends import BackendConfig
 from qwen_trt.errors import ConfigError
 
 
@@ -25,55 +26,30 @@ from qwen_trt.errors import ConfigError
 class BackendOption:
     flag: str
     env: str
-    help: str
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
 
+    @property
+    def help(self) -> str:
+        """The flag's ``--help``: its declaration's doc and default (qwen_trt.settings)."""
+        return settings.declared(self.env).help
 
-OPTIONS: tuple[BackendOption, ...] = (
-    BackendOption("--model", "QWEN_TRT_MODEL",
-                  "model folder or hub id (default Qwen/Qwen3-4B-Instruct-2507); for trtllm the "
-                  "checkpoint of the LLM API path (no engine folder) or the engine's tokenizer"),
-    BackendOption("--engine", "QWEN_TRT_ENGINE",
-                  "TensorRT-LLM engine folder (default engines/<gpu>/)"),
-    BackendOption("--backend", "QWEN_TRT_BACKEND", f"{' | '.join(BACKENDS)} (default auto)"),
-    BackendOption("--device", "QWEN_TRT_DEVICE",
-                  "torch backend: auto | cpu | cuda | cuda:N (default auto)"),
-    BackendOption("--dtype", "QWEN_TRT_DTYPE",
-                  f"torch backend: {' | '.join(DTYPES)} (default auto)"),
-    BackendOption("--max-seq-len", "QWEN_TRT_MAX_SEQ_LEN",
-                  "torch backend and the trtllm LLM API path: context limit in tokens, prompt + "
-                  "reply (default: the model's; trtllm: this GPU's build profile)"),
-    BackendOption("--max-batch", "QWEN_TRT_MAX_BATCH",
-                  "fast path: sequences decoded together (continuous batching); 1 = one request "
-                  "at a time on the batch-1 decoder, the lowest single-user latency (default 32)"),
-    BackendOption("--fast", "QWEN_TRT_FAST",
-                  f"torch backend: compiled CUDA-graph fast path: {' | '.join(FAST_MODES)} "
-                  "(default auto = on CUDA)"),
-    BackendOption("--watchdog-s", "QWEN_TRT_WATCHDOG_S",
-                  "the engine process: restart it when it makes no progress for this many "
-                  "seconds while requests wait or run (a hung GPU or process); 0 = off "
-                  "(default 30)"),
-    BackendOption("--quantization", "QWEN_TRT_QUANTIZATION",
-                  f"fast path weights: {' | '.join(QUANTIZATIONS)} (default auto = as the "
-                  "checkpoint has them; fp8 / int4 quantize a bf16 checkpoint at load)"),
-    BackendOption("--cache-dir", "QWEN_TRT_CACHE_DIR",
-                  "fast path on CUDA: where compiled kernels and autotune choices are kept "
-                  "between starts, keyed by GPU, versions and shapes ('off': none; default "
-                  "~/.cache/qwen-trt)"),
-    BackendOption("--base-url", "QWEN_TRT_BASE_URL",
-                  "openai backend: an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"),
-    BackendOption("--api-key", "QWEN_TRT_API_KEY",
-                  "openai backend: the key to send; qwen-trt serve: the key clients must send"),
-)
+
+_BACKEND_ENVS = (
+    "QWEN_TRT_MODEL", "QWEN_TRT_ENGINE", "QWEN_TRT_BACKEND", "QWEN_TRT_DEVICE", "QWEN_TRT_DTYPE",
+    "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_MAX_BATCH", "QWEN_TRT_SPECULATIVE",
+    "QWEN_TRT_NUM_SPECULATIVE_TOKENS", "QWEN_TRT_FAST", "QWEN_TRT_WATCHDOG_S",
+    "QWEN_TRT_QUANTIZATION", "QWEN_TRT_CACHE_DIR", "QWEN_TRT_BASE_URL", "QWEN_TRT_API_KEY")
+OPTIONS: tuple[BackendOption, ...] = tuple(
+    BackendOption(settings.declared(env).flag, env) for env in _BACKEND_ENVS)
 
 
 def add_backend_args(parser: argparse.ArgumentParser) -> None:
     """Add the backend options (all default to None: unset, so the variable or default applies)."""
     for o in OPTIONS:
-        parser.add_argument(o.flag, default=None, help=f"{o.help} [env {o.env}]")
+        parser.add_argument(o.flag, default=None, help=o.help)
 
 
 def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None
@@ -110,6 +86,8 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = No
                          base_url=v["base_url"], api_key=v["api_key"],
                          cache_dir=v["cache_dir"],
                          quantization=v["quantization"] or "auto",
+                         speculative=v["speculative"] or "off",
+                         num_speculative_tokens=v["num_speculative_tokens"] or "auto",
                          **({} if watchdog is None else {"watchdog_s": watchdog}))
 
 

@@ -21,7 +21,7 @@ GRAMMAR_KINDS = ("json_object", "json_schema", "tool_calls")
 
 @dataclass(frozen=True)
 class Grammar:
-    """What the reply must match (constrained decoding, :mod:`qwen_trt.fast.grammar`).
+    """What the reply must match (constrained decoding, :mod:`qwen_trt.fast.step.grammar`).
 
     ``json_object``: one JSON object. ``json_schema``: ``spec`` is a JSON schema as JSON text;
     the reply is one JSON value valid for it. ``tool_calls``: ``spec`` is JSON text
@@ -29,7 +29,7 @@ class Grammar:
     reply is one (``parallel``: one or more, newline-separated) ``<tool_call>\n{"name": <one of
     the names>, "arguments": <an object valid for that tool's parameters>}\n</tool_call>``
     block(s), then the end of the turn. The spec itself is checked by
-    :func:`qwen_trt.fast.grammar.check_grammar`.
+    :func:`qwen_trt.fast.step.grammar.check_grammar`.
     """
 
     kind: GrammarKind

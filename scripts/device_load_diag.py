@@ -12,7 +12,7 @@ r = batch_runner_for(b)
 tr = time.perf_counter() - t - ti - tl
 st = r.model.stats
 try:
-    from qwen_trt.fast.bgemm import _bgemm_tuned
+    from qwen_trt.fast.kernels.bgemm import _bgemm_tuned
     best = {str(k[:3]): str(v) for k, v in _bgemm_tuned.cache.items()}
 except ImportError:   # no Triton (CPU)
     best = {}

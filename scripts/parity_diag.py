@@ -17,7 +17,7 @@ import random
 import torch
 
 from qwen_trt.fast import TINY, FastDecoder, build_model
-from qwen_trt.fast.weights import init_random
+from qwen_trt.fast.model.weights import init_random
 from qwen_trt.params import SamplingParams
 
 

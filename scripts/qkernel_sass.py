@@ -146,7 +146,7 @@ def main() -> int:
     p.add_argument("--dump", default=None)
     p.add_argument("--only", default=None)
     args = p.parse_args()
-    from qwen_trt.fast import qkernels as Q
+    from qwen_trt.fast.kernels import qkernels as Q
 
     shapes = {"qkv": (6144, 2560, False, False, True), "o": (2560, 4096, False, True, False),
               "gate_up": (9728, 2560, True, False, True), "down": (2560, 9728, False, True, False)}

@@ -39,6 +39,18 @@ def tiny_model_dir(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch intra-op thread for a module of tiny tensor work (two threads on a busy
+    2-core box spin and make a tiny forward ~50x slower); the setting is put back after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_backend(tiny_model_dir):
     """A torch backend on the tiny model (CPU, float32), shared by tests that only read it."""

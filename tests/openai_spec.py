@@ -46,7 +46,8 @@ def _validator(name: str):
 def check(obj, name: str) -> None:
     """Raise AssertionError listing every way ``obj`` breaks OpenAI's schema ``name``
     (CreateChatCompletionResponse, CreateChatCompletionStreamResponse, CreateCompletionResponse,
-    Model, ListModelsResponse, ErrorResponse)."""
+    Model, ListModelsResponse, ErrorResponse; for the Responses API: Response,
+    ResponseStreamEvent, ResponseItemList)."""
     errors = sorted(_validator(name).iter_errors(obj), key=lambda e: list(e.path))
     if errors:
         lines = [f"{'/'.join(map(str, e.path)) or '(root)'}: {e.message[:200]}" for e in errors]

@@ -21,7 +21,8 @@ CTX = 256
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     s = start_serve(tiny_model_dir, tmp_path_factory.mktemp("serve"), "--api-key", KEY,
-                    "--max-seq-len", str(CTX), "--served-model-name", "tiny")
+                    "--max-seq-len", str(CTX), "--served-model-name", "tiny",
+                    "--allowed-hosts", "api.example.test")
     yield s
     s.stop()
 
@@ -38,6 +39,7 @@ def ask(text: str) -> list[dict]:
 def post(server, body, key=KEY, raw: bytes | None = None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     if raw is not None:
+        headers["Content-Type"] = "application/json"
         return httpx.post(f"{server.url}/v1/chat/completions", content=raw, headers=headers,
                           timeout=30)
     return httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=30)
@@ -177,6 +179,22 @@ def test_invalid_json_and_non_object(server):
     for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
         r = post(server, None, raw=raw)
         assert r.status_code == 400 and r.json()["error"]["message"]
+
+
+def test_serve_checks_content_type_and_host_with_allowed_hosts(server):
+    """The CLI's --allowed-hosts reaches the check: its name is answered (as behind a proxy
+    that passes the client's Host), loopback names still are, any other name is a 421; a
+    POST that is not JSON is a 415 even with the right key."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    port = server.url.rsplit(":", 1)[1]
+    for host, status in (("api.example.test", 200), ("API.example.test:443", 200),
+                         (f"localhost:{port}", 200), ("evil.example.test", 421),
+                         (f"example.test:{port}", 421)):
+        r = httpx.get(f"{server.url}/v1/models", headers={**auth, "Host": host}, timeout=30)
+        assert r.status_code == status, (host, r.text)
+    r = httpx.post(f"{server.url}/v1/chat/completions", headers={**auth, "Content-Type":
+                   "text/plain"}, content=json.dumps({"messages": ask("x")}), timeout=30)
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
 
 
 def test_openai_client_raises_bad_request_with_message(client):

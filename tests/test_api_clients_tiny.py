@@ -1,10 +1,12 @@
 """``qwen-trt serve`` on the tiny model (real engine, random weights) driven by LangChain's
 ``ChatOpenAI`` and the openai SDK: tools in the history, a tool round trip, n, completions,
-models.retrieve; every reply checked against OpenAI's schemas.
+models.retrieve, the Responses API (``responses.create`` / ``.stream``, ``previous_response_id``,
+LangChain's ``use_responses_api=True``); every reply checked against OpenAI's schemas. And the
+anthropic SDK's ``messages.create`` / ``.stream`` (x-api-key and Bearer).
 
 Random weights never call a tool on their own, so the round trips that need the model to call
 one use ``tool_choice`` required / named, and structured output uses ``response_format``: both
-need the engine's constrained decoding (``qwen_trt.fast.grammar``), and those tests run
+need the engine's constrained decoding (``qwen_trt.fast.step.grammar``), and those tests run
 once that module exists (skipped otherwise). The same for logprobs, which the engine fills in
 ``Delta.logprobs`` alongside the grammar work."""
 from __future__ import annotations
@@ -22,8 +24,8 @@ from servers import start_serve  # noqa: E402
 
 KEY = "tiny-key"
 needs_engine_grammar = pytest.mark.skipif(
-    importlib.util.find_spec("qwen_trt.fast.grammar") is None,
-    reason="needs the engine's constrained decoding and logprobs (qwen_trt.fast.grammar)")
+    importlib.util.find_spec("qwen_trt.fast.step.grammar") is None,
+    reason="needs the engine's constrained decoding and logprobs (qwen_trt.fast.step.grammar)")
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -178,3 +180,80 @@ def test_openai_sdk_tools_response_format_and_logprobs(client, stream):
         msg = client.chat.completions.create(**tools_kw).choices[0].message
     assert msg.tool_calls and msg.tool_calls[0].function.name == "get_weather"
     assert isinstance(json.loads(msg.tool_calls[0].function.arguments)["city"], str)
+
+
+# -- the Responses and Messages APIs (scripted tests: tests/test_api_responses.py) ---------------
+ANTHROPIC_WEATHER = {"name": "get_weather", "description": "The weather in a city",
+                     "input_schema": WEATHER["function"]["parameters"]}
+
+
+def test_openai_sdk_and_langchain_responses_api(server, client):
+    first = client.responses.create(model="tiny", input="Hello", max_output_tokens=8,
+                                    temperature=0)
+    assert first.status in ("completed", "incomplete") and first.usage.output_tokens >= 1
+    with client.responses.stream(model="tiny", input="Hello", max_output_tokens=8,
+                                 temperature=0) as s:
+        evs = list(s)
+    kinds = [ev.type for ev in evs]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    # the SDK's get_final_response() wants response.completed; random weights rarely stop
+    # before the limit, and then the stream ends with response.incomplete (as OpenAI's)
+    assert kinds[-1] == f"response.{first.status}"
+    streamed = evs[-1].response
+    assert streamed.output_text == first.output_text          # greedy: the same reply
+    raw = httpx.get(f"{server.url}/v1/responses/{streamed.id}",
+                    headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+    check(raw.json(), "Response")
+    follow = client.responses.create(model="tiny", input="More", previous_response_id=first.id,
+                                     max_output_tokens=4)
+    assert follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    lc = pytest.importorskip("langchain_openai")
+    chat = lc.ChatOpenAI(base_url=f"{server.url}/v1", api_key=KEY, model="tiny",
+                         temperature=0, max_tokens=8, max_retries=0, timeout=120,
+                         use_responses_api=True)
+    reply = chat.invoke("Hello")
+    assert reply.text == first.output_text
+    assert reply.response_metadata["id"].startswith("resp_")
+    chunks = list(chat.stream("Hello"))
+    assert "".join(c.text for c in chunks) == first.output_text
+    # a tool call and its result in the history go out as function_call items
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return "20 C"
+
+    ai = AIMessage(content="", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"},
+                                            "id": "call_1"}])
+    reply = chat.bind_tools([get_weather]).invoke(
+        [HumanMessage("Weather in Paris?"), ai, ToolMessage("20 C", tool_call_id="call_1")])
+    assert isinstance(reply.text, str) and reply.response_metadata["status"] in (
+        "completed", "incomplete")
+
+
+def test_anthropic_sdk_messages(server):
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
+    kw = dict(model="tiny", max_tokens=8, system="Be brief.", extra_body={"temperature": 0},
+              messages=[{"role": "user", "content": "Hi"},
+                        {"role": "assistant", "content": "Hello!"},
+                        {"role": "user", "content": "Weather?"}],
+              tools=[ANTHROPIC_WEATHER])
+    msg = client.messages.create(**kw)
+    assert msg.role == "assistant" and msg.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert msg.usage.input_tokens > 10 and 1 <= msg.usage.output_tokens <= 8
+    with client.messages.stream(**kw) as s:
+        kinds = [ev.type for ev in s]
+        final = s.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in msg.content]
+    bearer = anthropic.Anthropic(base_url=server.url, auth_token=KEY, max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as e:      # past the key check: a 400
+        bearer.messages.create(**{**kw, "messages": []})
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+    wrong = anthropic.Anthropic(base_url=server.url, api_key="nope", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        wrong.messages.create(**kw)
+    assert e.value.body["error"]["type"] == "authentication_error"

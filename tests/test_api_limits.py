@@ -156,7 +156,8 @@ def test_a_body_over_the_limit_is_413_declared_or_chunked(server):
             yield b"y" * 65536
         yield b'"}]}'
 
-    r = httpx.post(f"{origin}/v1/chat/completions", content=chunks(), timeout=30)
+    r = httpx.post(f"{origin}/v1/chat/completions", content=chunks(), timeout=30,
+                   headers={"content-type": "application/json"})
     assert "content-length" not in r.request.headers
     assert assert_openai_error(r, 413)["code"] == "request_too_large"
     small = chat(origin, {"messages": [{"role": "user", "content": "z" * 500_000}],
@@ -236,7 +237,7 @@ def test_max_queue_holds_for_concurrent_streams(tiny_tokenizer):
             for i, sock in enumerate(socks):     # all at once, on open connections
                 body = json.dumps({"messages": [{"role": "user", "content": f"hi {i}"}],
                                    "stream": True}).encode()
-                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                              b"Content-Type: application/json\r\nConnection: close\r\n"
                              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             heads = [_read_until(sock, b"\r\n\r\n") for sock in socks]
@@ -309,8 +310,8 @@ def trickle(port: int, first: bytes, drip: bytes, limit_s: float = 20.0) -> byte
 
 @pytest.mark.parametrize("first, drip", [
     (b"", b""),                                                        # connects, says nothing
-    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"a"),   # headers, slowly
-    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ", b"a"),  # headers, slowly
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
      b"Content-Length: 5000\r\n\r\n{\"messages\": ", b" "),             # the body, slowly
 ])
 def test_slow_clients_get_408_and_are_closed(tiny_tokenizer, first, drip):
@@ -387,3 +388,262 @@ def test_serve_takes_a_bracketed_ipv6_host(capsys):
                  "--model", "/nonexistent"]) == 2
     err = capsys.readouterr().err
     assert "--host" not in err and "Cannot listen" not in err and "nonexistent" in err, err
+
+
+# -- every endpoint bounds its input before the work --------------------------------------------
+def post(origin: str, path: str, body, timeout=30, **headers) -> httpx.Response:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(f"{origin}{path}", content=raw, timeout=timeout,
+                      headers={"content-type": "application/json", **headers})
+
+
+HUGE_TEXT = "word " * 180_000          # 900 KB: under the module server's 1 MiB body limit
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": HUGE_TEXT}),
+    ("/v1/completions", {"prompt": ["a short one", HUGE_TEXT]}),      # the short one waits too
+    ("/tokenize", {"prompt": HUGE_TEXT}),
+    ("/tokenize", {"messages": [{"role": "user", "content": HUGE_TEXT}]}),
+])
+def test_every_endpoint_refuses_an_unfittable_prompt_before_tokenising(server, monkeypatch,
+                                                                        path, body):
+    import qwen_trt.api.prompt as prompt
+    import qwen_trt.api.server as srv
+
+    calls = []
+    tok = server[2].tokenizer
+    for obj, name in ((srv, "text_ids"), (srv, "encode_messages"), (prompt, "text_ids"),
+                      (tok, "encode")):
+        real = getattr(obj, name, None)
+        monkeypatch.setattr(obj, name, lambda *a, _real=real, **k: calls.append(1) or
+                            _real(*a, **k), raising=False)
+    t0 = time.perf_counter()
+    err = assert_openai_error(post(server[0], path, body), 400)
+    assert err["code"] == "context_length_exceeded" and "at least" in err["message"], err
+    assert calls == [] and time.perf_counter() - t0 < 5
+
+
+def test_prompts_past_the_bound_are_counted_and_replies_bounded(server):
+    origin, _backend, service = server
+    tok = service.tokenizer
+    text = "word " * 8000                    # passes the bound; more tokens than the context
+    n = len(tok.encode(text))
+    assert n > 4096
+    err = assert_openai_error(post(origin, "/v1/completions", {"prompt": text}), 400)
+    assert f"{n} in the prompt" in err["message"] and "at least" not in err["message"]
+    err = assert_openai_error(post(origin, "/tokenize", {"prompt": text}), 400)   # not n ids back
+    assert f"resulted in {n} tokens" in err["message"] and err["param"] == "prompt"
+    ok = post(origin, "/tokenize", {"prompt": "<|im_start|>hi there"})
+    assert ok.status_code == 200
+    assert ok.json()["tokens"] == tok.encode("<|im_start|>hi there")      # control tokens parsed
+    assert assert_openai_error(post(origin, "/detokenize", {"tokens": [1] * 4097}),
+                               400)["param"] == "tokens"
+    ids = tok.encode("hello there")
+    assert post(origin, "/detokenize", {"tokens": ids}).json()["prompt"] == "hello there"
+    # a token-array prompt is measured without tokenising; one that fits is served
+    err = assert_openai_error(post(origin, "/v1/completions", {"prompt": [1] * 4090}), 400)
+    assert "4090 in the prompt" in err["message"]
+    r = post(origin, "/v1/completions", {"prompt": [ids, tok.encode("hi")], "max_tokens": 4})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+
+
+def test_text_ids_is_the_tokenizers_own_encoding(tiny_tokenizer):
+    from qwen_trt.api.prompt import PromptTooLong, text_ids
+
+    for text in ("hello world", "<|im_start|>user\nhi<|im_end|>", "  a\t\n", "",
+                 "e\u0301 \U0001d400 <tool_call>{}</tool_call>"):
+        for special in (True, False):
+            assert text_ids(tiny_tokenizer, text, add_special_tokens=special) == \
+                tiny_tokenizer.encode(text, add_special_tokens=special), text
+    n = len(tiny_tokenizer.encode("word " * 50))
+    with pytest.raises(PromptTooLong) as e:
+        text_ids(tiny_tokenizer, "word " * 50, limit=n - 1)
+    assert e.value.tokens == n and not e.value.at_least
+
+
+# -- 4xx, never 500 -----------------------------------------------------------------------------
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/tokenize", "/detokenize"])
+@pytest.mark.parametrize("raw", [DEEP, b'{"prompt": ' + DEEP + b"}", b'{"tokens": ' + DEEP + b"}"])
+def test_deeply_nested_json_is_400_on_every_endpoint(server, path, raw):
+    assert assert_openai_error(post(server[0], path, raw), 400)["code"] == "invalid_json"
+
+
+HI = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+    "type": "object", "properties": {"a": {"type": "string"}}}}}
+
+
+def _tool(**fn):
+    return [{"type": "function", "function": {**TOOL["function"], **fn}}]
+
+
+def _called(name="f", arguments='{"a": "x"}'):
+    return [*HI, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"}]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "a\ud800b"}, "prompt"),
+    ("/v1/completions", {"prompt": ["fine", "\udc00"]}, "prompt[1]"),
+    ("/tokenize", {"prompt": "x\udfff"}, "prompt"),
+    ("/v1/chat/completions", {"messages": HI, "tools": _tool(description="d\ud800")},
+     "tools[0].function.description"),
+    ("/v1/chat/completions", {"messages": HI, "tools": _tool(parameters={
+        "type": "object", "properties": {"a\udc00": {"type": "string"}}})},
+     "tools[0].function.parameters.properties"),
+    ("/tokenize", {"messages": HI, "tools": _tool(description="\ud800")},
+     "tools[0].function.description"),
+    ("/v1/chat/completions", {"messages": _called(name="f\ud800")},
+     "messages[1].tool_calls[0].function.name"),
+    ("/v1/chat/completions", {"messages": _called(arguments='{"a": "\ud800"}')},
+     "messages[1].tool_calls[0].function.arguments"),
+    ("/v1/chat/completions", {"messages": _called(arguments={"a": "\udbff"})},
+     "messages[1].tool_calls[0].function.arguments.a"),
+])
+def test_a_lone_surrogate_is_400_naming_where(server, path, body, param):
+    err = assert_openai_error(post(server[0], path, {**body, "max_tokens": 2}), 400)
+    assert err["param"] == param and "lone surrogate" in err["message"], err
+
+
+# -- limits that can be met ---------------------------------------------------------------------
+def test_more_choices_than_the_queue_holds_is_400_not_503(tiny_tokenizer):
+    with serving(tiny_tokenizer, max_queue=4) as (origin, _backend, _service):
+        for path, body, param in [
+                ("/v1/chat/completions", {"messages": HI, "n": 5}, "n"),
+                ("/v1/completions", {"prompt": ["a", "b", "c"], "n": 2}, "n"),
+                ("/v1/completions", {"prompt": ["a", "b", "c", "d", "e"]}, "prompt")]:
+            r = post(origin, path, {**body, "max_tokens": 2})
+            err = assert_openai_error(r, 400)
+            assert err["code"] == "too_many_choices" and err["param"] == param
+            assert "--max-queue 4" in err["message"] and "retry-after" not in r.headers
+        # exactly as many as the queue holds: served on an idle server
+        r = post(origin, "/v1/chat/completions", {"messages": HI, "n": 4, "max_tokens": 2})
+        assert r.status_code == 200 and len(r.json()["choices"]) == 4
+        r = post(origin, "/v1/completions", {"prompt": ["a", "b"], "n": 2, "max_tokens": 2})
+        assert r.status_code == 200 and len(r.json()["choices"]) == 4
+
+
+# -- the loopback API is not a door for web pages -----------------------------------------------
+BODY = {"messages": HI, "max_tokens": 2}
+
+
+@pytest.mark.parametrize("ctype", [None, "text/plain", "text/plain;charset=UTF-8",
+                                   "application/x-www-form-urlencoded", "multipart/form-data",
+                                   "application/jsonp"])
+def test_a_post_that_is_not_json_is_415_and_runs_nothing(server, ctype):
+    origin, backend, _service = server
+    before = len(backend.prompts)
+    headers = {"Origin": "http://evil.example"}
+    if ctype is not None:
+        headers["Content-Type"] = ctype
+    for path in ("/v1/chat/completions", "/v1/completions", "/tokenize"):
+        r = httpx.post(f"{origin}{path}", content=json.dumps(BODY).encode(), headers=headers,
+                       timeout=30)
+        err = assert_openai_error(r, 415)
+        assert err["code"] == "unsupported_media_type" and "application/json" in err["message"]
+    assert len(backend.prompts) == before
+    r = post(server[0], "/v1/chat/completions", BODY, **{"content-type": "Application/JSON; "
+                                                         "charset=utf-8"})
+    assert r.status_code == 200 and len(backend.prompts) == before + 1
+
+
+def test_host_header_must_name_this_server(server):
+    origin, backend, _service = server
+    port = origin.rsplit(":", 1)[1]
+    before = len(backend.prompts)
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example",
+                 f"localhost.evil.example:{port}", "10.1.2.3", "[::1", "a b", ""):
+        r = post(origin, "/v1/chat/completions", BODY, host=host)
+        err = assert_openai_error(r, 421)
+        assert err["code"] == "misdirected_request" and "--allowed-hosts" in err["message"]
+        assert httpx.get(f"{origin}/v1/models", headers={"host": host}).status_code == 421
+        assert httpx.get(f"{origin}/health", headers={"host": host}).status_code == 200  # probes
+    assert len(backend.prompts) == before
+    for host in ("localhost", f"localhost:{port}", "LOCALHOST.", "127.0.0.1", f"127.0.0.1:{port}",
+                 f"[::1]:{port}", "[::1]"):
+        assert post(origin, "/v1/chat/completions", BODY, host=host).status_code == 200, host
+    assert len(backend.prompts) == before + 7
+
+
+def test_allowed_hosts_one_check_in_one_place():
+    from qwen_trt.api.guards import HostCheck
+    from qwen_trt.commands.serve import settings_from
+    from qwen_trt.errors import ConfigError
+
+    class Args:
+        api_key = served_model_name = None
+
+    s = settings_from(Args(), {"QWEN_TRT_ALLOWED_HOSTS": " Chat.Example.com, [FE80::1] ,"})
+    assert s.allowed_hosts == ("chat.example.com", "fe80::1")
+    check = HostCheck(s.host, s.allowed_hosts)
+    assert check.allows("chat.example.com:443") and check.allows("[fe80::1]:8000")
+    assert not check.allows("other.example.com") and not check.allows("example.com")
+    assert HostCheck("127.0.0.1", ("*",)).allows("anything.example")
+    # a wildcard bind answers the address the connection came in on, not any name
+    wide = HostCheck("0.0.0.0")
+    assert wide.allows("10.0.0.5:8000", local="10.0.0.5") and not wide.allows("0.0.0.0")
+    assert not wide.allows("rebind.example", local="10.0.0.5")
+    assert HostCheck("10.0.0.7").allows("10.0.0.7:8000")
+    for bad in ("http://x.example", "x.example:80", "x.example/path", "a b"):
+        with pytest.raises(ConfigError, match="--allowed-hosts"):
+            ServerSettings(allowed_hosts=(bad,))
+
+
+@pytest.mark.browser
+def test_a_page_from_another_origin_cannot_run_a_prompt_in_chromium(server):
+    """Chromium, as a user's browser: a page from another origin sends the 'simple' POST no
+    preflight guards (text/plain, no-cors), and a DNS-rebinding page (its own name resolving
+    to the API, so its requests are same-origin) sends JSON. Neither reaches the engine."""
+    import http.server
+    import threading
+
+    from playwright.sync_api import sync_playwright
+
+    from test_browser_e2e import CHROMIUM_ARGS, _chromium
+
+    origin, backend, _service = server
+    api_port = int(origin.rsplit(":", 1)[1])
+    page_html = (b"<!doctype html><title>evil</title><script>fetch('http://127.0.0.1:%d"
+                 b"/v1/chat/completions', {method: 'POST', mode: 'no-cors', body: '%s', headers:"
+                 b" {'Content-Type': 'text/plain'}}).finally(() => document.title = 'sent');"
+                 b"</script>" % (api_port, json.dumps(BODY).encode()))
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):   # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(page_html)
+
+        def log_message(self, *args):
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    before = len(backend.prompts)
+    rebind = ("async () => { const r = await fetch('/v1/chat/completions', {method: 'POST', "
+              f"headers: {{'Content-Type': 'application/json'}}, body: '{json.dumps(BODY)}'}});"
+              " return r.status; }")
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=_chromium(), args=[
+                *CHROMIUM_ARGS, "--host-resolver-rules=MAP rebind.test 127.0.0.1"])
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(30_000)
+                page.goto(f"http://localhost:{site.server_address[1]}/")
+                page.wait_for_function("document.title === 'sent'")
+                page.goto(f"http://rebind.test:{api_port}/health")
+                assert page.evaluate(rebind) == 421
+            finally:
+                browser.close()
+    finally:
+        site.shutdown()
+    assert len(backend.prompts) == before
+    assert post(origin, "/v1/chat/completions", BODY).status_code == 200    # the control
+    assert len(backend.prompts) == before + 1

@@ -217,9 +217,9 @@ def grammar_module(monkeypatch):
         seen.append(g)
         if g.kind == "json_schema" and "$ref" in g.spec:
             raise ValueError("unsupported keyword '$ref' at /properties/a")
-    mod = types.ModuleType("qwen_trt.fast.grammar")
+    mod = types.ModuleType("qwen_trt.fast.step.grammar")
     mod.check_grammar = check_grammar
-    monkeypatch.setitem(sys.modules, "qwen_trt.fast.grammar", mod)
+    monkeypatch.setitem(sys.modules, "qwen_trt.fast.step.grammar", mod)
     return seen
 
 
@@ -262,7 +262,7 @@ def test_a_schema_the_engine_cannot_compile_is_a_400(env, grammar_module):
 
 
 def test_without_a_grammar_engine_constraints_are_refused(env, monkeypatch):
-    monkeypatch.setitem(sys.modules, "qwen_trt.fast.grammar", None)
+    monkeypatch.setitem(sys.modules, "qwen_trt.fast.step.grammar", None)
     _, _, _, origin = env
     r = post(origin, "/v1/chat/completions", {"messages": ask(),
                                               "response_format": {"type": "json_object"}})

@@ -10,7 +10,8 @@ import pytest
 
 from qwen_trt.api.constraints import parse_response_format
 from qwen_trt.api.errors import ApiError
-from qwen_trt.api.tools import ToolCallParser, parse_tools, split_tool_calls
+from qwen_trt.api.tools import (CallArguments, CallStart, ToolCall, ToolCallParser,
+                               parse_tools, split_tool_calls)
 from qwen_trt.serving.session import encode_messages
 from qwen_trt.params import Grammar
 
@@ -30,8 +31,22 @@ def stream(text: str, cuts: list[int]):
 
 
 def content_and_calls(pieces):
+    """The content and the calls; each call's pieces in order (start, arguments joining to its
+    ``arguments``, the whole call)."""
     content = "".join(x for x in pieces if isinstance(x, str))
-    calls = [(c.name, json.loads(c.arguments)) for c in pieces if not isinstance(c, str)]
+    calls, open_ = [], None
+    for x in pieces:
+        if isinstance(x, CallStart):
+            assert open_ is None
+            open_ = (x, [])
+        elif isinstance(x, CallArguments):
+            open_[1].append(x.text)
+        elif isinstance(x, ToolCall):
+            start, parts = open_
+            assert (x.id, x.name, x.arguments) == (start.id, start.name, "".join(parts))
+            calls.append((x.name, json.loads(x.arguments)))
+            open_ = None
+    assert open_ is None
     return content, calls
 
 
@@ -54,6 +69,10 @@ CASES = [
     ("an open block at the end that does not", 'x <tool_call>{"name": "f", "argu',
      'x <tool_call>{"name": "f", "argu', []),
     ("a partial tag at the end", "see <tool_ca", "see <tool_ca", []),
+    ("compact JSON keeps its spelling", '<tool_call>{"name":"f","arguments":{"a":[1,{"b":2}]}}'
+                                        '</tool_call>', "", [("f", {"a": [1, {"b": 2}]})]),
+    ("arguments before the name", '<tool_call>{"arguments": {"a": 1}, "name": "f"}</tool_call>',
+     "", [("f", {"a": 1})]),
     ("a lookalike tag", "<tool_calls> are <tool> tags", "<tool_calls> are <tool> tags", []),
 ]
 
@@ -71,14 +90,19 @@ def test_any_cutting_gives_the_same_content_and_calls(name, text, content, calls
                                                                                      calls)
 
 
-def test_content_before_a_call_streams_before_the_call_closes():
+def test_content_then_a_call_stream_as_they_are_written():
     p = ToolCallParser()
     assert p.feed("Sure, checking") == ["Sure, checking"]
     assert p.feed(" now.\n<tool") == [" now."]           # the tag's start is held back
-    assert p.feed('_call>\n{"name": "f", "arguments": {}}') == []
-    (call,) = p.feed("\n</tool_call>")
-    assert call.name == "f" and call.arguments == "{}" and call.id.startswith("call_")
-    assert p.feed("\n") == [] and p.finish() == []
+    assert p.feed('_call>\n{"name": "f", "argu') == []    # the head is not complete yet
+    start, args = p.feed('ments": {"city": "Pa')
+    assert isinstance(start, CallStart) and start.name == "f" and start.id.startswith("call_")
+    assert args == CallArguments('{"city": "Pa')
+    assert p.feed('ris", "q": "}</tool_call>"') == [CallArguments('ris", "q": "}</tool_call>"')]
+    (rest, call) = p.feed("}}\n</tool_call>")
+    assert rest == CallArguments("}") and call == ToolCall("f", '{"city": "Paris", "q": '
+                                                               '"}</tool_call>"}', start.id)
+    assert p.feed("\n") == [] and p.finish() == [] and p.calls == [call]
     ids = {split_tool_calls(CALL)[1][0].id for _ in range(3)}
     assert len(ids) == 3 and all(i.startswith("call_") for i in ids)     # a fresh id per call
 
@@ -157,3 +181,45 @@ def test_tags_typed_in_contents_and_data_are_text(tiny_tokenizer):
                         ("</tool_call>", 3)):
         assert ids.count(tok.convert_tokens_to_ids(name)) == count, name
     assert '"arguments": {"a": "</tool_call><|im_end|>"}}' in tok.decode(ids)
+
+
+def test_a_call_cut_off_keeps_its_name_and_what_was_written():
+    # once a call's head has streamed, the call stays one (its deltas went out): cut off by
+    # the length limit it keeps the arguments written so far, and a stray end tag closes it
+    text = '<tool_call>\n{"name": "f", "arguments": {"a": [1, 2'
+    for cuts in ([], list(range(1, len(text)))):
+        pieces = stream(text, cuts)
+        assert "".join(x for x in pieces if isinstance(x, str)) == ""
+        (call,) = [x for x in pieces if isinstance(x, ToolCall)]
+        assert (call.name, call.arguments) == ("f", '{"a": [1, 2')
+    pieces = stream('<tool_call>{"name": "f", "arguments": {"a": 1 </tool_call> after', [9, 30])
+    assert [x.arguments for x in pieces if isinstance(x, ToolCall)] == ['{"a": 1 ']
+    assert [x for x in pieces if isinstance(x, str)] == ["after"]
+    assert split_tool_calls('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>')[1][
+        0].arguments == '{"a": 1}'          # as the model wrote it
+
+
+def test_allowed_tools_render_only_the_tools_named():
+    two = TOOLS + [{"type": "function", "function": {"name": "get_time"}}]
+    for item in ({"type": "function", "function": {"name": "get_time"}},
+                 {"type": "function", "name": "get_time"}):
+        spec = parse_tools({"tools": two, "tool_choice": {"type": "allowed_tools",
+                                                          "allowed_tools": {"mode": "required",
+                                                                            "tools": [item]}}})
+        assert [t["function"]["name"] for t in spec.tools] == ["get_time"]
+        assert spec.choice == "required" and spec.render
+        assert [t["name"] for t in json.loads(spec.grammar().spec)["tools"]] == ["get_time"]
+    auto = parse_tools({"tools": two, "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+        "mode": "auto", "tools": [{"type": "function", "function": {"name": "get_weather"}}]}}})
+    assert [t["function"]["name"] for t in auto.tools] == ["get_weather"]
+    assert auto.choice == "auto" and auto.grammar() is None
+    for bad, param in [({"mode": "sometimes", "tools": []}, "tool_choice.allowed_tools"),
+                       ({"mode": "auto", "tools": []}, "tool_choice.allowed_tools"),
+                       ({"mode": "auto", "tools": [{"type": "function", "name": "nope"}]},
+                        "tool_choice.allowed_tools.tools[0]"),
+                       ({"mode": "auto", "tools": ["get_time"]},
+                        "tool_choice.allowed_tools.tools[0]")]:
+        with pytest.raises(ApiError) as e:
+            parse_tools({"tools": two, "tool_choice": {"type": "allowed_tools",
+                                                       "allowed_tools": bad}})
+        assert e.value.param == param and len(e.value.message) < 200

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from qwen_trt.fast import QWEN3_4B, TINY, FastDecoder, build_model
-from qwen_trt.fast.batched import (GRAPH_BUCKETS, STEP_TOKEN_BUCKETS, SeqChunk, check_paged,
+from qwen_trt.fast.step.batched import (GRAPH_BUCKETS, STEP_TOKEN_BUCKETS, SeqChunk, check_paged,
                                    make_batched)
-from qwen_trt.fast.weights import init_random
+from qwen_trt.fast.model.weights import init_random
 from qwen_trt.params import SamplingParams
 from qwen_trt.backends.runner import generate
 from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig
@@ -254,12 +254,14 @@ def test_sampled_and_logprob_rows_chain_like_step_by_step(big, monkeypatch):
     raises on one); tokens and logprobs equal those of step-by-step decoding."""
     from qwen_trt.fast.options import options, use
 
-    queue_only = BatchRunner._emit_step
+    from qwen_trt.fast.step.executor import StepExecutor
 
-    def strict(self, seqs, rows):
+    queue_only = StepExecutor._emit
+
+    def strict(self, rows, live):
         torch.cuda.set_sync_debug_mode("error")
         try:
-            return queue_only(self, seqs, rows)
+            return queue_only(self, rows, live)
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
@@ -281,7 +283,7 @@ def test_sampled_and_logprob_rows_chain_like_step_by_step(big, monkeypatch):
                 lps[ev.request_id] += [(lp.token_id, round(lp.logprob, 3)) for lp in ev.logprobs]
         return runner, out, lps
 
-    monkeypatch.setattr(BatchRunner, "_emit_step", strict)
+    monkeypatch.setattr(StepExecutor, "_emit", strict)
     chained, out_c, lp_c = run()
     monkeypatch.undo()
     with use(options().replace(chain=False)):
@@ -295,7 +297,7 @@ def test_step_pieces_as_triton_kernels_match_the_compiled_ones(big):
     """QWEN_TRT_STEP_TRITON=1: a step that prefills with bgemm's row norm and SiLU·up
     kernels gives the logits of the same step with the compiled pieces (the same rounding, so
     well inside the bf16 bound)."""
-    from qwen_trt.fast.batched import _post_triton, _pre_triton
+    from qwen_trt.fast.step.batched import _post_triton, _pre_triton
     from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
 
     bm = big

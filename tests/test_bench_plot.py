@@ -1,4 +1,4 @@
-"""``qwen-trt bench --plot``: the chart is drawn from a bench JSON (docs/measurements/bench-h200.json)."""
+"""``qwen-trt bench --plot``: the chart is drawn from a bench JSON (docs/measurements/bench-batch1-vs-hf-h200-first-kernels.json)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ def test_plot_from_the_saved_h200_run(tmp_path):
     pytest.importorskip("matplotlib")
     from qwen_trt.bench.plot import _series, plot_result
 
-    result = json.loads((ROOT / "docs" / "measurements" / "bench-h200.json").read_text())
+    result = json.loads((ROOT / "docs" / "measurements" / "bench-batch1-vs-hf-h200-first-kernels.json").read_text())
     series = _series(result, "decode_tok_s")
     assert set(series) >= {"hf-eager", "fast"}
     assert series["fast"][0] == [128, 512, 2048]

@@ -116,14 +116,14 @@ def test_auto_pick_prefers_the_fp16_engine(fake_trtllm, monkeypatch, dirs, tiny_
 
 def test_a_quantized_engine_on_a_gpu_that_cannot_run_it(fake_trtllm, monkeypatch, dirs,
                                                         tiny_model_dir):
-    from qwen_trt.backends.trtllm_backend import TrtllmBackend
+    from qwen_trt.backends.trtllm import load_trtllm
     from qwen_trt.errors import EngineMismatchError
 
     set_gpu(monkeypatch, "l4")
     engine = _build(dirs, tiny_model_dir, gpu="l4", quant="fp8").engine_dir
     set_gpu(monkeypatch, "a10")
     with pytest.raises(EngineMismatchError) as e:
-        TrtllmBackend.load(engine=str(engine), warmup=False)
+        load_trtllm(engine=str(engine), warmup=False)
     msg = str(e.value)
     assert msg == (f"Engine {engine} cannot run here: its quantization fp8 (FP8) needs an sm89+ "
                    f"GPU (L4, RTX 4090, H100, H200); this GPU is A10 (sm86): build "

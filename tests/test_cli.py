@@ -96,7 +96,7 @@ def test_engine_failure_mid_reply_is_one_line(tiny_model_dir, capsys, monkeypatc
     code = main(["chat", "--model", str(tiny_model_dir), "--prompt", "hi", "--backend", "torch"])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert "The engine failed on this request (RuntimeError: CUDA out of memory" in err
+    assert "The backend failed on this request (RuntimeError: CUDA out of memory" in err
 
 
 def test_tiny_model_refuses_a_folder_that_is_not_empty(tmp_path, capsys):

@@ -115,9 +115,10 @@ class _FakeGraph:
 
 def _cpu_batched(monkeypatch, cache):
     torch = pytest.importorskip("torch")
-    from qwen_trt.fast import batched, compile_cache
-    from qwen_trt.fast.config import FastConfig
-    from qwen_trt.fast.model import Qwen3Fast
+    from qwen_trt.fast import compile_cache
+    from qwen_trt.fast.step import batched
+    from qwen_trt.fast.model.config import FastConfig
+    from qwen_trt.fast.model.model import Qwen3Fast
 
     cfg = FastConfig(vocab_size=64, hidden=32, intermediate=64, layers=1, heads=2, kv_heads=1,
                      head_dim=16, rope_theta=1e4, rms_eps=1e-6, tie_embeddings=True,
@@ -172,9 +173,12 @@ def test_the_key_covers_every_fast_module_with_triton_kernels():
     from qwen_trt.fast import compile_cache
 
     fast = Path(compile_cache.__file__).parent
-    with_kernels = {p.name for p in fast.glob("*.py") if "@triton.jit" in p.read_text()}
+    with_kernels = {p.relative_to(fast).as_posix() for p in fast.rglob("*.py")
+                    if "@triton.jit" in p.read_text()}
     assert with_kernels and with_kernels <= set(compile_cache.KERNEL_SOURCES), (
         with_kernels - set(compile_cache.KERNEL_SOURCES))
+    missing = [n for n in compile_cache.KERNEL_SOURCES if not (fast / n).is_file()]
+    assert not missing, f"moved or renamed: {missing} (they would drop out of the key)"
 
 
 def _warm_folder(root, key=KEY):
@@ -235,7 +239,7 @@ def test_each_weight_format_has_its_own_key():
     """A --quantization fp8 / int4 load (or an FP8 / AWQ checkpoint) must not take a bf16
     start's self-check passes or tuned choices: the resolved format is in the key."""
     from qwen_trt.fast.compile_cache import format_key
-    from qwen_trt.fast.qformats import QuantSpec
+    from qwen_trt.fast.model.qformats import QuantSpec
 
     keys = {format_key(QuantSpec(m)) for m in ("none", "fp8", "int4")}
     assert len(keys) == 3 and format_key(QuantSpec()) == KEY.weight_format
@@ -276,7 +280,7 @@ def test_the_shipped_h200_seed_matches_a_default_serve_of_the_real_model():
     from qwen_trt.backends.torch_backend import DEFAULT_MAX_SEQ_LEN
     from qwen_trt.fast import SHAPES
     from qwen_trt.fast.compile_cache import buckets_key, find_seed, format_key
-    from qwen_trt.fast.qformats import QuantSpec
+    from qwen_trt.fast.model.qformats import QuantSpec
 
     key = replace(KEY, triton="3.6.0", dtype="bfloat16",
                   shapes=json.dumps(asdict(SHAPES["qwen3-4b"]), sort_keys=True, default=str),
@@ -288,3 +292,4 @@ def test_the_shipped_h200_seed_matches_a_default_serve_of_the_real_model():
     path, seed = found
     assert path.name.startswith("h200-") and seed["choices"].get("bgemm")
     assert find_seed(replace(key, weight_format=format_key(QuantSpec("fp8")))) is None
+

@@ -14,8 +14,8 @@ import pytest
 from qwen_trt.serving.scheduler import batch_runner_for
 import torch
 
-from qwen_trt.fast.grammar import GrammarError, check_grammar
-from qwen_trt.fast.sampling import SamplerState, pick, sampler_kind
+from qwen_trt.fast.step.grammar import GrammarError, check_grammar
+from qwen_trt.fast.step.sampling import SamplerState, pick, sampler_kind
 from qwen_trt.serving.generation import ReplyStream
 from qwen_trt.params import Grammar, SamplingParams
 
@@ -109,7 +109,7 @@ def test_grammar_kind_is_checked_once_in_params():
 def test_grammar_book_on_the_qwen3_vocabulary_width(tiny_tokenizer):
     """The mask width of the real model (151,936 logits) against a smaller tokenizer: the
     padding ids are never allowed."""
-    from qwen_trt.fast.grammar import GrammarBook
+    from qwen_trt.fast.step.grammar import GrammarBook
 
     book = GrammarBook(tiny_tokenizer, 151936, (514,))
     c = book.constraint(GRAMMARS["json_schema"], 64)
@@ -401,7 +401,7 @@ def test_a_constraint_ends_in_time_whatever_is_picked(tiny_tokenizer):
     could not finish)."""
     import random
 
-    from qwen_trt.fast.grammar import GrammarBook
+    from qwen_trt.fast.step.grammar import GrammarBook
 
     stop = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
     book = GrammarBook(tiny_tokenizer, len(tiny_tokenizer), (stop,))

@@ -93,13 +93,13 @@ def test_the_pieces_fit_together(objects):
         assert get["path"] == "/health" and get["port"] in ports
     assert "livenessProbe" not in c          # /health's 503 during an engine restart is no death
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
-    env = {e["name"]: e for e in c["env"]}
-    assert env["QWEN_TRT_API_KEY"]["valueFrom"]["secretKeyRef"]["name"]
+    container_env = {e["name"]: e for e in c["env"]}
+    assert container_env["QWEN_TRT_API_KEY"]["valueFrom"]["secretKeyRef"]["name"]
     args = c["args"]
     assert int(args[args.index("--port") + 1]) == ports["http"]
     # the topic names the pod by the variable the downward API fills in
     for var in re.findall(r"\$\((\w+)\)", " ".join(args)):
-        assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert container_env[var]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
 
 
 def test_the_container_command_is_a_valid_qwen_trt_serve(objects):

@@ -14,7 +14,7 @@ from qwen_trt.serving import worker
 
 @pytest.fixture
 def warmups(monkeypatch):
-    from qwen_trt.fast.decoder import FastDecoder
+    from qwen_trt.fast.step.decoder import FastDecoder
 
     calls = []
     real = FastDecoder.warmup

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qwen_trt.fast import QWEN3_4B, FastConfig, FastDecoder, build_model
-from qwen_trt.fast.weights import load_safetensors, load_state_dict
+from qwen_trt.fast.model.weights import load_safetensors, load_state_dict
 from qwen_trt.params import SamplingParams
 
 pytestmark = pytest.mark.cuda
@@ -39,7 +39,7 @@ def tiny_engine(tiny_model_dir, dtype, **kw) -> FastDecoder:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_triton_decode_attention_matches_math(dtype):
-    from qwen_trt.fast.attention import check_triton, triton_usable
+    from qwen_trt.fast.kernels.attention import check_triton, triton_usable
 
     assert triton_usable(torch.device("cuda"))
     # Qwen3-4B head layout; slots span many splits and a ragged tail
@@ -81,7 +81,7 @@ GEMV_CASES = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape,fuse", GEMV_CASES)
 def test_triton_gemv_matches_unfused_ops(shape, fuse, dtype, kernel):
-    from qwen_trt.fast.gemv import GemvConfig, gemv, gemv_ref
+    from qwen_trt.fast.kernels.gemv import GemvConfig, gemv, gemv_ref
 
     g = torch.Generator(device="cuda").manual_seed(1)
     rows, k = shape
@@ -110,8 +110,8 @@ def test_triton_gemv_matches_unfused_ops(shape, fuse, dtype, kernel):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rope_cache_kernel_matches_unfused_ops(dtype):
-    from qwen_trt.fast.reference import rope_tables
-    from qwen_trt.fast.rope_cache import qk_rope_cache, qk_rope_cache_ref
+    from qwen_trt.fast.model.reference import rope_tables
+    from qwen_trt.fast.kernels.rope_cache import qk_rope_cache, qk_rope_cache_ref
 
     g = torch.Generator(device="cuda").manual_seed(2)
     cfg = QWEN3_4B
@@ -138,9 +138,9 @@ def test_rope_cache_kernel_matches_unfused_ops(dtype):
 def test_fused_rope_attention_matches_the_two_kernels(dtype):
     """rope_decode_attention (norms + RoPE + cache write inside the first attention kernel)
     against qk_rope_cache + decode_attention, Qwen3-4B heads, over a cache with history."""
-    from qwen_trt.fast.attention import decode_attention, rope_decode_attention
-    from qwen_trt.fast.reference import rope_tables
-    from qwen_trt.fast.rope_cache import qk_rope_cache
+    from qwen_trt.fast.kernels.attention import decode_attention, rope_decode_attention
+    from qwen_trt.fast.model.reference import rope_tables
+    from qwen_trt.fast.kernels.rope_cache import qk_rope_cache
 
     g = torch.Generator(device="cuda").manual_seed(3)
     cfg, slots = QWEN3_4B, 4097
@@ -174,8 +174,8 @@ def test_prefill_gqa_attention_matches_expanded_heads(dtype):
     """The prefill layer's grouped-query SDPA over the cache slots (cuDNN/flash in bf16) gives
     the layer output of SDPA over K/V expanded to every query head, at Qwen3-4B head shapes;
     a wrong head grouping would be far off."""
-    from qwen_trt.fast.model import prefill_layer
-    from qwen_trt.fast.weights import init_random
+    from qwen_trt.fast.model.model import prefill_layer
+    from qwen_trt.fast.model.weights import init_random
 
     cfg = dataclasses.replace(QWEN3_4B, layers=1)
     model = build_model(cfg, max_seq_len=1024, dtype=dtype, device="cuda")

@@ -13,7 +13,7 @@ from triton_interp import interpret, triton_interpreter  # noqa: F401 (autouse f
 def test_gemv_kernels_match_unfused_ops():
     errs = interpret("""
         import json, torch
-        import qwen_trt.fast.gemv as G
+        import qwen_trt.fast.kernels.gemv as G
         torch.manual_seed(0)
         cases = [(96, 64, dict(ln=True)), (64, 128, dict(residual=True)),
                  (256, 64, dict(ln=True, gate_up=True)), (515, 64, dict(ln=True)),
@@ -47,10 +47,10 @@ def test_gemv_kernels_match_unfused_ops():
 def test_rope_cache_and_attention_kernels_match_unfused_ops(tmp_path):
     res = interpret("""
         import json, torch
-        from qwen_trt.fast.attention import check_triton
-        from qwen_trt.fast.config import TINY
-        from qwen_trt.fast.reference import rope_tables
-        from qwen_trt.fast.rope_cache import qk_rope_cache, qk_rope_cache_ref
+        from qwen_trt.fast.kernels.attention import check_triton
+        from qwen_trt.fast.model.config import TINY
+        from qwen_trt.fast.model.reference import rope_tables
+        from qwen_trt.fast.kernels.rope_cache import qk_rope_cache, qk_rope_cache_ref
         torch.manual_seed(0)
         cfg, slots = TINY, 300
         cos, sin = rope_tables(cfg, slots, "cpu")
@@ -67,7 +67,7 @@ def test_rope_cache_and_attention_kernels_match_unfused_ops(tmp_path):
         attn = check_triton(torch.device("cpu"), torch.float32, 2, 4, 32, 300, tol=1e-5)
         # the fused kernel (norms + RoPE + cache write inside the first attention kernel)
         # against the two steps, over a cache with history, in float32 and bfloat16
-        from qwen_trt.fast.attention import decode_attention, rope_decode_attention
+        from qwen_trt.fast.kernels.attention import decode_attention, rope_decode_attention
         from qwen_trt.fast.options import KernelOptions, configure
         fused = []
         for dt, pre, split in ((torch.float32, "1", None), (torch.bfloat16, "1", None),
@@ -106,10 +106,10 @@ def test_decode_with_the_kernels_equals_the_pytorch_decode(tiny_model_dir):
     res = interpret(f"""
         import json, torch
         from pathlib import Path
-        import qwen_trt.fast.model as M
+        import qwen_trt.fast.model.model as M
         from qwen_trt.fast import FastConfig, FastDecoder, build_model
-        from qwen_trt.fast.decoder import check_decode_kernels
-        from qwen_trt.fast.weights import load_safetensors
+        from qwen_trt.fast.step.checks import check_decode_kernels
+        from qwen_trt.fast.model.weights import load_safetensors
         from qwen_trt.params import SamplingParams
         d = Path({str(tiny_model_dir)!r})
         cfg = FastConfig.from_hf(json.loads((d / "config.json").read_text()))
@@ -157,10 +157,10 @@ def test_step_pieces_as_triton_kernels_match_the_batched_steps_pytorch_pieces():
     pieces; ragged widths (masked tails) and zero rows included."""
     errs = interpret("""
         import json, torch
-        from qwen_trt.fast.bgemm import rms_rows, silu_mul_rows
-        from qwen_trt.fast.batched import (_post_attention, _post_triton, _pre_attention,
+        from qwen_trt.fast.kernels.bgemm import rms_rows, silu_mul_rows
+        from qwen_trt.fast.step.batched import (_post_attention, _post_triton, _pre_attention,
                                            _pre_triton)
-        from qwen_trt.fast.reference import rms_norm
+        from qwen_trt.fast.model.reference import rms_norm
         torch.manual_seed(0)
         out = {}
         for rows, k in ((1, 64), (5, 96), (3, 100), (0, 64)):

@@ -10,8 +10,8 @@ import torch
 
 from qwen_trt.errors import ModelSourceError, PromptTooLongError
 from qwen_trt.fast import FastConfig, FastDecoder, build_model
-from qwen_trt.fast.sampling import SamplerState, pick, sampler_kind
-from qwen_trt.fast.weights import load_safetensors
+from qwen_trt.fast.step.sampling import SamplerState, pick, sampler_kind
+from qwen_trt.fast.model.weights import load_safetensors
 from qwen_trt.params import SamplingParams
 
 PROMPT = [5, 17, 99, 3, 250, 41, 7, 7, 300, 12, 60]
@@ -211,7 +211,7 @@ def test_config_reads_transformers_4_layout():
 
 
 def test_buckets():
-    from qwen_trt.fast.decoder import bucket_for, pow2_buckets
+    from qwen_trt.fast.step.decoder import bucket_for, pow2_buckets
 
     assert pow2_buckets(16, 100) == (16, 32, 64, 100)
     assert pow2_buckets(16, 64) == (16, 32, 64)
@@ -239,7 +239,7 @@ def test_triton_decode_that_cannot_run_falls_back_with_a_note(tiny_model_dir, fa
 def test_prefill_gqa_attention_equals_expanded_heads(fast_cfg, tiny_model_dir, dtype):
     """The default prefill layer (SDPA over the cache slots with grouped-query heads) gives the
     same logits and cache as the older form that copies K/V per query head."""
-    from qwen_trt.fast.model import prefill_layer
+    from qwen_trt.fast.model.model import prefill_layer
 
     model = build_model(fast_cfg, max_seq_len=64, dtype=dtype, device="cpu")
     load_safetensors(model, tiny_model_dir)

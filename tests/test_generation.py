@@ -5,7 +5,7 @@ import torch
 from fakes import ScriptedBackend
 from qwen_trt.serving.generation import ReplyStream
 from qwen_trt.params import SamplingParams
-from qwen_trt.fast.sampling import SamplerState, pick, sampler_kind
+from qwen_trt.fast.step.sampling import SamplerState, pick, sampler_kind
 
 
 TEXT = "你好！Emoji 🚀🎉 and 龘. **Markdown** <script>alert(1)</script>"

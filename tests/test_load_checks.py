@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from qwen_trt import settings as qwen_settings
 from qwen_trt.cli import main
 from qwen_trt.errors import InvalidMessageError, ModelSourceError, QwenTrtError
 from qwen_trt.model.source import load_tokenizer, resolve_model
@@ -317,7 +318,7 @@ def test_worker_load_error_of_a_foreign_type_prints_no_traceback(monkeypatch, ca
     spec = WorkerSpec(BackendConfig(), loader="serving_fakes:load_crashes")
     for debug in ("", "1"):
         monkeypatch.setenv("QWEN_TRT_DEBUG", debug)
-        with pytest.raises(ModelLoadError, match=r"^Unexpected error while loading the engine "
+        with pytest.raises(ModelLoadError, match=r"^Unexpected error while loading the model "
                                                   r"\(RuntimeError: CUDA out of memory\)\.$"):
             WorkerClient(spec, echo=io.StringIO())
         err = capfd.readouterr().err
@@ -339,7 +340,7 @@ def test_cli_unexpected_error_is_one_line_and_debug_shows_the_traceback(monkeypa
     assert main(["--debug", "chat", "--prompt", "hi"]) == 1
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "RuntimeError: boom" in err
-    assert os.environ["QWEN_TRT_DEBUG"] == "1"          # the engine process inherits it
+    assert qwen_settings.get("QWEN_TRT_DEBUG") is True   # the worker process inherits it
     monkeypatch.setenv("QWEN_TRT_DEBUG", "1")
     assert main(["chat", "--prompt", "hi"]) == 1
     assert "Traceback" in capsys.readouterr().err

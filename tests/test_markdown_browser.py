@@ -26,11 +26,12 @@ from test_browser_e2e import CHROMIUM_ARGS, ROOT, STEP_TIMEOUT_MS, _chromium, _f
 pytestmark = pytest.mark.browser
 
 APP = '''
-import json, os
+import json
 import streamlit as st
+from qwen_trt import settings
 from qwen_trt.ui.text import sanitize_markdown
 
-doc = json.loads(open(os.environ["QWEN_TRT_CORPUS"]).read())
+doc = json.loads(open(settings.get("QWEN_TRT_CORPUS")).read())
 for i, (name, pair) in enumerate(doc["corpus"].items()):
     with st.container(key=f"s{i}"):
         st.markdown(sanitize_markdown(pair["s"]))

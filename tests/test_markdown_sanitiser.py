@@ -3,7 +3,6 @@ mixes of Markdown and HTML, and ordinary Markdown that must render as before. Th
 rendered in Chromium by tests/test_markdown_browser.py."""
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -11,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from markdown_check import live_constructs
 from markdown_payloads import ORDINARY, payloads
+from qwen_trt import settings as qwen_settings
 from qwen_trt.ui.text import render_safe, sanitize_markdown
 
 URL = "http://127.0.0.1:9/leak"
@@ -70,8 +70,8 @@ _ISSUE = st.tuples(_OPENERS, st.sampled_from(["```", "~~~", "````", "```x"]),
                    _LINES).map(lambda p: f"{p[0]}\n{p[1]}\n\n{p[1]}\n{p[2]}\n{p[1]}\n"
                                          + "\n".join(p[3]))
 DOCS = st.one_of(_LINES.map("\n".join), _ISSUE)
-PROPERTY = settings(max_examples=int(os.environ.get("QWEN_TRT_PROPERTY_EXAMPLES", "400")), deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck))
+PROPERTY = settings(max_examples=qwen_settings.get("QWEN_TRT_PROPERTY_EXAMPLES"), deadline=None,
+                    database=None, suppress_health_check=list(HealthCheck))
 
 
 @PROPERTY

@@ -73,7 +73,7 @@ def test_one_shape_reader_and_head_dim_policy():
     """ModelShape is the one reader: the fast path, ONNX and the build agree on head_dim."""
     from qwen_trt.engine.build import check_model_shapes
     from qwen_trt.errors import ConfigError
-    from qwen_trt.fast.config import FastConfig
+    from qwen_trt.fast.model.config import FastConfig
     from qwen_trt.model.shape import ModelShape
     from qwen_trt.onnx.export import DecoderShape
 

@@ -59,7 +59,8 @@ def test_config_key_differs_per_config_and_table_lists_every_env_var():
     assert config_key(BackendConfig(model="a")) != config_key(BackendConfig(model="b"))
     envs = [o.env for o in OPTIONS]
     assert envs == ["QWEN_TRT_MODEL", "QWEN_TRT_ENGINE", "QWEN_TRT_BACKEND", "QWEN_TRT_DEVICE",
-                    "QWEN_TRT_DTYPE", "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_MAX_BATCH", "QWEN_TRT_FAST", "QWEN_TRT_WATCHDOG_S",
+                    "QWEN_TRT_DTYPE", "QWEN_TRT_MAX_SEQ_LEN", "QWEN_TRT_MAX_BATCH", "QWEN_TRT_SPECULATIVE",
+                    "QWEN_TRT_NUM_SPECULATIVE_TOKENS", "QWEN_TRT_FAST", "QWEN_TRT_WATCHDOG_S",
                     "QWEN_TRT_QUANTIZATION", "QWEN_TRT_CACHE_DIR",
                     "QWEN_TRT_BASE_URL",
                     "QWEN_TRT_API_KEY"]
@@ -134,9 +135,17 @@ def test_max_batch_picks_the_runner(monkeypatch):
 
     monkeypatch.setattr(scheduler, "make_batch_runner",
                         lambda model, config, **kw: ("batched", model, config, kw["stop_ids"]))
-    assert make_runner(Batching()) == ("batched", "weights", None, (7,))
+    assert make_runner(Batching()) == ("batched", "weights", SchedulerConfig(), (7,))
     assert make_runner(Batching(), max_batch=4) == ("batched", "weights",
                                                     SchedulerConfig(max_batch=4), (7,))
     backend = Batching()
     assert make_runner(backend) is backend.attached_runner      # built once, then attached
     assert isinstance(make_runner(Batching(), max_batch=1), SerialRunner)
+    # speculation verifies drafts in the batched runner's steps, at --max-batch 1 too
+    from qwen_trt.backends import BackendConfig
+    from qwen_trt.serving.speculation import SpecConfig
+
+    cfg = BackendConfig(speculative="ngram", num_speculative_tokens="3")
+    assert make_runner(Batching(), max_batch=1, cfg=cfg) == (
+        "batched", "weights", SchedulerConfig(max_batch=1, speculative=SpecConfig("ngram", 3)),
+        (7,))

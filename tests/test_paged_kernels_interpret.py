@@ -10,11 +10,11 @@ def test_paged_kernels_match_the_references():
     out = interpret("""
         import json, torch
         torch.manual_seed(0)
-        from qwen_trt.fast.paged_kernels import (paged_rope_cache, paged_decode_attention,
+        from qwen_trt.fast.kernels.paged_kernels import (paged_rope_cache, paged_decode_attention,
             paged_attention_ref, table_slots)
-        from qwen_trt.fast.rope_cache import qk_rope_cache_ref
-        from qwen_trt.fast.model import rope_tables
-        from qwen_trt.fast.config import TINY
+        from qwen_trt.fast.kernels.rope_cache import qk_rope_cache_ref
+        from qwen_trt.fast.model.model import rope_tables
+        from qwen_trt.fast.model.config import TINY
         heads, kvh, d, bs, nblk = 4, 2, 32, 16, 24
         cos, sin = rope_tables(TINY, 512, "cpu")
         res = {}
@@ -52,7 +52,7 @@ def test_paged_kernels_match_the_references():
         # fused: norms + RoPE + K/V write inside the first attention kernel, the new token
         # at the end of each row (pos = len - 1), with and without the K/V preload
         from qwen_trt.fast.options import KernelOptions, configure
-        from qwen_trt.fast.paged_kernels import paged_rope_decode_attention
+        from qwen_trt.fast.kernels.paged_kernels import paged_rope_decode_attention
         pos = torch.tensor(lens) - 1
         slots = torch.tensor([int(tables[i, p // bs]) * bs + p % bs
                               for i, p in enumerate(pos.tolist())])
@@ -85,8 +85,8 @@ def test_small_batch_projections_match_the_unfused_ops():
         import json, torch
         import torch.nn.functional as F
         torch.manual_seed(0)
-        from qwen_trt.fast.bgemm import bgemm, rms_rows, BgemmConfig
-        from qwen_trt.fast.model import rms_norm
+        from qwen_trt.fast.kernels.bgemm import bgemm, rms_rows, BgemmConfig
+        from qwen_trt.fast.model.model import rms_norm
         res = {}
         for m in (2, 5, 17):
             x = torch.randn(m, 96)
@@ -114,7 +114,7 @@ def test_varlen_attention_matches_the_reference_for_a_mixed_step():
     out = interpret("""
         import json, torch
         torch.manual_seed(0)
-        from qwen_trt.fast.paged_kernels import (paged_varlen_attention, paged_attention_ref,
+        from qwen_trt.fast.kernels.paged_kernels import (paged_varlen_attention, paged_attention_ref,
             table_slots, varlen_tiles, varlen_max_tiles)
         heads, kvh, d, bs, nblk = 4, 2, 32, 16, 40
         kc = torch.randn(kvh, nblk * bs, d); vc = torch.randn(kvh, nblk * bs, d)
@@ -163,8 +163,8 @@ def test_batched_steps_with_the_varlen_kernel_match_the_math_steps():
     out = interpret("""
         import json, torch
         from qwen_trt.fast import TINY, build_model
-        from qwen_trt.fast.batched import BatchedModel, SeqChunk
-        from qwen_trt.fast.weights import init_random
+        from qwen_trt.fast.step.batched import BatchedModel, SeqChunk
+        from qwen_trt.fast.model.weights import init_random
         torch.manual_seed(0)
         m = build_model(TINY, max_seq_len=256, dtype=torch.float32, device="cpu")
         init_random(m, seed=1, std=0.5)
@@ -202,10 +202,10 @@ def test_rope_cache_write_of_many_rows_matches_the_reference():
     out = interpret("""
         import json, torch
         torch.manual_seed(0)
-        from qwen_trt.fast.paged_kernels import paged_rope_cache
-        from qwen_trt.fast.rope_cache import qk_rope_cache_ref
-        from qwen_trt.fast.model import rope_tables
-        from qwen_trt.fast.config import TINY
+        from qwen_trt.fast.kernels.paged_kernels import paged_rope_cache
+        from qwen_trt.fast.kernels.rope_cache import qk_rope_cache_ref
+        from qwen_trt.fast.model.model import rope_tables
+        from qwen_trt.fast.model.config import TINY
         heads, kvh, d, n = 4, 2, 32, 70
         cos, sin = rope_tables(TINY, 512, "cpu")
         qkv = torch.randn(n, (heads + 2 * kvh) * d)

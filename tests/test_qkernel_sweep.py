@@ -3,7 +3,7 @@ kernel tables, and the items it times."""
 from __future__ import annotations
 
 from qwen_trt.bench import qkernel_sweep as S
-from qwen_trt.fast import qkernels as Q
+from qwen_trt.fast.kernels import qkernels as Q
 
 
 def _best(us: float, cfg: dict | None) -> dict:

@@ -12,9 +12,8 @@ import torch
 from qwen_trt.cli import main
 from qwen_trt.errors import ModelSourceError
 from qwen_trt.fast import FastConfig, FastDecoder, build_model, load_fast_decoder
-from qwen_trt.fast.qformats import (AWQ_ORDER, FP8_MAX, Fp8Linear, Int4Linear, QuantSpec,
-                                    dense, fp8_quantize, from_awq, from_gptq, pack_rows,
-                                    quantize, to_awq, to_gptq)
+from qwen_trt.fast.model.qformats import AWQ_ORDER, FP8_MAX, Fp8Linear, Int4Linear, QuantSpec, fp8_quantize, from_awq, from_gptq, pack_rows, quantize, to_awq, to_gptq
+from qwen_trt.fast.kernels.linear import dense
 from qwen_trt.params import SamplingParams
 
 PROJ = ("wqkv", "wo", "w_gate_up", "w_down")
@@ -151,7 +150,7 @@ def test_packed_model_logits_and_greedy_tokens_equal_the_dequantized_model(quant
 
 
 def test_batched_step_with_packed_weights_equals_the_dequantized_model(quantized):
-    from qwen_trt.fast.batched import SeqChunk, make_batched
+    from qwen_trt.fast.step.batched import SeqChunk, make_batched
 
     model = _load(quantized["gptq"]).model
     ref = _dense_copy(model)
@@ -306,9 +305,8 @@ def test_fp8_tensor_core_linear_hands_cublas_its_layouts_and_matches_dequantized
     block-scaled GEMM takes (asserted by the emulation), and the product within FP8's
     activation rounding of the dequantized weights; K not a multiple of 512 stays on the
     dequantizing prefill (its scale rows would not be 16-byte aligned)."""
-    from qwen_trt.fast.qformats import (FP8_TC_MIN_ROWS, Fp8Linear, fp8_act_quant,
-                                        fp8_quantize, fp8_scaled_linear, fp8_tensor_core_ok,
-                                        linear)
+    from qwen_trt.fast.model.qformats import Fp8Linear, fp8_act_quant, fp8_quantize, fp8_tensor_core_ok
+    from qwen_trt.fast.kernels.linear import FP8_TC_MIN_ROWS, fp8_scaled_linear, linear
 
     assert not fp8_tensor_core_ok(Fp8Linear(*fp8_quantize(torch.randn(256, 384)), (128, 128)))
 
@@ -342,7 +340,7 @@ def test_fp8_prefill_setup_marks_weights_only_on_hopper_after_its_check(quantize
     recipe fits is marked; a failed check or a GPU other than Hopper is a one-line error with
     tensorcore, the dequantizing prefill (with a note for the check) with auto."""
     from qwen_trt.fast import loader
-    from qwen_trt.fast.qformats import Fp8Linear, fp8_quantize
+    from qwen_trt.fast.model.qformats import Fp8Linear, fp8_quantize
 
     dec = _load(quantized["fp8"])
     model = dec.model
@@ -398,9 +396,9 @@ def test_batched_steps_use_fp8_tensor_cores_only_when_asked():
     they dequantize (measured slower on tensor cores on the H200), as with dequant."""
     from types import SimpleNamespace
 
-    from qwen_trt.fast import batched
+    from qwen_trt.fast.step import batched
     from qwen_trt.fast.options import KernelOptions, use
-    from qwen_trt.fast.qformats import dense, prefill_weight
+    from qwen_trt.fast.kernels.linear import dense, prefill_weight
 
     step = SimpleNamespace(_pre=batched._pre_triton)
     for mode, want in (("tensorcore", prefill_weight), ("auto", dense), ("dequant", dense)):

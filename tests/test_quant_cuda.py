@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from qwen_trt.fast import FastConfig, FastDecoder, build_model
-from qwen_trt.fast.gemv import gemv, gemv_ref
-from qwen_trt.fast.qformats import QuantSpec, dense, quantize
-from qwen_trt.fast.weights import load_safetensors
+from qwen_trt.fast.kernels.gemv import gemv, gemv_ref
+from qwen_trt.fast.model.qformats import QuantSpec, quantize
+from qwen_trt.fast.kernels.linear import dense
+from qwen_trt.fast.model.weights import load_safetensors
 from qwen_trt.params import SamplingParams
 
 pytestmark = pytest.mark.cuda
@@ -25,8 +26,8 @@ SHAPES = [(6144, 2560, {"ln": True}), (19456, 2560, {"gate_up": True, "ln": True
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_packed_kernels_match_dequantized_weights(fmt, shape):
-    from qwen_trt.fast.bgemm import bgemm
-    from qwen_trt.fast.qkernels import QConfig, dequantize, qgemv
+    from qwen_trt.fast.kernels.bgemm import bgemm
+    from qwen_trt.fast.kernels.qkernels import QConfig, dequantize, qgemv
 
     n, k, f = shape
     torch.manual_seed(0)
@@ -76,7 +77,7 @@ def test_packed_kernels_match_dequantized_weights(fmt, shape):
 def test_tensor_core_gemv_ragged_shapes_and_captured_graph(fmt):
     """The tensor-core GEMV where K is not whole 128-column blocks (FP8: the masked load),
     rows ragged against the block, and replayed from a CUDA graph (PDL edges)."""
-    from qwen_trt.fast.qkernels import QConfig, qgemv
+    from qwen_trt.fast.kernels.qkernels import QConfig, qgemv
 
     torch.manual_seed(1)
     for n, k, f in ((300, 200, {"ln": True}), (70, 384, {"gate_up": True}),
@@ -147,7 +148,7 @@ def test_tiny_greedy_tokens_packed_kernels_equal_dequantized_reference(tiny_mode
 
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])
 def test_batched_decode_with_packed_weights_matches_math_step(tiny_model_dir, fmt):
-    from qwen_trt.fast.batched import SeqChunk, make_batched
+    from qwen_trt.fast.step.batched import SeqChunk, make_batched
 
     model = _tiny(tiny_model_dir, QuantSpec(fmt, group=64))
     bm = make_batched(model, kv_tokens=4096, warmup=False)
@@ -175,7 +176,8 @@ def test_fp8_tensor_core_prefill_matches_dequantized_weights(shape, rows):
     at Qwen3-4B shapes: within the FP8 activations' rounding of the dequantized product; and
     its load-time self-check passes on this GPU (Hopper)."""
     from qwen_trt.fast.loader import check_fp8_prefill
-    from qwen_trt.fast.qformats import Fp8Linear, fp8_quantize, fp8_scaled_linear
+    from qwen_trt.fast.model.qformats import Fp8Linear, fp8_quantize
+    from qwen_trt.fast.kernels.linear import fp8_scaled_linear
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("cuBLAS's block-scaled FP8 GEMM is Hopper's")
@@ -197,8 +199,8 @@ def test_fp8_act_quant_kernel_matches_the_torch_ops():
     outer-dimension-major, and the same FP8 values (a division rounded differently may move
     a value across a rounding boundary: at most one in a thousand); rows ragged against the
     kernel's block."""
-    from qwen_trt.fast.qformats import fp8_act_quant
-    from qwen_trt.fast.qkernels import act_quant
+    from qwen_trt.fast.model.qformats import fp8_act_quant
+    from qwen_trt.fast.kernels.qkernels import act_quant
 
     torch.manual_seed(0)
     for m, k in ((1, 2560), (37, 4096), (512, 9728)):

@@ -1,4 +1,4 @@
-"""The packed-weight kernels (FP8 blocks, INT4 groups: qwen_trt/fast/qkernels.py) on CPU in
+"""The packed-weight kernels (FP8 blocks, INT4 groups: qwen_trt/fast/kernels/qkernels.py) on CPU in
 Triton's interpreter (float32), against the same weights dequantized: the batch-1 GEMV with its
 fusions, the small-batch GEMM, the dequantize kernel, and the tiny model's greedy tokens through
 the Triton decode. ``make test-kernels`` runs them; without Triton they skip."""
@@ -11,9 +11,9 @@ def test_packed_gemv_gemm_and_dequantize_match_dequantized_weights():
     res = interpret("""
         import json, torch
         import torch.nn.functional as F
-        from qwen_trt.fast import qkernels as K
-        from qwen_trt.fast.gemv import gemv_ref
-        from qwen_trt.fast.qformats import QuantSpec, quantize
+        from qwen_trt.fast.kernels import qkernels as K
+        from qwen_trt.fast.kernels.gemv import gemv_ref
+        from qwen_trt.fast.model.qformats import QuantSpec, quantize
         torch.manual_seed(0)
         # (rows, K, group, fusions): ragged rows; K one block, several, not a block multiple,
         # a power of two of blocks and two pieces (640 = 4 + 1 blocks of 128); INT4 groups of
@@ -82,9 +82,9 @@ def test_half_gemvs_match_dequantized_weights_at_any_activation_scale():
     weights."""
     res = interpret("""
         import json, torch
-        from qwen_trt.fast import qkernels as K
-        from qwen_trt.fast.gemv import gemv_ref
-        from qwen_trt.fast.qformats import QuantSpec, quantize
+        from qwen_trt.fast.kernels import qkernels as K
+        from qwen_trt.fast.kernels.gemv import gemv_ref
+        from qwen_trt.fast.model.qformats import QuantSpec, quantize
         torch.manual_seed(0)
         cases = [(96, 256, 64, dict(ln=True)), (50, 384, 128, dict(residual=True)),
                  (130, 128, 64, dict(ln=True, gate_up=True)), (20, 640, 128, dict(ln=True)),
@@ -131,9 +131,9 @@ def test_tensor_core_gemv_matches_dequantized_weights():
     than steps), INT4 groups of 64 (no tl.dot) and 128; one program, a few, many."""
     res = interpret("""
         import json, torch
-        from qwen_trt.fast import qkernels as K
-        from qwen_trt.fast.gemv import gemv_ref
-        from qwen_trt.fast.qformats import QuantSpec, quantize
+        from qwen_trt.fast.kernels import qkernels as K
+        from qwen_trt.fast.kernels.gemv import gemv_ref
+        from qwen_trt.fast.model.qformats import QuantSpec, quantize
         torch.manual_seed(0)
         cases = [(96, 256, 64, dict(ln=True)), (50, 384, 128, dict(residual=True)),
                  (130, 128, 64, dict(ln=True, gate_up=True)), (37, 200, 64, {}),
@@ -173,7 +173,7 @@ def test_split_k_gemm_of_dense_weights_matches_linear():
     res = interpret("""
         import json, torch
         import torch.nn.functional as F
-        from qwen_trt.fast import qkernels as K
+        from qwen_trt.fast.kernels import qkernels as K
         torch.manual_seed(0)
         errs = []
         for rows, k, f in ((96, 256, {}), (50, 200, {"residual": True}),
@@ -205,9 +205,9 @@ def test_tiny_greedy_tokens_through_packed_kernels_equal_dequantized_reference(t
         import json, torch
         from pathlib import Path
         from qwen_trt.fast import FastConfig, FastDecoder, build_model
-        from qwen_trt.fast.decoder import check_decode_kernels
-        from qwen_trt.fast.qformats import QuantSpec
-        from qwen_trt.fast.weights import load_safetensors
+        from qwen_trt.fast.step.checks import check_decode_kernels
+        from qwen_trt.fast.model.qformats import QuantSpec
+        from qwen_trt.fast.model.weights import load_safetensors
         from qwen_trt.params import SamplingParams
         d = Path({str(tiny_model_dir)!r})
         cfg = FastConfig.from_hf(json.loads((d / "config.json").read_text()))

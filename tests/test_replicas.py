@@ -23,6 +23,9 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(nginx_binary() is None, reason="needs nginx (apt-get install nginx)")]
 
 
+PUBLIC_NAME = "chat.example.test"
+
+
 def served_count(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return sum(float(v) for v in re.findall(r"^qwen_trt_requests_total\{[^}]*\} (\S+)$", text, re.M))
@@ -37,8 +40,9 @@ def running(url: str) -> float:
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("replicas")
-    replicas = [start_serve(tiny_model_dir, tmp, "--served-model-name", "tiny", wait=False)
-                for _ in range(2)]
+    # the name clients reach nginx by (nginx passes their Host on: docs/deploy.md)
+    replicas = [start_serve(tiny_model_dir, tmp, "--served-model-name", "tiny",
+                            "--allowed-hosts", PUBLIC_NAME, wait=False) for _ in range(2)]
     ng = None
     try:
         for r in replicas:
@@ -50,6 +54,18 @@ def cluster(tiny_model_dir, tmp_path_factory):
             ng.stop()
         for r in replicas:
             r.stop()
+
+
+def test_replicas_behind_nginx_answer_its_names_and_refuse_others(cluster):
+    _replicas, ng = cluster
+    port = ng.url.rsplit(":", 1)[1]
+    for host, status in ((f"127.0.0.1:{port}", 200), (f"localhost:{port}", 200),
+                         (PUBLIC_NAME, 200), (f"rebind.example.test:{port}", 421)):
+        r = httpx.get(f"{ng.url}/v1/models", headers={"Host": host}, timeout=30)
+        assert r.status_code == status, (host, r.text[:200])
+    r = httpx.post(f"{ng.url}/v1/chat/completions", content=b'{"messages": []}', timeout=30,
+                   headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415
 
 
 def test_requests_spread_over_both_replicas(cluster):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from qwen_trt.fast import TINY, FastDecoder, build_model
-from qwen_trt.fast.batched import BatchedModel
-from qwen_trt.fast.weights import init_random
+from qwen_trt.fast.step.batched import BatchedModel
+from qwen_trt.fast.model.weights import init_random
 from qwen_trt.params import SamplingParams
 from qwen_trt.backends.runner import generate
 from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig
@@ -372,24 +372,79 @@ def test_chained_greedy_steps_keep_tokens_stops_and_aborts_right():
     assert runner.stats().kv_blocks_used == 0
 
 
-def test_the_policy_plans_and_the_input_builder_lays_out_a_step(weights):
-    """The runner's three parts: the policy (Scheduler) decides a step without launching it,
-    StepInputs lays out that plan for the batched model, the sampler picks (fast/sampling)."""
-    from qwen_trt.serving.scheduler import Scheduler, StepInputs, StepPlan
+def test_the_policy_plans_and_the_plan_is_plain_rows(weights):
+    """The runner's parts: the policy (Scheduler) decides a step without launching it, as a
+    StepPlan of plain rows (no scheduler objects); the executor computes it (fast/step)."""
+    from qwen_trt.fast.step.plan import StepPlan, StepRow
+    from qwen_trt.serving.scheduler import Scheduled, Scheduler
 
     runner = make_runner(weights, max_batch=4, token_budget=40)
     assert isinstance(runner.policy, Scheduler)
     runner.add(1, list(range(3, 12)), greedy(4))          # 9 prompt tokens
-    plan = runner.policy.schedule()
-    assert isinstance(plan, StepPlan) and plan.decode == []
-    assert [(s.rid, n) for s, n in plan.prefill] == [(1, 9)]
-    inp = StepInputs.build(plan)
-    assert inp.tokens == list(range(3, 12)) and inp.positions == list(range(9))
-    assert inp.logit_rows == [8] and [s.rid for s in inp.sampled] == [1]
+    sched = runner.policy.schedule()
+    assert isinstance(sched, Scheduled) and isinstance(sched.plan, StepPlan)
+    (row,) = sched.plan.rows
+    assert type(row) is StepRow and row.rid == 1 and row.tokens == tuple(range(3, 12))
+    assert row.start == 0 and row.logits == 1 and row.draft == 0
+    toks, pos, logit_rows = sched.plan.flat()
+    assert toks == list(range(3, 12)) and pos == list(range(9)) and logit_rows == [8]
     # the plan was only a plan: the runner's own step computes it (and moves on)
     before = runner.steps
     events = runner.step()
     assert runner.steps == before + 1 and [e.request_id for e in events] == [1]
+
+
+def test_a_plan_of_three_tokens_for_one_sequence_and_one_for_another(weights):
+    """The step boundary takes any number of tokens per sequence: a plan holding 3 tokens of
+    one sequence (3 logit rows) and 1 of another gives the logits rows and the KV writes of
+    decoding them one step at a time."""
+    from qwen_trt.fast.step.batched import SeqChunk
+    from qwen_trt.fast.step.executor import StepExecutor
+    from qwen_trt.fast.step.plan import StepPlan, StepRow
+    from qwen_trt.fast.step.sampling import SamplerState
+
+    def setup():
+        bm = BatchedModel(fresh_model(weights), num_blocks=32, block_size=16)
+        return bm, StepExecutor(bm, SamplerState(MAX_SEQ, TINY.vocab_size, "cpu", rows=2))
+
+    pa, pb = prompts(2, seed=5, lo=20, hi=30)
+    ta, tb = tuple(range(1, 4)), tuple(range(4, 7))
+    extra_a = [11, 12, 13]                                # a's next three tokens
+    # step by step: prefill both prompts, then a's three tokens one at a time, b's one
+    bm1, ex1 = setup()
+    ex1.run(StepPlan((StepRow(0, tuple(pa), 0, ta, 0), StepRow(1, tuple(pb), 0, tb, 0))))
+    ref = [bm1._forward_math([tok], [len(pa) + j], [SeqChunk(0, 1, len(pa) + j + 1, ta)],
+                             [0])[0] for j, tok in enumerate(extra_a)]
+    ref_b = bm1.decode([21], [len(pb)], [tb])[0].clone()
+    # one plan: a's three tokens (all three scored) beside b's one
+    bm2, ex2 = setup()
+    ex2.run(StepPlan((StepRow(0, tuple(pa), 0, ta, 0), StepRow(1, tuple(pb), 0, tb, 0))))
+    plan = StepPlan((StepRow(1, (21,), len(pb), tb, 1),
+                     StepRow(0, tuple(extra_a), len(pa), ta, 3)))
+    toks, pos, logit_rows = plan.flat()
+    assert logit_rows == [0, 1, 2, 3]
+    logits = bm2.forward(toks, pos, [SeqChunk(0, 1, len(pb) + 1, tb),
+                                     SeqChunk(1, 3, len(pa) + 3, ta)], logit_rows)
+    torch.testing.assert_close(logits[0], ref_b, rtol=1e-4, atol=1e-4)
+    for j in range(3):
+        torch.testing.assert_close(logits[1 + j], ref[j], rtol=1e-4, atol=1e-4)
+    # the KV written: every layer, every slot of both sequences, equal
+    for layer in range(TINY.layers):
+        for c1, c2 in zip(bm1.cache.kv(layer), bm2.cache.kv(layer)):
+            torch.testing.assert_close(c1, c2, rtol=1e-4, atol=1e-5)
+    # and the executor's output for that plan: b's one token, a's three positions picked
+    bm3, ex3 = setup()
+    ex3.run(StepPlan((StepRow(0, tuple(pa), 0, ta, 0), StepRow(1, tuple(pb), 0, tb, 0))))
+    out = ex3.run(StepPlan((StepRow(1, (21,), len(pb), tb, 1, 1, greedy(8)),
+                            StepRow(0, (extra_a[0],) + tuple(extra_a[1:]), len(pa), ta, 3, 0,
+                                    greedy(8), draft=2))))
+    by = out.by_rid()
+    assert by[1].tokens == (int(ref_b.argmax()),)
+    best = [int(r.argmax()) for r in ref]
+    a = 0
+    while a < 2 and extra_a[1 + a] == best[a]:
+        a += 1
+    assert by[0].accepted == a and by[0].tokens == tuple(extra_a[1:1 + a]) + (best[a],)
 
 
 def test_sampled_penalized_and_logprob_rows_chain_with_the_tokens_of_step_by_step():

@@ -233,13 +233,13 @@ def test_killed_worker_fails_in_flight_requests_keeps_queued_ones_and_restarts(
         with pytest.raises(WorkerStoppedError) as err:
             h.result(0)
         msg = str(err.value)
-        assert msg == ("The engine process stopped (killed by SIGKILL); your chat is kept — "
+        assert msg == ("The worker process stopped (killed by SIGKILL); your chat is kept — "
                        "send again to restart it.")
     assert running[0].text                                 # what streamed before stays
     # The queued request was not lost: the worker restarts for it, visibly.
     evs = _events(waiting)
     notes = [e.engine for e in evs if isinstance(e, Waiting) and e.engine]
-    assert notes and notes[0].startswith("Restarting the engine")
+    assert notes and notes[0].startswith("Restarting the worker")
     _check_stream(evs, "still here")
     st = echo.status()
     assert st.state == "ready" and st.restarts == restarts + 1 and echo.pid != old_pid
@@ -252,7 +252,7 @@ def test_cuda_error_stops_the_worker_and_the_next_request_restarts_it(echo, tiny
     restarts = echo.status().restarts
     bad = echo.submit(_echo_ids(tiny_tokenizer, "cuda-crash please"), GREEDY)
     bad.wait(TIMEOUT)
-    with pytest.raises(WorkerStoppedError, match=r"^The engine process stopped \(RuntimeError: "
+    with pytest.raises(WorkerStoppedError, match=r"^The worker process stopped \(RuntimeError: "
                                                  r"CUDA error: an illegal memory access"):
         bad.result(0)
     assert echo.status().state == "stopped"
@@ -290,7 +290,7 @@ def test_load_errors_are_one_line(tiny_model_dir):
     with pytest.raises(ModelLoadError) as err:
         WorkerClient(WorkerSpec(BackendConfig(), loader="serving_fakes:load_crashes"),
                      echo=io.StringIO())
-    assert str(err.value) == ("Unexpected error while loading the engine "
+    assert str(err.value) == ("Unexpected error while loading the model "
                               "(RuntimeError: CUDA out of memory).")
 
 

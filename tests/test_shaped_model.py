@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 from safetensors import safe_open
 
+from qwen_trt import settings as qwen_settings
 from qwen_trt.bench.shaped_model import write_shaped_model
 from qwen_trt.fast import SHAPES
 from qwen_trt.params import SamplingParams
@@ -45,7 +46,7 @@ def test_shaped_checkpoint_with_qwens_real_vocabulary(tmp_path):
 
     import pytest
 
-    gguf = os.environ.get("QWEN_TRT_QWEN_VOCAB_GGUF")
+    gguf = qwen_settings.get("QWEN_TRT_QWEN_VOCAB_GGUF")
     if not gguf or not os.path.isfile(gguf):
         pytest.skip("set QWEN_TRT_QWEN_VOCAB_GGUF to llama.cpp's ggml-vocab-qwen2.gguf")
     pytest.importorskip("gguf")
@@ -77,7 +78,7 @@ def test_tokenizer_from_a_written_folder_matches_the_gguf_conversion(tmp_path):
 
     import pytest
 
-    gguf = os.environ.get("QWEN_TRT_QWEN_VOCAB_GGUF")
+    gguf = qwen_settings.get("QWEN_TRT_QWEN_VOCAB_GGUF")
     if not gguf or not os.path.isfile(gguf):
         pytest.skip("set QWEN_TRT_QWEN_VOCAB_GGUF to llama.cpp's ggml-vocab-qwen2.gguf")
     pytest.importorskip("gguf")

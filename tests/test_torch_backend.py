@@ -173,7 +173,7 @@ def test_cuda_greedy_matches_hf_generate(tiny_model_dir, prompt):
 
 def test_neutral_penalties_keep_greedy_and_penalties_change_it(tiny_backend, prompt):
     plain = list(tiny_backend.stream(prompt, GREEDY))
-    from qwen_trt.fast import sampling
+    from qwen_trt.fast.step import sampling
 
     real = sampling.sampler_kind
     sampling.sampler_kind = lambda p: real(p) + sampling.PENALTIES   # neutral values, applied

@@ -20,10 +20,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_trtllm.support import FAKE_DIR, calls, fake_trtllm, set_gpu  # noqa: E402,F401
 
 from qwen_trt.backends.trtllm_backend import (NO_END_ID, RequestStream, Routed,  # noqa: E402
-                                              TrtllmBackend, TrtllmRuntimeError,
+                                              TrtllmRuntimeError,
                                               auto_engine_dir, final_stop_token,
                                               request_ids_for, runner_kwargs,
                                               sampling_config_kwargs)
+from qwen_trt.backends.trtllm import load_trtllm  # noqa: E402
 from qwen_trt.serving.generation import ReplyStream  # noqa: E402
 from qwen_trt.model.template import ENDOFTEXT, IM_END  # noqa: E402
 from qwen_trt.errors import EngineMismatchError, PromptTooLongError  # noqa: E402
@@ -104,7 +105,7 @@ def engine_dir(built_engine, tmp_path):
 @pytest.fixture
 def backend(fake_trtllm, monkeypatch, engine_dir):
     set_gpu(monkeypatch, "a10")
-    b = TrtllmBackend.load(engine=str(engine_dir), warmup=False)
+    b = load_trtllm(engine=str(engine_dir), warmup=False)
     b.stall_timeout_s = 10.0     # a routing bug fails the test instead of hanging it
     yield b
     b.close()
@@ -486,7 +487,7 @@ def test_upstream_generate_hides_the_error_and_steals_responses(fake_trtllm, eng
 def test_engine_for_another_gpu_says_what_to_build(fake_trtllm, monkeypatch, engine_dir):
     set_gpu(monkeypatch, "h200")
     with pytest.raises(EngineMismatchError) as e:
-        TrtllmBackend.load(engine=str(engine_dir), warmup=False)
+        load_trtllm(engine=str(engine_dir), warmup=False)
     msg = str(e.value)
     assert "built for NVIDIA A10 (sm86), this GPU is NVIDIA H200 (sm90)" in msg
     assert "`make engine GPU=h200`" in msg
@@ -501,7 +502,7 @@ def test_engine_from_other_library_versions(fake_trtllm, monkeypatch, engine_dir
     with pytest.raises(EngineMismatchError,
                        match=r"built with tensorrt 10.11.0, this machine has tensorrt 10.13.3.9.*"
                              r"make engine GPU=a10"):
-        TrtllmBackend.load(engine=str(engine_dir), warmup=False)
+        load_trtllm(engine=str(engine_dir), warmup=False)
 
 
 def test_auto_found_folder_built_with_other_libraries(fake_trtllm, monkeypatch, engine_dir):
@@ -512,7 +513,7 @@ def test_auto_found_folder_built_with_other_libraries(fake_trtllm, monkeypatch, 
     (engine_dir / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(EngineMismatchError, match=r"built with tensorrt_llm 1.1.0, this machine "
                                                   r"has tensorrt_llm 1.2.1"):
-        TrtllmBackend.load(warmup=False)
+        load_trtllm(warmup=False)
 
 
 def test_no_engine_for_this_gpu_serves_the_checkpoint(fake_trtllm, monkeypatch, tmp_path,
@@ -520,7 +521,7 @@ def test_no_engine_for_this_gpu_serves_the_checkpoint(fake_trtllm, monkeypatch, 
     """No engine folder: the LLM API path (tests/test_trtllm_llmapi.py), not an error."""
     set_gpu(monkeypatch, "l4")
     monkeypatch.setenv("QWEN_TRT_ENGINES_DIR", str(tmp_path / "none"))
-    b = TrtllmBackend.load(model=str(tiny_model_dir), warmup=False)
+    b = load_trtllm(model=str(tiny_model_dir), warmup=False)
     try:
         assert b.info.path == "llmapi" and calls(fake_trtllm, "ModelRunnerCpp.from_dir") == []
     finally:
@@ -539,7 +540,7 @@ def test_folder_without_manifest(fake_trtllm, monkeypatch, engine_dir):
     set_gpu(monkeypatch, "a10")
     (engine_dir / "manifest.json").unlink()
     with pytest.raises(ManifestError, match="has no manifest.json: it was not built by"):
-        TrtllmBackend.load(engine=str(engine_dir), warmup=False)
+        load_trtllm(engine=str(engine_dir), warmup=False)
 
 
 def test_auto_engine_dir_picks_this_gpus_engine(fake_trtllm, monkeypatch, engine_dir):
@@ -575,4 +576,4 @@ def test_without_tensorrt_llm(monkeypatch, engine_dir):
     set_gpu(monkeypatch, "a10")
     assert auto_engine_dir() is None
     with pytest.raises(TrtllmNotInstalledError, match=r'pip install -e "\.\[trtllm\]"'):
-        TrtllmBackend.load(engine=str(engine_dir), warmup=False)
+        load_trtllm(engine=str(engine_dir), warmup=False)

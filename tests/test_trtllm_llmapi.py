@@ -18,7 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_trtllm.support import calls, fake_trtllm, fake_trtllm_13, set_gpu  # noqa: E402,F401
 
-from qwen_trt.backends.trtllm_backend import TrtllmBackend, TrtllmRuntimeError  # noqa: E402
+from qwen_trt.backends.trtllm import load_trtllm  # noqa: E402
+from qwen_trt.backends.trtllm_backend import TrtllmRuntimeError  # noqa: E402
 from qwen_trt.backends.trtllm_llmapi import (DEFAULT_LIMITS, LlmApiBackend,  # noqa: E402
                                              llmapi_sampling_kwargs)
 from qwen_trt.serving.generation import ReplyStream  # noqa: E402
@@ -30,7 +31,7 @@ from qwen_trt.params import SamplingParams  # noqa: E402
 def llmapi(fake_trtllm_13, monkeypatch, tiny_model_dir, tmp_path):
     set_gpu(monkeypatch, "a10")
     monkeypatch.setenv("QWEN_TRT_ENGINES_DIR", str(tmp_path / "no-engines"))
-    b = TrtllmBackend.load(model=str(tiny_model_dir), warmup=False)
+    b = load_trtllm(model=str(tiny_model_dir), warmup=False)
     b.stall_timeout_s = 10.0
     yield b
     b.close()
@@ -82,7 +83,7 @@ def test_a_gpu_without_profile_gets_the_default_limits(fake_trtllm_13, monkeypat
 
     monkeypatch.setattr(gpu_mod, "detect_gpu",
                         lambda index=0: gpu_mod.GpuInfo("NVIDIA B200", (10, 0), 179.0))
-    b = TrtllmBackend.load(model=str(tiny_model_dir), warmup=False, max_seq_len=4096)
+    b = load_trtllm(model=str(tiny_model_dir), warmup=False, max_seq_len=4096)
     try:
         (args,) = calls(fake_trtllm_13, "LLM")
         assert args["max_batch_size"] == DEFAULT_LIMITS.max_batch_size
@@ -273,7 +274,7 @@ def test_engine_folder_on_a_release_without_engines_is_one_line(fake_trtllm_13, 
 
     set_gpu(monkeypatch, "a10")
     with pytest.raises(NoEngineBuilderError) as e:
-        TrtllmBackend.load(engine=str(tmp_path), warmup=False)
+        load_trtllm(engine=str(tmp_path), warmup=False)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("tensorrt_llm 1.3.0 builds and runs no TensorRT "
                                               "engines (the TensorRT backend was removed after "
@@ -286,7 +287,7 @@ def test_no_engine_on_1_2_takes_the_llm_api_path(fake_trtllm, monkeypatch, tiny_
                                                  tmp_path):
     set_gpu(monkeypatch, "l4")
     monkeypatch.setenv("QWEN_TRT_ENGINES_DIR", str(tmp_path / "none"))
-    b = TrtllmBackend.load(model=str(tiny_model_dir), warmup=False)
+    b = load_trtllm(model=str(tiny_model_dir), warmup=False)
     try:
         assert b.info.path == "llmapi" and calls(fake_trtllm, "LLM")
         assert calls(fake_trtllm, "ModelRunnerCpp.from_dir") == []
@@ -364,7 +365,7 @@ def _fp8_copy(tiny_model_dir, tmp_path):
 
 def test_the_fp8_checkpoint_loads_on_hopper(fake_trtllm_13, monkeypatch, tiny_model_dir, tmp_path):
     set_gpu(monkeypatch, "h200")
-    b = TrtllmBackend.load(model=str(_fp8_copy(tiny_model_dir, tmp_path)), warmup=False)
+    b = load_trtllm(model=str(_fp8_copy(tiny_model_dir, tmp_path)), warmup=False)
     try:
         assert b.info.path == "llmapi" and b.info.dtype == "fp8 (128x128 blocks)"
         assert b.info.max_concurrency == 32                       # the h200 profile
@@ -378,7 +379,7 @@ def test_the_fp8_checkpoint_on_an_a10_is_one_line(fake_trtllm_13, monkeypatch, t
 
     set_gpu(monkeypatch, "a10")
     with pytest.raises(BackendUnavailableError) as e:
-        TrtllmBackend.load(model=str(_fp8_copy(tiny_model_dir, tmp_path)), warmup=False)
+        load_trtllm(model=str(_fp8_copy(tiny_model_dir, tmp_path)), warmup=False)
     msg = str(e.value)
     assert "is an FP8 checkpoint (fp8 (128x128 blocks)), which needs an sm89+ GPU" in msg
     assert "this GPU is A10 (sm86)" in msg and "QUANT=int4_awq" in msg and "\n" not in msg
@@ -415,7 +416,7 @@ def test_the_llm_api_path_on_a_release_too_old_is_one_line(fake_trtllm, monkeypa
     set_gpu(monkeypatch, "a10")
     monkeypatch.setattr(fake_trtllm, "__version__", "1.1.0")
     with pytest.raises(TrtllmNotInstalledError) as e:
-        TrtllmBackend.load(model=str(tiny_model_dir), warmup=False)
+        load_trtllm(model=str(tiny_model_dir), warmup=False)
     msg = str(e.value)
     assert msg.startswith("tensorrt_llm 1.1.0 is installed, but the LLM API path needs "
                           "tensorrt_llm>=1.2") and '.[trtllm-llmapi]' in msg and "\n" not in msg

@@ -70,9 +70,9 @@ kv_cache_free_gpu_memory_fraction = 0.1
 
 @pytest.fixture(scope="module")
 def trt_backend(tiny_engine):
-    from qwen_trt.backends.trtllm_backend import TrtllmBackend
+    from qwen_trt.backends.trtllm import load_trtllm
 
-    b = TrtllmBackend.load(engine=str(tiny_engine))
+    b = load_trtllm(engine=str(tiny_engine))
     yield b
     b.close()
 

@@ -55,7 +55,7 @@ def test_a_stopped_worker_is_killed_restarted_and_its_request_fails_clearly(tiny
         assert handle.wait(60), "the request in flight still waits on the hung engine"
         with pytest.raises(WorkerStoppedError) as err:
             handle.result(0)
-        assert str(err.value) == ("The engine stopped making progress (nothing for 2 s, "
+        assert str(err.value) == ("The worker stopped making progress (nothing for 2 s, "
                                   "--watchdog-s) and is being restarted; your chat is kept — "
                                   "send again.")
         assert handle.text                             # what streamed before stays

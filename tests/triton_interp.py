@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from qwen_trt import settings
+
 ROOT = Path(__file__).resolve().parents[1]
-TRITON_PATH = os.environ.get("QWEN_TRT_TRITON_PATH", str(ROOT / ".venv-triton"))
+TRITON_PATH = str(ROOT / settings.get("QWEN_TRT_TRITON_PATH"))   # default .venv-triton
 
 
 def interpret(code: str) -> dict:

@@ -63,6 +63,16 @@ class Admission:
                                 f"waiting (--max-queue {self.max_queue}); retry shortly.",
                            code="queue_full", headers={"Retry-After": str(self.retry_after_s)})
 
+    def check_fits(self, choices: int, what: str, param: str = "n") -> None:
+        """400 for a request of more choices than ``--max-queue``: each choice takes a place
+        when the request is accepted, so it could never be accepted, however idle the server
+        (a 503 would tell the client to retry for ever)."""
+        if choices > self.max_queue:
+            raise ApiError(400, f"This request asks for {choices} choices ({what}), more than "
+                                f"this server ever queues at once (--max-queue "
+                                f"{self.max_queue}): ask for at most {self.max_queue}.",
+                           param=param, code="too_many_choices")
+
     def take(self) -> Ticket:
         """A place in the queue (the check and the count at once, no await between)."""
         self.check()

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from qwen_trt.api.logprobs import TokenTexts, chat_entries
-from qwen_trt.api.tools import ToolCall, ToolCallParser, ToolSpec
+from qwen_trt.api.tools import CallArguments, CallStart, ToolCall, ToolCallParser, ToolSpec
 from qwen_trt.params import TokenLogprob
 
 
@@ -32,6 +32,7 @@ class ChatChoice:
         self._top = top_logprobs or 0
         self.content: list[str] = []
         self.calls: list[ToolCall] = []
+        self._started = 0                     # calls begun
         self.logprobs: list[dict] = []        # every entry, for the whole reply
         self._pending: list[dict] = []        # entries not yet sent in a chunk
         self.tokens = 0
@@ -40,20 +41,25 @@ class ChatChoice:
     def wants_logprobs(self) -> bool:
         return self._texts is not None
 
-    def _deltas(self, pieces: Sequence[str | ToolCall]) -> list[dict]:
+    def _deltas(self, pieces: Sequence) -> list[dict]:
         out: list[dict] = []
         for p in pieces:
             if isinstance(p, str):
                 if p:
                     self.content.append(p)
                     out.append({"content": p})
-                continue
-            k = len(self.calls)
-            self.calls.append(p)
-            # Name first, then the arguments (OpenAI's and vLLM's order).
-            out.append({"tool_calls": [{"index": k, "id": p.id, "type": "function",
-                                        "function": {"name": p.name, "arguments": ""}}]})
-            out.append({"tool_calls": [{"index": k, "function": {"arguments": p.arguments}}]})
+            elif isinstance(p, CallStart):
+                # Name first, then the arguments as they are written (OpenAI's and vLLM's order).
+                self._started += 1
+                out.append({"tool_calls": [{"index": self._started - 1, "id": p.id,
+                                            "type": "function",
+                                            "function": {"name": p.name, "arguments": ""}}]})
+            elif isinstance(p, CallArguments):
+                if p.text:
+                    out.append({"tool_calls": [{"index": self._started - 1,
+                                                "function": {"arguments": p.text}}]})
+            elif isinstance(p, ToolCall):
+                self.calls.append(p)       # whole: its pieces went out before it
         return out
 
     def feed(self, piece: Piece) -> list[dict]:

@@ -23,7 +23,10 @@ from starlette.background import BackgroundTask
 from qwen_trt.api import constraints
 from qwen_trt.api.choices import Piece, merge
 from qwen_trt.api.errors import ApiError, error_body, excerpt
+from qwen_trt.api.limits import context_too_long
+from qwen_trt.api.limits import check_text, decode_json
 from qwen_trt.api.logprobs import CompletionLogprobs, token_texts
+from qwen_trt.api.prompt import PromptTooLong
 from qwen_trt.api.protocol import (NEUTRAL, ChatRequest, _bad, _bool, _int, _number,
                                    _stops, parse_n, parse_stop_ids, sampling_penalties, usage)
 from qwen_trt.params import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_TOP_LOGPROBS
@@ -42,12 +45,16 @@ class ApiContext:
     check_auth: Callable
     submit: Callable            # async (ids, [SamplingParams]) -> handles
     generate: Callable          # (handle, req, n_prompt, t0, request) -> Piece* then result
-    encode_chat: Callable       # async (messages, tools) -> ids
-    tokenize: Callable          # async (text, add_special_tokens) -> ids
+    encode_chat: Callable       # async (messages, tools, gen_prompt, limit) -> ids (PromptTooLong)
+    tokenize: Callable          # async (text, add_special_tokens, limit) -> ids (PromptTooLong)
     detokenize: Callable        # async (ids) -> text
     engine_error: type          # the exception _generate raises
     data: Callable              # dict -> one SSE event
     release: Callable = lambda handles: None   # gives back the queue places of handles
+    start_chat: Callable | None = None   # async (ChatRequest, t_in) -> ChatRun, submitted
+    keepalive_s: float = 0.0    # a silent stream gets a keep-alive comment this often (0 = off)
+    check_fits: Callable = lambda choices, what, param: None   # 400: more choices than the queue
+    min_tokens: Callable | None = None   # async (text) -> tokens it has at least (the bound)
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,7 @@ def model_card(name: str, created: int, info) -> dict:
 
 def _prompts(raw, vocab: int) -> tuple:
     if isinstance(raw, str):
+        check_text(raw, "prompt")
         return (raw,)
     if isinstance(raw, list) and raw:
         if all(isinstance(p, str) for p in raw):
@@ -78,6 +86,9 @@ def _prompts(raw, vocab: int) -> tuple:
             if len(out) > MAX_PROMPTS:
                 raise _bad("prompt", f"'prompt' takes at most {MAX_PROMPTS} prompts, got "
                                      f"{len(out)}.")
+            for i, p in enumerate(out):
+                if isinstance(p, str):
+                    check_text(p, f"prompt[{i}]")
             for p in out:
                 if isinstance(p, list) and any(not 0 <= t < vocab for t in p):
                     raise _bad("prompt", f"'prompt' holds a token id outside 0..{vocab - 1}.")
@@ -123,15 +134,30 @@ def parse_completion_request(obj, vocab: int) -> CompletionRequest:
 
 
 def _room(n: int, max_tokens: int, info) -> None:
-    ctx = info.max_seq_len
     if n == 0:
         raise _bad("prompt", "'prompt' is empty: there is nothing to complete.")
-    if n > info.max_input_len or n + max_tokens > ctx:
-        raise ApiError(400, f"This model's maximum context length is {ctx} tokens (prompts up to "
-                            f"{info.max_input_len}). However, you requested {n + max_tokens} "
-                            f"tokens ({n} in the prompt, {max_tokens} in the completion). Please "
-                            "reduce the length of the prompt or the completion.",
-                       param="prompt", code="context_length_exceeded")
+    if n > _prompt_room(max_tokens, info):
+        raise _too_long(n, max_tokens, info)
+
+
+def _prompt_room(max_tokens: int, info) -> int:
+    """The most tokens a prompt may have with ``max_tokens`` to generate (may be < 1)."""
+    return min(info.max_input_len, info.max_seq_len - max_tokens)
+
+
+def _too_long(n: int, max_tokens: int, info, at_least: bool = False) -> ApiError:
+    """The 400 for a prompt of ``n`` tokens (``at_least``: at least ``n``) that cannot fit."""
+    return context_too_long(info.max_seq_len, info.max_input_len, n, max_tokens, what="prompt",
+                            bound=at_least)
+
+
+def _over_context(e: PromptTooLong, info, param: str) -> ApiError:
+    """The 400 of /tokenize for a prompt longer than the model's context."""
+    least = "at least " if e.at_least else ""
+    return ApiError(400, f"This model's maximum context length is {info.max_seq_len} tokens. "
+                         f"However, your {param} resulted in {least}{e.tokens} tokens (/tokenize "
+                         "counts up to the context length).", param=param,
+                    code="context_length_exceeded")
 
 
 async def _release_async(release, handles) -> None:
@@ -168,9 +194,26 @@ def add_routes(app: FastAPI, ctx: ApiContext) -> None:
         check_model(req.sampling.model)
         constraints.check_backend(ctx.service.info, None, "", req.logprobs)
         s = req.sampling
+        k = len(req.prompts)
+        ctx.check_fits(k * s.n, f"{k} prompt{'s' if k > 1 else ''} x n = {s.n}",
+                       "n" if s.n > 1 else "prompt")
+        room = _prompt_room(s.max_tokens, info)
+        for p in req.prompts:          # every prompt's cheap check before any tokenising
+            if isinstance(p, list):
+                _room(len(p), s.max_tokens, info)
+            elif ctx.min_tokens is not None:
+                at_least = await ctx.min_tokens(p)
+                if at_least > room:
+                    raise _too_long(at_least, s.max_tokens, info, at_least=True)
         ids_list = []
         for p in req.prompts:
-            ids = p if isinstance(p, list) else await ctx.tokenize(p, True)
+            if isinstance(p, list):
+                ids = p
+            else:
+                try:
+                    ids = await ctx.tokenize(p, True, max(room, 0))
+                except PromptTooLong as e:
+                    raise _too_long(e.tokens, s.max_tokens, info, e.at_least) from None
             _room(len(ids), s.max_tokens, info)
             ids_list.append(ids)
         handles = []
@@ -269,13 +312,22 @@ def add_routes(app: FastAPI, ctx: ApiContext) -> None:
 
             messages = parse_messages(obj.get("messages"))
             spec = parse_tools(obj)
-            ids = await ctx.encode_chat(messages, spec.tools if spec.render else None,
-                                        _bool(obj, "add_generation_prompt", True))
+            try:
+                ids = await ctx.encode_chat(messages, spec.tools if spec.render else None,
+                                            _bool(obj, "add_generation_prompt", True),
+                                            info.max_seq_len)
+            except PromptTooLong as e:
+                raise _over_context(e, info, "messages") from None
         else:
             prompt = obj.get("prompt")
             if not isinstance(prompt, str):
                 raise _bad("prompt", "'prompt' must be a string (or send 'messages').")
-            ids = await ctx.tokenize(prompt, _bool(obj, "add_special_tokens", True))
+            check_text(prompt, "prompt")
+            try:
+                ids = await ctx.tokenize(prompt, _bool(obj, "add_special_tokens", True),
+                                         info.max_seq_len)
+            except PromptTooLong as e:
+                raise _over_context(e, info, "prompt") from None
         strs = None
         if _bool(obj, "return_token_strs", False):
             texts = token_texts(ctx.service.tokenizer)
@@ -287,6 +339,9 @@ def add_routes(app: FastAPI, ctx: ApiContext) -> None:
     async def detokenize(request: Request):
         obj = await _object_body(request)
         tokens = obj.get("tokens")
+        if isinstance(tokens, list) and len(tokens) > info.max_seq_len:
+            raise _bad("tokens", f"'tokens' takes at most {info.max_seq_len} ids (the model's "
+                                 f"context length), got {len(tokens)}.")
         vocab = len(ctx.service.tokenizer)
         if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < vocab
                                                     for t in tokens):
@@ -295,7 +350,6 @@ def add_routes(app: FastAPI, ctx: ApiContext) -> None:
 
 
 async def _json(request: Request):
-    from qwen_trt.api.limits import decode_json
-
+    """The decoded body (400, as the chat endpoint's, for bad JSON or nesting too deep)."""
     return decode_json(await request.body())
 

@@ -8,7 +8,7 @@ become one :class:`~qwen_trt.params.Grammar` in ``SamplingParams.grammar``.
   ``json_object``);
 * ``tool_choice`` required / named: see :mod:`qwen_trt.api.tools`.
 
-The engine's grammar module (:mod:`qwen_trt.fast.grammar`) checks a grammar before it is
+The engine's grammar module (:mod:`qwen_trt.fast.step.grammar`) checks a grammar before it is
 submitted (:func:`check`): a schema it cannot compile is a 400 naming the problem. An engine
 without that module cannot constrain a reply, so such requests are a 400 too rather than an
 unconstrained reply.
@@ -70,7 +70,7 @@ def parse_response_format(obj: Mapping) -> Grammar | None:
 def grammar_module():
     """The engine's grammar module, or None where this build has none."""
     try:
-        return importlib.import_module("qwen_trt.fast.grammar")
+        return importlib.import_module("qwen_trt.fast.step.grammar")
     except ImportError:
         return None
 

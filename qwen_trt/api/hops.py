@@ -13,11 +13,11 @@ Per request, on the API process's clock (``time.perf_counter``):
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from qwen_trt import settings
 from qwen_trt.stats import percentile
 
 ENV_TRACE = "QWEN_TRT_TRACE_HOPS"
@@ -54,8 +54,7 @@ class HopClock:
 
     @classmethod
     def from_env(cls, environ=None) -> "HopClock | None":
-        env = os.environ if environ is None else environ
-        return cls() if env.get(ENV_TRACE, "").strip() in ("1", "true", "yes") else None
+        return cls() if settings.get(ENV_TRACE, environ) else None
 
     def add(self, t: RequestTrace) -> None:
         with self._lock:

@@ -29,6 +29,25 @@ _KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Punctuation", "Metas
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# -- the context ---------------------------------------------------------------------------------
+def context_too_long(ctx: int, max_input: int, n: int, max_tokens: int | None = None, *,
+                     what: str = "messages", bound: bool = False) -> ApiError:
+    """The one 400 for a request that cannot fit the context of ``ctx`` tokens (prompts up to
+    ``max_input``): ``n`` tokens (``bound``: at least ``n``) in the ``what`` ("messages",
+    "prompt"), plus ``max_tokens`` when the completion is what overflows (None: the prompt
+    alone does)."""
+    head = f"This model's maximum context length is {ctx} tokens (prompts up to {max_input})."
+    least = "at least " if bound else ""
+    if max_tokens is None:
+        return ApiError(400, f"{head} However, your {what} resulted in {least}{n} tokens. Please "
+                             f"shorten the {what}.", param=what, code="context_length_exceeded")
+    return ApiError(400, f"{head} However, you requested {least}{n + max_tokens} tokens "
+                         f"({least}{n} in the {what}, {max_tokens} in the completion). Please "
+                         f"reduce the length of the {what} or the completion.",
+                    param="max_tokens" if what == "messages" else what,
+                    code="context_length_exceeded")
+
+
 # -- JSON ----------------------------------------------------------------------------------------
 def json_number(text: str) -> int | float:
     """A JSON number written with a fraction or exponent: an int when its value is whole (JSON
@@ -168,3 +187,42 @@ def min_prompt_tokens(messages: Sequence[dict], per_token: int | None) -> int:
     if not per_token:
         return 0
     return math.ceil(text_chars(messages) / per_token)
+
+
+# -- text ----------------------------------------------------------------------------------------
+def lone_surrogate(value) -> str | None:
+    """Where the first lone surrogate in ``value`` (decoded JSON: a string, or lists and objects
+    of them, keys included) is: ``""`` for ``value`` itself, else a path such as
+    ``[0].function.name``; None when there is none. No tokenizer or JSON encoder takes one, and
+    JSON may spell it (``"\\ud800"``). Iterative, each step linked to its parent: any depth the
+    decoder allowed, in time and memory linear in the value."""
+    stack = [(value, None)]           # (value, (parent link, its key or index) or None)
+    while stack:
+        v, link = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return _path(link)
+        elif isinstance(v, dict):
+            for k in v:
+                if isinstance(k, str) and _SURROGATE.search(k):
+                    return _path(link)
+            stack.extend((item, (link, k)) for k, item in reversed(list(v.items())))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((v[i], (link, i)) for i in range(len(v) - 1, -1, -1))
+    return None
+
+
+def _path(link) -> str:
+    parts = []
+    while link is not None:
+        link, key = link
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key[:40]}")
+    return "".join(reversed(parts))
+
+
+def check_text(value, param: str) -> None:
+    """A 400 naming where ``value`` (the field ``param``) holds a lone surrogate."""
+    where = lone_surrogate(value)
+    if where is not None:
+        raise ApiError(400, f"'{param}{where}' is not valid Unicode text (it holds a lone "
+                            "surrogate).", param=f"{param}{where}")

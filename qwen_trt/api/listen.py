@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 
 from qwen_trt.errors import ConfigError
+
+_HOST_RE = re.compile(r"^[a-z0-9_]([a-z0-9_.\-]*[a-z0-9_])?$")   # a DNS name or an IPv4 address
 
 
 def normalize_host(host: str) -> str:
@@ -56,3 +59,40 @@ def check_bindable(host: str, port: int) -> None:
             s.bind(addr)
         except OSError as e:
             raise ConfigError(f"Cannot listen on {url_host(host)}:{port}: {e.strerror}.") from None
+
+
+def host_name(header: str) -> str | None:
+    """The name in a ``Host`` header (or an ``--allowed-hosts`` entry) without its port, in
+    lower case, an IPv6 address without brackets (``[::1]:8000`` -> ``::1``); None when it is
+    not ``host[:port]``."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        inner, sep, rest = h[1:].partition("]")
+        if not sep or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+        try:
+            return str(ipaddress.IPv6Address(inner))
+        except ValueError:
+            return None
+    name, sep, port = h.partition(":")
+    if sep and not port.isdigit():
+        try:                        # a bare IPv6 address (an --allowed-hosts entry)
+            return str(ipaddress.IPv6Address(h))
+        except ValueError:
+            return None
+    name = name.rstrip(".")
+    return name if name and _HOST_RE.match(name) else None
+
+
+def allowed_host(entry: str) -> str | None:
+    """An ``--allowed-hosts`` entry as :func:`host_name` spells it (``*`` as is), or None when
+    it is not a host name or address on its own (no scheme, port or path)."""
+    e = entry.strip().lower()
+    if e == "*":
+        return e
+    try:
+        return str(ipaddress.ip_address(e[1:-1] if e.startswith("[") and e.endswith("]") else e))
+    except ValueError:
+        pass
+    e = e.rstrip(".")
+    return e if e and _HOST_RE.match(e) else None

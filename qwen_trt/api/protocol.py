@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from qwen_trt.api.constraints import parse_response_format
 from qwen_trt.api.errors import ApiError, excerpt
+from qwen_trt.api.limits import check_text
 from qwen_trt.errors import first_line
 from qwen_trt.api.tools import ToolSpec, parse_tools
 from qwen_trt.params import (DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_TOP_LOGPROBS,
@@ -223,6 +224,7 @@ def _tool_calls(i: int, calls) -> list[dict]:
         raise _bad(param, f"{param} must be a list of tool calls.")
     out = []
     for j, call in enumerate(calls):
+        check_text(call, f"{param}[{j}]")
         fn = call.get("function") if isinstance(call, dict) else None
         name = fn.get("name") if isinstance(fn, dict) else None
         args = fn.get("arguments", "{}") if isinstance(fn, dict) else None

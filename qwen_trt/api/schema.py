@@ -357,6 +357,97 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
+# -- the Responses and Messages APIs (qwen_trt.api.responses, qwen_trt.api.messages) ----------
+class ResponsesFunctionTool(BaseModel):
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class CreateResponseRequest(BaseModel):
+    model_config = Open
+    model: Optional[str] = None
+    input: Union[str, list[dict[str, Any]]] = Field(
+        description="A string, or message / function_call / function_call_output items (text).")
+    instructions: Optional[str] = None
+    previous_response_id: Optional[str] = None
+    tools: Optional[list[ResponsesFunctionTool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
+    text: Optional[dict[str, Any]] = Field(None, description="{'format': text | json_object | "
+                                                             "json_schema}")
+    temperature: Optional[float] = Field(None, ge=0, le=2)
+    top_p: Optional[float] = Field(None, ge=0, le=1)
+    max_output_tokens: Optional[int] = Field(None, ge=1)
+    store: Optional[bool] = None
+    stream: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+
+
+class ResponseObject(BaseModel):
+    model_config = Open
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete", "in_progress", "failed"]
+    model: str
+    output: list[dict[str, Any]]
+    usage: Optional[dict[str, Any]] = None
+
+
+class ResponseItemList(BaseModel):
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+    has_more: bool
+    first_id: Optional[str]
+    last_id: Optional[str]
+
+
+class ResponseDeleted(BaseModel):
+    id: str
+    object: Literal["response"]
+    deleted: bool
+
+
+class MessagesRequest(BaseModel):
+    model_config = Open
+    model: Optional[str] = None
+    max_tokens: int = Field(ge=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: Union[str, list[dict[str, Any]], None] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[dict[str, Any]] = None
+    stop_sequences: Optional[list[str]] = None
+    stream: Optional[bool] = None
+    temperature: Optional[float] = Field(None, ge=0, le=1)
+    top_p: Optional[float] = Field(None, ge=0, le=1)
+    top_k: Optional[int] = Field(None, ge=-1)
+
+
+class AnthropicMessage(BaseModel):
+    model_config = Open
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[dict[str, Any]]
+    stop_reason: Optional[Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]]
+    stop_sequence: Optional[str]
+    usage: dict[str, int]
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
 # path -> (method, request model, 200 model, whether it streams)
 ROUTES = {
     "/v1/chat/completions": ("post", ChatCompletionRequest, ChatCompletion, ChatCompletionChunk),
@@ -366,9 +457,20 @@ ROUTES = {
     "/tokenize": ("post", TokenizeRequest, TokenizeResponse, None),
     "/detokenize": ("post", DetokenizeRequest, DetokenizeResponse, None),
 }
+# the Responses and Messages routes: (path, method, request, 200 model, stream note, error model)
+MORE_ROUTES = [
+    ("/v1/responses", "post", CreateResponseRequest, ResponseObject,
+     "named events ('event: response.created' ... 'response.completed'), no [DONE]", None),
+    ("/v1/responses/{response_id}", "get", None, ResponseObject, None, None),
+    ("/v1/responses/{response_id}", "delete", None, ResponseDeleted, None, None),
+    ("/v1/responses/{response_id}/input_items", "get", None, ResponseItemList, None, None),
+    ("/v1/messages", "post", MessagesRequest, AnthropicMessage,
+     "Anthropic's named events ('event: message_start' ... 'message_stop')", AnthropicError),
+]
 MODELS = [ChatCompletionRequest, CompletionRequest, ChatCompletion, ChatCompletionChunk,
           Completion, ModelList, Model, ErrorResponse, TokenizeRequest, TokenizeResponse,
-          DetokenizeRequest, DetokenizeResponse]
+          DetokenizeRequest, DetokenizeResponse, CreateResponseRequest, ResponseObject,
+          ResponseItemList, ResponseDeleted, MessagesRequest, AnthropicMessage, AnthropicError]
 
 
 def _ref(model) -> dict:
@@ -413,11 +515,11 @@ def build_openapi(app: FastAPI) -> dict:
     vocab, ctx = _limits(app)
     _bound(schemas, "x-token-id", vocab)
     _bound(schemas, "x-context", ctx)
-    error = {"description": "Error (OpenAI's shape)",
-             "content": {"application/json": {"schema": _ref(ErrorResponse)}}}
-    for path, (method, req, res, chunk) in ROUTES.items():
-        real = path.replace("{model_id}", "{model_id}")
-        op = doc.get("paths", {}).get(real, {}).get(method)
+    chat = [(path, method, req, res, None if chunk is None else
+             f"'data: <{chunk.__name__} JSON>' lines, then 'data: [DONE]'", None)
+            for path, (method, req, res, chunk) in ROUTES.items()]
+    for path, method, req, res, stream, err in chat + MORE_ROUTES:
+        op = doc.get("paths", {}).get(path, {}).get(method)
         if op is None:
             continue
         op.pop("requestBody", None)
@@ -425,16 +527,18 @@ def build_openapi(app: FastAPI) -> dict:
             op["requestBody"] = {"required": True,
                                  "content": {"application/json": {"schema": _ref(req)}}}
         content = {"application/json": {"schema": _ref(res)}}
-        if chunk is not None:
-            # one event: its data is a chunk's JSON, the last one's the text [DONE]
+        if stream is not None:
+            # one event each (schemathesis reads them so): its data a JSON object, the last
+            # one's the text [DONE]
             content["text/event-stream"] = {"schema": {
                 "type": "object", "required": ["data"],
-                "properties": {"data": {"type": "string", "contentMediaType": "application/json",
-                                        "contentSchema": _ref(chunk)}},
-                "description": f"Server-sent events: 'data: <{chunk.__name__} JSON>' lines, "
-                               "then 'data: [DONE]'."}}
+                "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+                "description": f"Server-sent events: {stream}."}}
+        shape = "Anthropic's" if err is AnthropicError else "OpenAI's"
+        error = {"description": f"Error ({shape} shape)", "content": {"application/json": {
+            "schema": _ref(err or ErrorResponse)}}}
         op["responses"] = {"200": {"description": "OK", "content": content},
-                           "400": error, "401": error, "404": error, "503": error}
+                           **{code: error for code in ("400", "401", "404", "503")}}
     return doc
 
 

@@ -34,15 +34,20 @@ from qwen_trt.api import constraints
 from qwen_trt.api.access import RequestLog, id_headers
 from qwen_trt.api.admission import Admission, Ticket
 from qwen_trt.api.choices import ChatChoice, Piece, merge
+from qwen_trt.api.chat_run import ChatRun
 from qwen_trt.api.completions import ApiContext, add_routes, model_card
+from qwen_trt.api.messages import add_messages_routes
+from qwen_trt.api.responses import add_responses_routes, responses_store
 from qwen_trt.api.errors import ApiError, error_body, excerpt
+from qwen_trt.api.guards import HostCheck, RequestGuard
 from qwen_trt.api.keepalive import KEEPALIVE, KeepAlive
-from qwen_trt.api.limits import MIB, BodyLimit, chars_per_token, decode_json, min_prompt_tokens
+from qwen_trt.api.limits import (MIB, BodyLimit, chars_per_token, context_too_long, decode_json,
+                                 min_prompt_tokens)
 from qwen_trt.api.logprobs import token_texts
 from qwen_trt.api.metrics import CONTENT_TYPE, ServerMetrics
-from qwen_trt.api.encoder import PromptEncoder
+from qwen_trt.api.encoder import QUICK_CHARS, PromptEncoder
 from qwen_trt.api.hops import HopClock, RequestTrace
-from qwen_trt.api.prompt import encode_messages
+from qwen_trt.api.prompt import PromptTooLong, encode_messages, text_ids, text_ids_ready
 from qwen_trt.api.protocol import ChatRequest, ChunkWriter, new_id, parse_chat_request, usage
 from qwen_trt.api.schema import describe_openapi
 from qwen_trt.api.stops import StopScanner
@@ -80,6 +85,7 @@ class _Result:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None = None    # when the engine reports prefix-cache hits per request
+    stop: str | None = None             # the stop string that ended the reply
 
 
 class _Counts:
@@ -165,6 +171,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     app = FastAPI(title="qwen-trt", version="1", docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")
     app.add_middleware(BodyLimit, max_bytes=int(settings.max_body_mb * MIB))
+    app.add_middleware(RequestGuard, hosts=HostCheck(settings.host, settings.allowed_hosts))
     if settings.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -203,8 +210,9 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             return
         got = request.headers.get("authorization", "")
         scheme, _, token = got.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), settings.api_key.encode()):
+        if scheme.lower() != "bearer":        # Anthropic's clients send x-api-key
+            token = request.headers.get("x-api-key", "") if not got else ""
+        if not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
             raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
@@ -230,27 +238,23 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         check_auth(request)
         return {"object": "list", "data": [model_card(name, created, info)]}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        check_auth(request)
-        t_in = time.perf_counter()
-        raw = await request.body()
-        req = parse_chat_request(decode_json(raw))
+    async def start_chat(req: ChatRequest, t_in: float) -> ChatRun:
+        """``req`` checked against this server and its engine, encoded and submitted (400 /
+        404 / 503 as :class:`ApiError`): what every chat-shaped route streams or collects."""
         if req.model is not None and req.model != name:
             raise ApiError(404, f"The model {excerpt(req.model)} does not exist here; this "
                                 f"server serves '{name}' (see /v1/models).", param="model",
                            code="model_not_found")
         constraints.check(req.grammar, req.grammar_param)
         constraints.check_backend(info, req.grammar, req.grammar_param, req.logprobs)
+        admission.check_fits(req.n, f"n = {req.n}")
         _queue_check()
         # No liveness gate here: a service whose engine process died restarts it on the next
         # submit (the request waits meanwhile); a closed service refuses the submit (503).
         tokenizer = service.tokenizer
         tools = req.tools.tools if req.tools.render else None
-        if not per_token:
-            per_token.append(await run_in_threadpool(chars_per_token, tokenizer))
         room = _room(req, info)
-        at_least = min_prompt_tokens(req.messages, per_token[0])
+        at_least = min_prompt_tokens(req.messages, await bound())
         if at_least > room:        # cannot fit, whatever the tokenizer makes of it
             raise _too_long(at_least, req, info, bound=True)
 
@@ -277,16 +281,27 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         t0 = time.perf_counter()
         trace = (RequestTrace(t_in, t_parsed, t_encoded, t0, len(ids))
                  if hops is not None and req.n == 1 else None)
+        return ChatRun(req, handles, choices, len(ids), t0, trace)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        check_auth(request)
+        t_in = time.perf_counter()
+        raw = await request.body()
+        req = parse_chat_request(decode_json(raw))
+        run = await start_chat(req, t_in)
+        handles, choices, n_prompt, t0, trace = (run.handles, run.choices, run.n_prompt, run.t0,
+                                                 run.trace)
         if req.stream:
             # the background task frees the places when the body never ran (client gone first)
-            return StreamingResponse(_sse(handles, choices, req, len(ids), t0, trace),
+            return StreamingResponse(_sse(handles, choices, req, n_prompt, t0, trace),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"},
                                      background=BackgroundTask(release_async, handles))
         results: list = [None] * req.n
         try:
-            async for i, item in merge([_generate(h, req, len(ids), t0, request, trace)
+            async for i, item in merge([_generate(h, req, n_prompt, t0, request, trace)
                                         for h in handles]):
                 if isinstance(item, Piece):
                     choices[i].feed(item)
@@ -341,17 +356,48 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         there would be run in a worker thread)."""
         release(handles)
 
-    async def encode_chat(messages, tools, add_generation_prompt: bool = True) -> list[int]:
+    async def bound() -> int | None:
+        """chars_per_token of the tokenizer (worked out once, in a worker thread)."""
+        if not per_token:
+            per_token.append(await run_in_threadpool(chars_per_token, service.tokenizer))
+        return per_token[0]
+
+    async def encode_chat(messages, tools, add_generation_prompt: bool = True,
+                          limit: int | None = None) -> list[int]:
+        """The template's ids (PromptTooLong past ``limit``: from the bound, or counted)."""
+        if limit is not None:
+            at_least = min_prompt_tokens(messages, await bound())
+            if at_least > limit:
+                raise PromptTooLong(at_least, limit, at_least=True)
+
         def run():
-            return encode_messages(service.tokenizer, messages, tools=tools,
-                                   add_generation_prompt=add_generation_prompt)
+            try:
+                return encode_messages(service.tokenizer, messages, tools=tools,
+                                       add_generation_prompt=add_generation_prompt, limit=limit)
+            except PromptTokensError as e:
+                raise PromptTooLong(e.tokens, e.limit) from None
         async with tokenizing:
             return await run_in_threadpool(run)
 
-    async def tokenize(text: str, add_special_tokens: bool) -> list[int]:
+    async def min_tokens(text: str) -> int:
+        """Tokens ``text`` has at least, from the character bound (0 without one)."""
+        return min_prompt_tokens(({"content": text},), await bound())
+
+    async def tokenize(text: str, add_special_tokens: bool, limit: int | None = None,
+                       ) -> list[int]:
+        """``text`` as the tokenizer encodes it (control tokens parsed); PromptTooLong past
+        ``limit`` (from the bound, else counted). Short texts on the loop, long ones in a worker
+        thread with the GIL released."""
+        if limit is not None:
+            at_least = await min_tokens(text)
+            if at_least > limit:
+                raise PromptTooLong(at_least, limit, at_least=True)
+
         def run():
-            with tok_lock:
-                return service.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            return text_ids(service.tokenizer, text, add_special_tokens=add_special_tokens,
+                            limit=limit, lock=tok_lock)
+        if len(text) <= QUICK_CHARS and text_ids_ready(service.tokenizer):
+            return run()
         async with tokenizing:
             return await run_in_threadpool(run)
 
@@ -440,7 +486,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
                     if m.decode_tok_s > 0:
                         metrics.tok_s.observe(m.decode_tok_s)
                     outcome = reason
-                    yield _Result(reason, n_prompt, m.tokens, getattr(m, "cached_tokens", None))
+                    yield _Result(reason, n_prompt, m.tokens, getattr(m, "cached_tokens", None),
+                                  scanner.matched)
                 elif isinstance(ev, Failed):
                     outcome = "error"
                     raise _RequestError(str(ev.error))
@@ -503,10 +550,15 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
             held.append(_data(error_body(str(e), e.status)))
         yield "".join(held) + "data: [DONE]\n\n"
 
-    add_routes(app, ApiContext(name=name, created=created, service=service,
-                               check_auth=check_auth, submit=submit, generate=_generate,
-                               encode_chat=encode_chat, tokenize=tokenize, detokenize=detokenize,
-                               engine_error=_RequestError, data=_data, release=release))
+    ctx = ApiContext(name=name, created=created, service=service, check_auth=check_auth,
+                     submit=submit, generate=_generate, encode_chat=encode_chat,
+                     tokenize=tokenize, detokenize=detokenize, engine_error=_RequestError,
+                     data=_data, release=release, start_chat=start_chat,
+                     keepalive_s=settings.sse_keepalive_s,
+                     check_fits=admission.check_fits, min_tokens=min_tokens)
+    add_routes(app, ctx)
+    add_responses_routes(app, ctx, responses_store(settings))
+    add_messages_routes(app, ctx)
     describe_openapi(app)
     return app
 
@@ -539,36 +591,21 @@ def _room(req: ChatRequest, info) -> int:
 
 def _too_long(n: int, req: ChatRequest, info, bound: bool = False) -> ApiError:
     """The 400 for a prompt of ``n`` tokens (``bound``: at least ``n``) that does not fit."""
-    ctx, least = info.max_seq_len, "at least " if bound else ""
-    count = f"{least}{n}"
-    if req.max_tokens is not None and n <= min(info.max_input_len, ctx - 1):
-        return ApiError(400, f"This model's maximum context length is {ctx} tokens. However, you "
-                             f"requested {least}{n + req.max_tokens} tokens ({count} in the "
-                             f"messages, {req.max_tokens} in the completion). Please reduce the "
-                             "length of the messages or the completion.", param="max_tokens",
-                        code="context_length_exceeded")
-    return ApiError(400, f"This model's maximum context length is {ctx} tokens (prompts up to "
-                         f"{info.max_input_len}). However, your messages resulted in {count} "
-                         "tokens. Please shorten the messages.", param="messages",
-                    code="context_length_exceeded")
+    ctx = info.max_seq_len
+    alone = req.max_tokens is None or n > min(info.max_input_len, ctx - 1)
+    return context_too_long(ctx, info.max_input_len, n, None if alone else req.max_tokens,
+                            bound=bound)
 
 
 def _fit(ids: list[int], req: ChatRequest, info) -> int:
     """The number of new tokens to ask for; 400 (with the counts) when it cannot fit."""
     n, ctx = len(ids), info.max_seq_len
     if fit_problem(n, 1, info.max_input_len, ctx):
-        raise ApiError(400, f"This model's maximum context length is {ctx} tokens (prompts up to "
-                            f"{info.max_input_len}). However, your messages resulted in {n} "
-                            "tokens. Please shorten the messages.", param="messages",
-                       code="context_length_exceeded")
+        raise context_too_long(ctx, info.max_input_len, n)
     if req.max_tokens is None:
         return ctx - n
     if fit_problem(n, req.max_tokens, info.max_input_len, ctx):
-        raise ApiError(400, f"This model's maximum context length is {ctx} tokens. However, you "
-                            f"requested {n + req.max_tokens} tokens ({n} in the messages, "
-                            f"{req.max_tokens} in the completion). Please reduce the length of "
-                            "the messages or the completion.", param="max_tokens",
-                       code="context_length_exceeded")
+        raise context_too_long(ctx, info.max_input_len, n, req.max_tokens)
     return req.max_tokens
 
 

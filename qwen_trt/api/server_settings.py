@@ -40,12 +40,16 @@ class ServerSettings:
     body_timeout_s: float = 30.0        # ... and its body within this after them
     shutdown_grace_s: float = 10.0      # SIGTERM/SIGINT: in-flight requests get this long
     allowed_origins: tuple[str, ...] = ()   # browser origins allowed to call the API (CORS)
+    responses_store: bool = True        # keep responses (previous_response_id, GET by id)
+    responses_store_max: int = 1024     # ... at most this many
+    responses_store_mb: float = 64.0    # ... holding at most this many MiB
+    allowed_hosts: tuple[str, ...] = ()     # Host names answered besides loopback's (* = any)
     access_log: bool = True             # one line per request on stderr (api/access.py)
     kv_events: str | None = None        # ZMQ endpoint of the KV-cache events (serving/kv_events.py)
     kv_events_topic: str = ""
 
     def __post_init__(self) -> None:
-        from qwen_trt.api.listen import check_api_key, normalize_host
+        from qwen_trt.api.listen import allowed_host, check_api_key, normalize_host
 
         object.__setattr__(self, "host", normalize_host(self.host))
         if not 0 <= self.port <= 65535:
@@ -61,11 +65,24 @@ class ServerSettings:
                 raise ConfigError(f"{flag} must be a positive number, got {value}.")
         if not 0 <= self.shutdown_grace_s < float("inf"):
             raise ConfigError(f"--shutdown-grace-s must be >= 0, got {self.shutdown_grace_s}.")
+        if self.responses_store_max < 1:
+            raise ConfigError(f"--responses-store-max must be >= 1, got {self.responses_store_max}.")
+        if not 0 < self.responses_store_mb < float("inf"):
+            raise ConfigError(f"--responses-store-mb must be a positive number, got "
+                              f"{self.responses_store_mb}.")
         check_api_key(self.api_key)
         for origin in self.allowed_origins:
             if origin != "*" and not ORIGIN_RE.match(origin):
                 raise ConfigError(f"--allowed-origins: {origin[:80]!r} is not an origin (give "
                                   "scheme://host[:port] without a path, or *).")
+        hosts = []
+        for entry in self.allowed_hosts:
+            name = allowed_host(entry)
+            if name is None:
+                raise ConfigError(f"--allowed-hosts: {entry[:80]!r} is not a host name or "
+                                  "address (give names without scheme, port or path, or *).")
+            hosts.append(name)
+        object.__setattr__(self, "allowed_hosts", tuple(dict.fromkeys(hosts)))
         if self.kv_events is not None and not KV_ENDPOINT_RE.match(self.kv_events):
             raise ConfigError(f"--kv-events: {self.kv_events[:80]!r} is not a ZMQ endpoint (give "
                               "tcp://HOST:PORT, tcp://*:PORT or ipc://PATH).")

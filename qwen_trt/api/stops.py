@@ -12,6 +12,7 @@ class StopScanner:
         self.text = ""
         self.sent = 0           # text[:sent] has been handed out
         self.stopped = False
+        self.matched: str | None = None     # the stop string found
 
     def feed(self, delta: str) -> str:
         """Add ``delta``; return the text that is now safe to send. Sets :attr:`stopped` (and
@@ -26,6 +27,7 @@ class StopScanner:
         hits = [i for i in (self.text.find(s, self.sent) for s in self.stops) if i >= 0]
         if hits:
             cut = min(hits)
+            self.matched = next(s for s in self.stops if self.text.find(s, self.sent) == cut)
             out = self.text[self.sent:cut]
             self.text, self.sent, self.stopped = self.text[:cut], cut, True
             return out

@@ -3,11 +3,16 @@
 
 Qwen3 writes a call as ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
 (Hermes style, as its chat template asks). :class:`ToolCallParser` reads the reply text as it
-streams: text outside a block is content; a block becomes a :class:`ToolCall` once it closes
-and its JSON parses (a name, an object of arguments); a block that does not parse, or that is
-still open at the end of the reply without a complete call in it, stays content, word for
-word. Whitespace around calls is not content. Only the model's reply is parsed: the same tags
-typed in a user or tool message are encoded as text (:mod:`qwen_trt.serving.session`).
+streams: text outside a block is content. A block that begins ``{"name": "<name>",
+"arguments": {`` is a call from then on: :class:`CallStart` (its id and name) at once, then
+:class:`CallArguments` pieces with the arguments object's text as the model writes it (they
+join to the call's ``arguments``), then the whole :class:`ToolCall` when the object (or the
+block, or the reply) ends. Any other block waits for its end and becomes a call if its JSON
+parses (a name, an object of arguments, or arguments quoted as a string), the same three
+pieces at once; a block that does not parse, or that is still open at the end of the reply
+without a complete call in it, stays content, word for word. Whitespace around calls is not
+content. Only the model's reply is parsed: the same tags typed in a user or tool message are
+encoded as text (:mod:`qwen_trt.serving.session`).
 
 ``tool_choice``:
 
@@ -17,6 +22,9 @@ typed in a user or tool message are encoded as text (:mod:`qwen_trt.serving.sess
 * ``required`` / ``{"type": "function", "function": {"name": ...}}``: the reply is constrained
   to call blocks (``SamplingParams.grammar`` of kind ``tool_calls``; several only with
   ``parallel_tool_calls``), for a named function that one only.
+* ``{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": [{"type":
+  "function", "function": {"name": ...}}, ...]}}``: only the named tools are rendered (the model
+  is told of no other), then ``mode`` applies as ``auto`` / ``required`` above.
 
 ``parallel_tool_calls`` shapes only the constraint: in ``auto`` mode every call the model
 writes is returned.
@@ -30,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from qwen_trt.api.errors import ApiError
+from qwen_trt.api.limits import check_text
 from qwen_trt.model.template import TOOL_CALL_END, TOOL_CALL_START
 from qwen_trt.params import Grammar
 
@@ -120,6 +129,7 @@ def parse_tools(obj: Mapping) -> ToolSpec:
         raise _bad("tools", "'tools' must be a list of function tools.")
     if len(raw) > MAX_TOOLS:
         raise _bad("tools", f"'tools' takes at most {MAX_TOOLS} tools, got {len(raw)}.")
+    check_text(raw, "tools")
     tools = tuple(_function(i, t) for i, t in enumerate(raw))
     names = [t["function"]["name"] for t in tools]
     dup = next((n for n in names if names.count(n) > 1), None)
@@ -134,6 +144,8 @@ def parse_tools(obj: Mapping) -> ToolSpec:
     named = False
     if choice is None:
         choice = "auto"
+    elif isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        tools, choice = _allowed(choice.get("allowed_tools"), tools)
     elif isinstance(choice, dict):
         fn = choice.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -145,11 +157,38 @@ def parse_tools(obj: Mapping) -> ToolSpec:
                                       "which is not in 'tools'.")
         choice, named = name, True
     elif choice not in ("none", "auto", "required"):
-        raise _bad("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or "
-                                  f"a named function, got {_excerpt(choice)!r}.")
+        raise _bad("tool_choice", "'tool_choice' must be 'none', 'auto', 'required', "
+                                  f"allowed_tools or a named function, got {_excerpt(choice)!r}.")
     if choice == "required" and not tools:
         raise _bad("tool_choice", "'tool_choice' is 'required' but 'tools' is empty.")
     return ToolSpec(tools=tools, choice=choice, named=named, parallel=parallel)
+
+
+def _allowed(allowed, tools: tuple[dict, ...]) -> tuple[tuple[dict, ...], str]:
+    """``tool_choice.allowed_tools`` checked: the tools it names (in ``tools``' order) and its
+    mode. A name is given as ``{"type": "function", "function": {"name": N}}`` (Chat
+    Completions) or ``{"type": "function", "name": N}`` (the Responses API's form)."""
+    param = "tool_choice.allowed_tools"
+    if not isinstance(allowed, dict) or allowed.get("mode") not in ("auto", "required") \
+            or not isinstance(allowed.get("tools"), list) or not allowed["tools"]:
+        raise _bad(param, f"'{param}' must be {{\"mode\": \"auto\" | \"required\", \"tools\": "
+                          "[{\"type\": \"function\", \"function\": {\"name\": ...}}, ...]} with "
+                          "at least one tool.")
+    have = {t["function"]["name"] for t in tools}
+    names = set()
+    for i, t in enumerate(allowed["tools"]):
+        fn = t.get("function") if isinstance(t, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else (
+            t.get("name") if isinstance(t, dict) else None)
+        if not isinstance(t, dict) or t.get("type", "function") != "function" \
+                or not isinstance(name, str):
+            raise _bad(f"{param}.tools[{i}]", f"'{param}.tools[{i}]' must be {{\"type\": "
+                                              "\"function\", \"function\": {\"name\": ...}}.")
+        if name not in have:
+            raise _bad(f"{param}.tools[{i}]", f"'{param}.tools[{i}]' names the function "
+                                              f"{_excerpt(name)!r}, which is not in 'tools'.")
+        names.add(name)
+    return tuple(t for t in tools if t["function"]["name"] in names), allowed["mode"]
 
 
 # -- the reply ---------------------------------------------------------------------------------
@@ -184,6 +223,26 @@ def parse_call(body: str) -> ToolCall | None:
     return ToolCall(name, json.dumps(args, ensure_ascii=False))
 
 
+@dataclass(frozen=True)
+class CallStart:
+    """A call begins: its id and name (its arguments follow as :class:`CallArguments`)."""
+
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArguments:
+    """More of the arguments of the call begun last, as text."""
+
+    text: str
+
+
+# The head of a block that streams: the name, then the arguments object (its first brace next).
+_HEAD_RE = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+HEAD_CHARS = 512          # a block whose head has not shown by now waits for its end
+
+
 def _held_prefix(text: str, tag: str) -> int:
     """Length of the longest end of ``text`` that could still grow into ``tag``."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
@@ -192,18 +251,61 @@ def _held_prefix(text: str, tag: str) -> int:
     return 0
 
 
-class ToolCallParser:
-    """Reply text in (as it streams), content and :class:`ToolCall` pieces out.
+class _Arguments:
+    """Where a streamed arguments object ends: JSON nesting and strings, char by char."""
 
-    :meth:`feed` returns what is settled: strings (content) and calls, in order; text that may
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_str = False
+        self.esc = False
+        self.text: list[str] = []
+
+    def scan(self, buf: str) -> tuple[int, str]:
+        """How much of ``buf`` belongs to the arguments, and what stopped the scan: ``done``
+        (the object closed), ``end`` (``</tool_call>`` outside a string: the block ended
+        early), ``more`` (all of ``buf`` is arguments; or a possible tag start is held)."""
+        for i, c in enumerate(buf):
+            if self.in_str:
+                if self.esc:
+                    self.esc = False
+                elif c == "\\":
+                    self.esc = True
+                elif c == '"':
+                    self.in_str = False
+            elif c == '"':
+                self.in_str = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth <= 0:
+                    return i + 1, "done"
+            elif c == "<":
+                rest = buf[i:]
+                if rest.startswith(TOOL_CALL_END):
+                    return i, "end"
+                if TOOL_CALL_END.startswith(rest):
+                    return i, "more"
+        return len(buf), "more"
+
+
+class ToolCallParser:
+    """Reply text in (as it streams), content and call pieces out.
+
+    :meth:`feed` returns what is settled, in order: strings (content), :class:`CallStart`,
+    :class:`CallArguments` and the finished :class:`ToolCall` (module docstring); text that may
     still turn out to be a tag, and whitespace that may turn out to sit next to a call, is held
     back. :meth:`finish` returns the rest. Joining every string piece gives the content of the
-    whole reply, the same either way it was fed.
+    whole reply, and every call's argument pieces its ``arguments``, the same however the text
+    was cut into deltas.
     """
 
     def __init__(self) -> None:
-        self._buf = ""            # outside a block: unsent text; inside: the block's body
+        self._buf = ""            # outside a block: unsent text; inside: the block's unread body
         self._in_call = False
+        self._mode = "head"       # inside a block: head | args | tail | whole (wait for its end)
+        self._open: ToolCall | None = None   # the call streaming (its arguments in _args)
+        self._args: _Arguments | None = None
         self._space = ""          # whitespace held back after the last content
         self._after_call = False  # no content since the last call
         self.calls: list[ToolCall] = []
@@ -218,13 +320,85 @@ class ToolCallParser:
             out.append(stripped)
             self._after_call = False
 
-    def _call(self, call: ToolCall, out: list) -> None:
-        self.calls.append(call)
+    def _begin(self, name: str, out: list) -> None:
+        self._open = ToolCall(name, "")
         self._space, self._after_call = "", True   # whitespace around a call is not content
+        out.append(CallStart(self._open.id, name))
+
+    def _close(self, out: list) -> None:
+        """The streaming call is whole: its arguments are the text sent."""
+        call = ToolCall(self._open.name, "".join(self._args.text), self._open.id)
+        self._open, self._args = None, None
+        self.calls.append(call)
         out.append(call)
 
-    def feed(self, text: str) -> list[str | ToolCall]:
-        out: list[str | ToolCall] = []
+    def _whole(self, call: ToolCall, out: list) -> None:
+        self._begin(call.name, out)
+        self._args = _Arguments()
+        self._args.text.append(call.arguments)
+        out.append(CallArguments(call.arguments))
+        self._close(out)
+
+    def _block_ends(self, body: str, out: list) -> None:
+        """A block that never streamed ends with ``body``: a call, or content as it was."""
+        call = parse_call(body)
+        if call is None:
+            self._content(TOOL_CALL_START + body + TOOL_CALL_END, out)
+        else:
+            self._whole(call, out)
+
+    def _head(self, out: list) -> bool:
+        """Whether the block's head (name, arguments' first brace) is here: then it streams."""
+        end = self._buf.find(TOOL_CALL_END)
+        m = _HEAD_RE.match(self._buf, 0, end if end >= 0 else len(self._buf))
+        if m is None or self._buf[m.end():m.end() + 1] != "{":
+            if (m is not None and m.end() < len(self._buf)) or (
+                    end < 0 and len(self._buf) > HEAD_CHARS):
+                self._mode = "whole"    # arguments quoted as a string, or no head in sight
+            return False
+        try:
+            name = json.loads(f'"{m.group(1)}"')
+        except ValueError:
+            name = ""
+        if not name:
+            self._mode = "whole"
+            return False
+        self._begin(name, out)
+        self._args = _Arguments()
+        self._buf = self._buf[m.end():]
+        self._mode = "args"
+        return True
+
+    def _in_block(self, out: list) -> bool:
+        """Read the block's body; whether the block ended (then the loop goes on outside)."""
+        if self._mode == "head" and not self._head(out):
+            if self._mode == "head" and TOOL_CALL_END not in self._buf:
+                return False
+            self._mode = "whole"
+        if self._mode == "args":
+            n, why = self._args.scan(self._buf)
+            if n:
+                self._args.text.append(self._buf[:n])
+                out.append(CallArguments(self._buf[:n]))
+                self._buf = self._buf[n:]
+            if why == "more":
+                return False
+            if why == "done":
+                self._mode = "tail"
+        end = self._buf.find(TOOL_CALL_END)
+        if end < 0:
+            return False
+        body = self._buf[:end]
+        self._buf = self._buf[end + len(TOOL_CALL_END):]
+        self._in_call, self._mode = False, "head"
+        if self._open is not None:
+            self._close(out)         # what followed the arguments object is dropped
+        else:
+            self._block_ends(body, out)
+        return True
+
+    def feed(self, text: str) -> list:
+        out: list = []
         self._buf += text
         while True:
             if not self._in_call:
@@ -236,31 +410,27 @@ class ToolCallParser:
                     return out
                 self._content(self._buf[:at], out)
                 self._buf = self._buf[at + len(TOOL_CALL_START):]
-                self._in_call = True
-            else:
-                end = self._buf.find(TOOL_CALL_END)
-                if end < 0:
-                    return out
-                body = self._buf[:end]
-                self._buf = self._buf[end + len(TOOL_CALL_END):]
-                self._in_call = False
-                call = parse_call(body)
-                if call is None:                  # not a call: the block is content as it was
-                    self._content(TOOL_CALL_START + body + TOOL_CALL_END, out)
-                else:
-                    self._call(call, out)
+                self._in_call, self._mode = True, "head"
+            elif not self._in_block(out):
+                return out
 
-    def finish(self) -> list[str | ToolCall]:
-        out: list[str | ToolCall] = []
+    def finish(self) -> list:
+        out: list = []
         if self._in_call:
-            call = parse_call(self._buf)          # the reply ended before </tool_call>
-            if call is not None:
-                self._call(call, out)
+            if self._open is not None:          # the reply ended inside a streaming call
+                if self._mode == "args" and self._buf:
+                    self._args.text.append(self._buf)
+                    out.append(CallArguments(self._buf))
+                self._close(out)
             else:
-                self._content(TOOL_CALL_START + self._buf, out)
+                call = parse_call(self._buf)    # the reply ended before </tool_call>
+                if call is not None:
+                    self._whole(call, out)
+                else:
+                    self._content(TOOL_CALL_START + self._buf, out)
         elif self._buf:
             self._content(self._buf, out)
-        self._buf, self._in_call = "", False
+        self._buf, self._in_call, self._mode = "", False, "head"
         if self._space and not self.calls:
             out.append(self._space)
         self._space = ""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
+from qwen_trt import settings
 from qwen_trt.backends.base import Backend, BackendInfo
 from qwen_trt.errors import ConfigError
 
@@ -13,6 +15,7 @@ BACKENDS = ("auto", "torch", "trtllm", "openai")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 FAST_MODES = ("auto", "on", "off")
 QUANTIZATIONS = ("auto", "none", "fp8", "int4")   # fast path weight formats
+SPECULATIVE = ("off", "ngram", "eagle3:PATH")     # fast path speculative decoding
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 MIN_MAX_SEQ_LEN = 32   # room for the chat template, a short message and a reply
 
@@ -21,7 +24,7 @@ __all__ = ["Backend", "BackendInfo", "BackendConfig", "BACKENDS", "DTYPES", "FAS
 
 
 MAX_MAX_BATCH = 256   # the largest decode-graph bucket worth capturing for a 4B model on one GPU
-DEFAULT_WATCHDOG_S = 30.0   # a served engine with no step progress this long is restarted
+DEFAULT_WATCHDOG_S = settings.declared("QWEN_TRT_WATCHDOG_S").default   # 30 s, then restart
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class BackendConfig:
     quantization: str = "auto"      # fast path: weights as the checkpoint has them, or
                                     # fp8 / int4 quantized at load, or none (dequantized)
     cache_dir: str | None = None    # fast path on CUDA: compile/autotune cache root ("off": none)
+    speculative: str = "off"        # fast path: off | ngram
+    num_speculative_tokens: str = "auto"   # fast path: auto | 1..8 draft tokens a step
 
     def __post_init__(self) -> None:
         for what, flag, value, allowed in (("backend", "backend", self.backend, BACKENDS),
@@ -72,6 +77,17 @@ class BackendConfig:
                 or w < 0):
             raise ConfigError(f"{_where('watchdog-s')} must be a number of seconds >= 0 "
                               f"(0 turns the watchdog off), got '{w}'.")
+        method, _, draft = str(self.speculative).partition(":")
+        if method not in ("off", "ngram", "eagle3") or (method == "eagle3") != bool(draft):
+            raise ConfigError(f"Unknown speculative method '{self.speculative}' "
+                              f"({_where('speculative')}): use one of {', '.join(SPECULATIVE)}.")
+        if method == "eagle3" and not os.path.isdir(draft):
+            raise ConfigError(f"EAGLE-3 draft folder '{draft}' ({_where('speculative')}) does "
+                              "not exist.")
+        k = self.num_speculative_tokens
+        if k != "auto" and not (isinstance(k, str) and k.isdigit() and 1 <= int(k) <= 8):
+            raise ConfigError(f"{_where('num-speculative-tokens')} must be auto or a whole "
+                              f"number from 1 to 8, got '{k}'.")
         if self.backend == "openai" and not self.base_url:
             raise ConfigError(f"--backend openai needs {_where('base-url')}, e.g. "
                               "http://127.0.0.1:8000/v1.")
@@ -126,10 +142,10 @@ def load_backend(cfg: BackendConfig, *, for_runner: bool = False) -> Backend:
         raise ConfigError("The openai backend streams chats, not token ids: start it with "
                           "qwen_trt.serving.service.start_service_for().")
     if name == "trtllm":
-        from qwen_trt.backends.trtllm_backend import TrtllmBackend
+        from qwen_trt.backends.trtllm import load_trtllm
 
-        return TrtllmBackend.load(engine=cfg.engine, model=cfg.model, warmup=cfg.warmup,
-                                  max_seq_len=cfg.max_seq_len)
+        return load_trtllm(engine=cfg.engine, model=cfg.model, warmup=cfg.warmup,
+                           max_seq_len=cfg.max_seq_len)
     from qwen_trt.backends.fast_backend import FastBackend, use_fast
     from qwen_trt.backends.torch_backend import TorchBackend, pick_device
 

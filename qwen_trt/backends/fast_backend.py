@@ -234,7 +234,7 @@ class FastBackend(Backend):
 
     def grammars(self):
         """This tokenizer's GrammarBook (built on the first constrained request)."""
-        from qwen_trt.fast.grammar import grammar_book
+        from qwen_trt.fast.step.grammar import grammar_book
 
         return grammar_book(self, self.tokenizer, self.decoder.model.cfg.vocab_size,
                             self.info.stop_token_ids)

@@ -2,9 +2,9 @@
 
 Decoding is a plain loop in the caller's thread (prefill, then one forward per token with the
 KV cache), so closing the generator or :meth:`cancel` stops work before the next token. Sampling
-runs on the device with the fast path's sampler (:mod:`qwen_trt.fast.sampling`), so a seed
+runs on the device with the fast path's sampler (:mod:`qwen_trt.fast.step.sampling`), so a seed
 gives the same tokens on both; only the chosen token id crosses to the host (and its logprobs
-when asked for). A grammar (:mod:`qwen_trt.fast.grammar`) fills the sampler's mask on the
+when asked for). A grammar (:mod:`qwen_trt.fast.step.grammar`) fills the sampler's mask on the
 host before each step and accepts each token after it.
 """
 from __future__ import annotations
@@ -124,7 +124,7 @@ class TorchBackend(Backend):
         from transformers import DynamicCache
 
         from qwen_trt.params import SampledToken
-        from qwen_trt.fast.sampling import SamplerState, pick, sampler_kind
+        from qwen_trt.fast.step.sampling import SamplerState, pick, sampler_kind
 
         cancel = self._begin()
         stop = self.stop_ids(params)
@@ -145,7 +145,7 @@ class TorchBackend(Backend):
                 sampler.advance(tok, kind)
                 tok_id = int(tok.item())                    # the one host sync per token
                 if constraint is not None and not constraint.accept(tok_id):
-                    from qwen_trt.fast.grammar import GrammarError
+                    from qwen_trt.fast.step.grammar import GrammarError
 
                     raise GrammarError(f"token {tok_id} broke the request's grammar")
                 if params.logprobs is not None:
@@ -164,7 +164,7 @@ class TorchBackend(Backend):
         """The request's grammar state (compiled against this tokenizer), or None."""
         if params.grammar is None:
             return None
-        from qwen_trt.fast.grammar import grammar_book
+        from qwen_trt.fast.step.grammar import grammar_book
 
         book = grammar_book(self, self._tokenizer, self.model.config.vocab_size,
                             self.info.stop_token_ids)

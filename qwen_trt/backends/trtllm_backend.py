@@ -1,7 +1,8 @@
 """The ``trtllm`` backend: a per-GPU TensorRT-LLM engine served by the C++ executor with in-flight
 batching -- several requests at once, each streamed and cancelled on its own. Without an engine
-folder (and on every release after 1.3.0rc20) :meth:`TrtllmBackend.load` takes the LLM API path
-instead, :mod:`qwen_trt.backends.trtllm_llmapi`, which reuses this module's request handling.
+folder (and on every release after 1.3.0rc20) :func:`qwen_trt.backends.trtllm.load_trtllm` takes
+the LLM API path instead, :mod:`qwen_trt.backends.trtllm_llmapi`, which reuses this module's
+request handling (it imports this module; this module knows nothing of it).
 
 Upstream calls, as read in NVIDIA/TensorRT-LLM (stored snapshots; the commit is recorded because
 the search index does not map commits to tags):
@@ -77,7 +78,7 @@ class TrtllmRuntimeError(QwenTrtError):
 
 def default_engines_dir() -> Path:
     
-    return Path(settings.raw(ENGINES_DIR_ENV) or "engines")
+    return Path(settings.get(ENGINES_DIR_ENV))
 
 
 def runner_kwargs(manifest: dict) -> dict:
@@ -478,42 +479,8 @@ class TrtllmBackend(Backend):
         self._dispatcher = ResponseDispatcher(runner.executor, poll_ms)
         self._active_id: int | None = None
 
-    @classmethod
-    def load(cls, engine: str | None = None, model: str | None = None, *,
-             warmup: bool = True, max_seq_len: int | None = None) -> "TrtllmBackend":
-        """The engine path when an engine folder is given (``engine``) or found for this GPU
-        under engines/; otherwise the LLM API path on the checkpoint ``model``
-        (:class:`~qwen_trt.backends.trtllm_llmapi.LlmApiBackend`), which is the only path of a
-        tensorrt_llm released after 1.3.0rc20."""
-        from qwen_trt.engine.profiles import load_all
-        from qwen_trt.engine.env import (NO_ENGINE_BUILDER, NoEngineBuilderError,
-                                         has_engine_backend, library_versions, require_trtllm)
-        from qwen_trt.engine.gpu import require_gpu
-
-        trtllm = require_trtllm("engine" if engine is not None else "llmapi")
-        version = str(getattr(trtllm, "__version__", "unknown"))
-        engines_ok = version == "unknown" or has_engine_backend(version)
-        if engine is not None and not engines_ok:   # require_trtllm("engine") said so already
-            raise NoEngineBuilderError(NO_ENGINE_BUILDER.format(version=version) + ".")
-        gpu = require_gpu()
-        engine_dir = None
-        if engine is not None:
-            engine_dir = Path(engine)
-        elif engines_ok:
-            engine_dir = cls._find_engine(gpu, library_versions(), load_all)
-        if engine_dir is None:
-            from qwen_trt.backends.trtllm_llmapi import LlmApiBackend
-
-            if engines_ok:
-                log.info("trtllm: no engine for %s under %s/ (`make engine GPU=<gpu>` builds "
-                         "one): serving the checkpoint through the LLM API", gpu.describe(),
-                         default_engines_dir())
-            return LlmApiBackend.load_checkpoint(model, gpu=gpu, max_seq_len=max_seq_len,
-                                                 warmup=warmup)
-        return cls._load_engine(engine_dir, model, gpu, warmup=warmup)
-
     @staticmethod
-    def _find_engine(gpu, versions: dict, load_all) -> Path | None:
+    def find_engine(gpu, versions: dict, load_all) -> Path | None:
         """This GPU's engine folder under engines/ (the FP16 one first), or the folder built for
         this GPU with other libraries (so loading says what to rebuild), or None."""
         from qwen_trt.engine.gpu import suggest_profile
@@ -531,7 +498,7 @@ class TrtllmBackend(Backend):
         return None
 
     @classmethod
-    def _load_engine(cls, engine_dir: Path, model: str | None, gpu, *,
+    def load_engine(cls, engine_dir: Path, model: str | None, gpu, *,
                      warmup: bool = True) -> "TrtllmBackend":
         from qwen_trt.engine.profiles import load_all
         from qwen_trt.engine.env import library_versions

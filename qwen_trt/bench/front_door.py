@@ -156,7 +156,7 @@ def run_engine_client(model: str, prompts: list[list[int]], tokens: int) -> dict
                     got = ev.reply.metrics.tokens
                     break
             if got != tokens:
-                raise RuntimeError(f"engine client: {got} tokens, expected {tokens}")
+                raise RuntimeError(f"worker client: {got} tokens, expected {tokens}")
     finally:
         client.close()
     return _summary(ttft, itl, len(prompts), tokens)
@@ -398,7 +398,7 @@ def main(argv=None) -> int:
     p.add_argument("--words", type=int, default=400, help="prompt length in words")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     p.add_argument("--step-us", type=float, default=2500.0,
-                   help="the paced engine's step (2500: the H200's batch-1 decode)")
+                   help="the paced runner's step (2500: the H200's batch-1 decode)")
     p.add_argument("--out", default=None)
     p.add_argument("--serve-child", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -3,8 +3,9 @@
     python -m qwen_trt.bench.health_latency [--model DIR] [--mb 10] [--out x.json]
 
 Runs the API on the model (default: the offline tiny model, CPU) in a child process, then for
-each scenario sends one chat request of ``--mb`` MB of text and polls ``/health`` from this
-process while it is in flight. Scenarios: ``engine-context`` (the engine's own context: the
+each scenario sends one request of ``--mb`` MB of text (chat messages, or with ``--endpoint``
+a ``/v1/completions`` or ``/tokenize`` prompt) and polls ``/health`` from this process while it
+is in flight. Scenarios: ``engine-context`` (the engine's own context: the
 cheap length bound refuses it before tokenising) and ``wide-context`` (the service reports a
 context of ``--wide-context`` tokens, so the whole text is tokenised, in worker threads, before
 the 400). JSON out: per scenario the request's status and time, and /health p50 / p99 / max in
@@ -92,18 +93,27 @@ def _stats(ms: list[float]) -> dict:
         {"polls": 0}
 
 
-def measure(url: str, mb: float, poll_s: float = 0.05, health_timeout_s: float = 60) -> dict:
-    """One request of ``mb`` MB of text; /health latencies while it is in flight (a /health
-    slower than ``health_timeout_s`` raises)."""
+# where the large text goes: the path, and the body around it
+ENDPOINTS = {"chat": ("/v1/chat/completions",
+                      lambda text: {"messages": [{"role": "user", "content": text}]}),
+             "completions": ("/v1/completions", lambda text: {"prompt": text}),
+             "tokenize": ("/tokenize", lambda text: {"prompt": text})}
+
+
+def measure(url: str, mb: float, poll_s: float = 0.05, health_timeout_s: float = 60,
+            endpoint: str = "chat") -> dict:
+    """One request of ``mb`` MB of text to ``endpoint`` (a key of :data:`ENDPOINTS`); /health
+    latencies while it is in flight (a /health slower than ``health_timeout_s`` raises)."""
     import httpx
 
     content = (TEXT * (int(mb * 1e6) // len(TEXT) + 1))[:int(mb * 1e6)]
-    body = json.dumps({"messages": [{"role": "user", "content": content}]}).encode()
+    path, shape = ENDPOINTS[endpoint]
+    body = json.dumps(shape(content)).encode()
     result: dict = {}
 
     def big() -> None:
         t0 = time.perf_counter()
-        r = httpx.post(f"{url}/v1/chat/completions", content=body, timeout=600,
+        r = httpx.post(f"{url}{path}", content=body, timeout=600,
                        headers={"content-type": "application/json"})
         result.update(status=r.status_code, request_s=round(time.perf_counter() - t0, 3),
                       error=(r.json().get("error") or {}).get("message", "")[:160]
@@ -141,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mb", type=float, default=10.0, help="size of the large request's text")
     p.add_argument("--wide-context", type=int, default=5_000_000,
                    help="context the wide-context scenario reports, in tokens")
+    p.add_argument("--endpoint", default="chat", choices=sorted(ENDPOINTS),
+                   help="where the large text goes (chat messages, a completions or a "
+                        "/tokenize prompt)")
     p.add_argument("--out", default=None, help="JSON file (default: stdout only)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -155,12 +168,13 @@ def main(argv: list[str] | None = None) -> int:
 
             model = str(write_tiny_model(Path(tmp) / "tiny"))
         log = Path(tmp) / "server.log"
-        out: dict = {"mb": args.mb, "target_max_ms": TARGET_MS, "scenarios": {}}
+        out: dict = {"mb": args.mb, "endpoint": args.endpoint, "target_max_ms": TARGET_MS,
+                     "scenarios": {}}
         for name, wide in (("engine-context", 0), ("wide-context", args.wide_context)):
             proc, url = start_child(model, wide, log)
             try:
                 out["baseline"] = out.get("baseline") or baseline(url)
-                out["scenarios"][name] = measure(url, args.mb)
+                out["scenarios"][name] = measure(url, args.mb, endpoint=args.endpoint)
             finally:
                 out["scenarios"].setdefault(name, {})["exit_code"] = stop_child(proc)
     worst = max(s.get("health_during", {}).get("max_ms", 0) for s in out["scenarios"].values())

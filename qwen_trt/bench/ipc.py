@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="a folder with a tokenizer (default: tiny model)")
     p.add_argument("--repeats", type=int, default=3, help="best of N per transport")
     p.add_argument("--paced-us", type=float, default=0.0,
-                   help="also run an engine that busy-waits this long per step, e.g. 2500 like "
+                   help="also run a runner that busy-waits this long per step, e.g. 2500 like "
                         "the H200's batch-1 decode (wall-clock figures: an idle machine only)")
     p.add_argument("--paced-steps", type=int, default=400)
     args = p.parse_args(argv)

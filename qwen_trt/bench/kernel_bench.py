@@ -1,8 +1,8 @@
 """Measure the decode kernels on this GPU: ``python -m qwen_trt.bench.kernel_bench [--sweep]``.
 
 For each projection of a Qwen3-4B decode step (qkv, o, gate/up, down, LM head) it times the
-Triton kernel of :mod:`qwen_trt.fast.gemv` (every block configuration with ``--sweep``, else the
-one :func:`~qwen_trt.fast.gemv.config_for` picks) against cuBLAS (``F.linear``, no fusions), and
+Triton kernel of :mod:`qwen_trt.fast.kernels.gemv` (every block configuration with ``--sweep``, else the
+one :func:`~qwen_trt.fast.kernels.gemv.config_for` picks) against cuBLAS (``F.linear``, no fusions), and
 the decode attention kernels at a few context lengths (split sizes with ``--sweep``).
 
 Timing is the way a decode step sees it: a CUDA graph of back-to-back launches over as many
@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from qwen_trt.fast.options import options, use
-from qwen_trt.fast.config import QWEN3_4B
-from qwen_trt.fast.gemv import GemvConfig, config_for, gemv, gemv_ref
-from qwen_trt.fast.pdl import pdl_enabled
+from qwen_trt.fast.model.config import QWEN3_4B
+from qwen_trt.fast.kernels.gemv import GemvConfig, config_for, gemv, gemv_ref
+from qwen_trt.fast.kernels.pdl import pdl_enabled
 
 
 def shapes(cfg=QWEN3_4B) -> dict[str, dict]:
@@ -109,7 +109,7 @@ def bench_shape(name: str, spec: dict, configs: list[GemvConfig | None], layers:
 def bench_attention(ctx: int, configs: list[tuple[int, int, int]], layers: int,
                     cfg=QWEN3_4B, slots: int = 4097, dtype=torch.bfloat16) -> dict:
     """Decode attention at position ``ctx`` over ``layers`` distinct caches."""
-    from qwen_trt.fast.attention import SPLIT, BLOCK_N, WARPS, _triton_attend, math_attend
+    from qwen_trt.fast.kernels.attention import SPLIT, BLOCK_N, WARPS, _triton_attend, math_attend
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(cfg.heads, cfg.head_dim, generator=g, device="cuda").to(dtype)

@@ -38,6 +38,18 @@ def timing_from_stamps(t0: float, stamps: list[float], ids: list[int]) -> RunTim
     return RunTiming((stamps[0] - t0) * 1e3, rate, len(stamps), ids)
 
 
+def graph_us(fn: Callable[[int], object], calls: int) -> float:
+    """µs per ``fn(i)`` call (``i`` = 0..calls-1) replayed in one CUDA graph (the kernel
+    benchmarks and sweeps time launches this way, without the host in the loop)."""
+    import torch
+
+    from qwen_trt.fast.step.graphs import capture, replay_ms
+
+    graph = capture(lambda: [fn(i) for i in range(calls)], lambda: None,
+                    torch.cuda.graph_pool_handle())
+    return replay_ms(graph, 10, warmup=2) * 1000 / calls
+
+
 def copy_bandwidth_tbps(device, gib: float = 4.0, iters: int = 10) -> float | None:
     """Device-to-device copy bandwidth (bytes read + written), None off CUDA."""
     import torch

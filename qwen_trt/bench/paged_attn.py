@@ -1,6 +1,6 @@
 """The batched decode attention alone: ``python -m qwen_trt.bench.paged_attn [--out F.json]``.
 
-Times :func:`~qwen_trt.fast.paged_kernels.paged_rope_decode_attention` (the kernel pair of the
+Times :func:`~qwen_trt.fast.kernels.paged_kernels.paged_rope_decode_attention` (the kernel pair of the
 batched decode graphs) on random Qwen3-4B-shaped rows and cache, per (decode rows, context,
 split, table width): a CUDA graph of ``--layers`` calls (one per layer, as in a
 step), replayed, in microseconds per call and the K/V bytes it reads per second. The table width
@@ -18,8 +18,8 @@ import torch
 
 def _case(rows: int, ctx: int, split: int, width_tokens: int, layers: int,
           bs: int = 32, heads: int = 32, kvh: int = 8, d: int = 128) -> dict:
-    from qwen_trt.fast.graphs import capture, replay_ms
-    from qwen_trt.fast.paged_kernels import paged_rope_decode_attention
+    from qwen_trt.fast.step.graphs import capture, replay_ms
+    from qwen_trt.fast.kernels.paged_kernels import paged_rope_decode_attention
 
     dev = torch.device("cuda")
     dt = torch.bfloat16

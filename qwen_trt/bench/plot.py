@@ -3,7 +3,7 @@
 Two panels from a bench JSON (``rows`` of path x prompt length): time to first token (log
 scale) and decode tokens/s with the run's roofline (weight bytes / measured copy bandwidth)
 drawn as a line. matplotlib is an optional extra (``pip install -e ".[plot]"``);
-``python -m qwen_trt.bench.plot docs/measurements/bench-h200.json docs/bench-h200.png`` redraws a saved run.
+``python -m qwen_trt.bench.plot docs/measurements/bench-batch1-vs-hf-h200-first-kernels.json docs/bench-h200.png`` redraws a saved run.
 """
 from __future__ import annotations
 

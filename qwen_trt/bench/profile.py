@@ -24,7 +24,7 @@ import time
 import torch
 
 from qwen_trt.fast import SHAPES, FastDecoder, load_fast_decoder
-from qwen_trt.fast.graphs import capture, replay_ms
+from qwen_trt.fast.step.graphs import capture, replay_ms
 from qwen_trt.fast.options import KernelOptions, options, use
 
 
@@ -216,7 +216,7 @@ def profile_prefill(cfg, lengths: list[int], variants: list[str], args) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from qwen_trt.fast import build_model
-    from qwen_trt.fast.weights import init_random
+    from qwen_trt.fast.model.weights import init_random
     from qwen_trt.params import SamplingParams
 
     envs = {p: _env(p) for p in variants}
@@ -314,8 +314,8 @@ def profile_steps(cfg, sizes: list[int], args) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from qwen_trt.fast import build_model
-    from qwen_trt.fast.batched import SeqChunk, make_batched
-    from qwen_trt.fast.weights import init_random
+    from qwen_trt.fast.step.batched import SeqChunk, make_batched
+    from qwen_trt.fast.model.weights import init_random
     from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
 
     m = build_model(cfg, max_seq_len=args.max_seq_len, dtype=torch.bfloat16, device="cuda")

@@ -6,9 +6,9 @@
 
 For each Qwen3-4B projection (qkv, o, gate/up, down, with the decode step's fusions) it times
 
-* the batch-1 GEMV (M = 1): :func:`qwen_trt.fast.qkernels.qgemv` for FP8 and INT4 in every
+* the batch-1 GEMV (M = 1): :func:`qwen_trt.fast.kernels.qkernels.qgemv` for FP8 and INT4 in every
   candidate configuration, the bf16 :func:`qwen_trt.fast.gemv.gemv`, cuBLAS (``F.linear``);
-* the small-batch GEMM (M = 2, 8, 32): :func:`qwen_trt.fast.qkernels.qbgemm` for FP8, INT4 and
+* the small-batch GEMM (M = 2, 8, 32): :func:`qwen_trt.fast.kernels.qkernels.qbgemm` for FP8, INT4 and
   dense bf16 in every candidate, the bf16 :func:`qwen_trt.fast.bgemm.bgemm` (autotuned), cuBLAS,
   and ``torch._scaled_mm`` with FP8 activations and row-wise scales (the stock FP8 GEMM, x
   quantized outside the timing);
@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+
+from qwen_trt.bench.measure import graph_us
 
 # name: (N, K, gate_up, residual, ln)
 SHAPES = {
@@ -156,7 +158,7 @@ def _table_cfg(it: dict, shape_set: str) -> dict | None:
     """The committed GEMV_TABLE configuration of a ``qgemv`` item's shape, as sweep keys."""
     from dataclasses import fields
 
-    from qwen_trt.fast import qkernels as Q
+    from qwen_trt.fast.kernels import qkernels as Q
 
     n, k, gate_up, _r, _ln = SHAPES[shape_set][it["shape"]]
     fmt = Q.FMT_FP8 if it["fmt"] == "fp8" else Q.FMT_INT4
@@ -175,7 +177,7 @@ def items(shape_set: str, only: str = "", vs_table: bool = False,
     see :func:`probe_items`)."""
     out = probe_items(shape_set) if probe else _items(shape_set)
     if vs_table:
-        from qwen_trt.fast import qkernels as Q
+        from qwen_trt.fast.kernels import qkernels as Q
 
         def keep(it):
             if it["kind"] != "qgemv" or it["cfg"].get("dot"):
@@ -244,7 +246,7 @@ class Shape:
     def __init__(self, spec, device, copies_bytes: int):
         import torch
 
-        from qwen_trt.fast.qformats import QuantSpec, quantize
+        from qwen_trt.fast.model.qformats import QuantSpec, quantize
 
         self.n, self.k, self.gate_up, self.residual, self.ln = spec
         n, k = self.n, self.k
@@ -259,7 +261,7 @@ class Shape:
         self.device = device
 
     def copies(self, fmt: str) -> list:
-        from qwen_trt.fast.qformats import QuantSpec, packed_bytes, quantize
+        from qwen_trt.fast.model.qformats import QuantSpec, packed_bytes, quantize
 
         if fmt not in self._copies:
             w = self.packed[fmt]
@@ -292,10 +294,11 @@ def run_item(it: dict, sh: Shape, timed: bool) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from qwen_trt.fast import qkernels as Q
-    from qwen_trt.fast.bgemm import bgemm
-    from qwen_trt.fast.gemv import gemv
-    from qwen_trt.fast.qformats import dense, packed_bytes
+    from qwen_trt.fast.kernels import qkernels as Q
+    from qwen_trt.fast.kernels.bgemm import bgemm
+    from qwen_trt.fast.kernels.gemv import gemv
+    from qwen_trt.fast.model.qformats import packed_bytes
+    from qwen_trt.fast.kernels.linear import dense
 
     m, kind, fmt = it["m"], it["kind"], it["fmt"]
     n, k, gate_up = sh.n, sh.k, sh.gate_up
@@ -347,7 +350,7 @@ def run_item(it: dict, sh: Shape, timed: bool) -> dict:
     if fused:
         xr = x.float()
         if ln is not None:
-            from qwen_trt.fast.reference import rms_norm
+            from qwen_trt.fast.model.reference import rms_norm
             xr = rms_norm(x, ln, 1e-6).float()
         ref = F.linear(xr, wd)
         if gate_up:
@@ -359,10 +362,8 @@ def run_item(it: dict, sh: Shape, timed: bool) -> dict:
         ref = F.linear(x.float(), wd)
     res["rel_err"] = round(((got - ref).norm() / ref.norm()).item(), 6)
     if timed and sh.device.type == "cuda":
-        from qwen_trt.bench.quant_bench import _graph_us
-
         n_calls = len(copies) if kind == "scaled_mm" else len(ws_)
-        us = _graph_us(call, n_calls)
+        us = graph_us(call, n_calls)
         res.update(us=round(us, 2), TBps=round(nbytes / us / 1e6, 3))
     return res
 
@@ -402,9 +403,9 @@ def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
 
 def tables(sweep: dict, shape_set: str = "4b") -> tuple[dict, dict]:
     """The fastest configurations of a sweep's ``best`` as ``(GEMV_TABLE, GEMM_TABLE)``
-    entries of :mod:`qwen_trt.fast.qkernels`; a dense shape enters the GEMM table only where
+    entries of :mod:`qwen_trt.fast.kernels.qkernels`; a dense shape enters the GEMM table only where
     the split-K form beat the bf16 ``bgemm``."""
-    from qwen_trt.fast import qkernels as Q
+    from qwen_trt.fast.kernels import qkernels as Q
 
     fmts = {"fp8": Q.FMT_FP8, "int4": Q.FMT_INT4, "none": Q.FMT_DENSE}
     best = sweep.get("best", {})
@@ -439,7 +440,7 @@ def merged(*sweeps: dict) -> dict:
 
 def table_source(sweep: dict, shape_set: str = "4b") -> str:
     """The entries of :func:`tables` as the Python lines of ``qkernels``' tables."""
-    from qwen_trt.fast import qkernels as Q
+    from qwen_trt.fast.kernels import qkernels as Q
 
     names = {Q.FMT_FP8: "FMT_FP8", Q.FMT_INT4: "FMT_INT4", Q.FMT_DENSE: "FMT_DENSE"}
     gemv, gemm = tables(sweep, shape_set)
@@ -463,8 +464,8 @@ def table_source(sweep: dict, shape_set: str = "4b") -> str:
 
 
 def apply(path: str, shape_set: str = "4b") -> tuple[dict, dict]:
-    """Fill :mod:`qwen_trt.fast.qkernels`' tables from a sweep's JSON (before any launch)."""
-    from qwen_trt.fast import qkernels as Q
+    """Fill :mod:`qwen_trt.fast.kernels.qkernels`' tables from a sweep's JSON (before any launch)."""
+    from qwen_trt.fast.kernels import qkernels as Q
 
     gemv, gemm = tables(json.loads(Path(path).read_text()), shape_set)
     Q.GEMV_TABLE.update(gemv)
@@ -577,7 +578,7 @@ def main(argv=None) -> int:
 
 def compiled_registers() -> list:
     """Registers and spills of every compiled packed kernel (best effort: Triton internals)."""
-    from qwen_trt.fast import qkernels as Q
+    from qwen_trt.fast.kernels import qkernels as Q
 
     rows = []
     for fn in (Q._fp8_gemv_kernel, Q._f8w_gemv_kernel, Q._i4_gemv_kernel,

@@ -22,29 +22,22 @@ import sys
 import time
 from pathlib import Path
 
+from qwen_trt.bench.measure import graph_us
+from qwen_trt.bench.qkernel_sweep import apply
+
 # (N, K, gate_up, residual): the decode step's fusions, so the tuned configs are the step's
 SHAPES_4B = {"qkv": (6144, 2560, False, False), "o": (2560, 4096, False, True),
              "gate_up": (19456, 2560, True, False), "down": (2560, 9728, False, True)}
-
-
-def _graph_us(fn, calls: int) -> float:
-    """µs per ``fn(i)`` call (``i`` = 0..calls-1) replayed in one CUDA graph."""
-    import torch
-
-    from qwen_trt.fast.graphs import capture, replay_ms
-
-    graph = capture(lambda: [fn(i) for i in range(calls)], lambda: None,
-                    torch.cuda.graph_pool_handle())
-    return replay_ms(graph, 10, warmup=2) * 1000 / calls
 
 
 def bench_kernels(fmt: str, rows=(1, 8, 32)) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from qwen_trt.fast.bgemm import bgemm
-    from qwen_trt.fast.gemv import gemv
-    from qwen_trt.fast.qformats import QuantSpec, dense, packed_bytes, quantize
+    from qwen_trt.fast.kernels.bgemm import bgemm
+    from qwen_trt.fast.kernels.gemv import gemv
+    from qwen_trt.fast.model.qformats import QuantSpec, packed_bytes, quantize
+    from qwen_trt.fast.kernels.linear import dense
 
     out = {}
     for name, (n, k, gate_up, residual) in SHAPES_4B.items():
@@ -72,7 +65,7 @@ def bench_kernels(fmt: str, rows=(1, 8, 32)) -> dict:
             if r is not None:
                 ref = ref + r.float()
             err = ((got - ref).norm() / ref.norm()).item()
-            us = _graph_us(run, copies)
+            us = graph_us(run, copies)
             out[f"{name}_M{m}"] = {"us": round(us, 2), "bytes": nbytes,
                                    "TBps": round(nbytes / us / 1e6, 3), "rel_err": err}
         del ws, w, w0, wd
@@ -84,8 +77,8 @@ def all_logits(model, ids):
     """Logits of every position of a prompt (prefill math, dense weights)."""
     import torch.nn.functional as F
 
-    from qwen_trt.fast.model import prefill_layer
-    from qwen_trt.fast.qformats import dense
+    from qwen_trt.fast.model.model import prefill_layer
+    from qwen_trt.fast.kernels.linear import dense
 
     dt = model.dtype
     pos = __import__("torch").arange(ids.shape[0], device=ids.device)
@@ -104,8 +97,8 @@ def bench_format(fmt: str, prompt: list[int], new_tokens: int, ref_logits, log,
     import torch
 
     from qwen_trt.fast import SHAPES, load_fast_decoder
-    from qwen_trt.fast.batched import make_batched
-    from qwen_trt.fast.graphs import replay_ms
+    from qwen_trt.fast.step.batched import make_batched
+    from qwen_trt.fast.step.graphs import replay_ms
     from qwen_trt.params import SamplingParams
 
     cfg = SHAPES["qwen3-4b"]
@@ -186,8 +179,6 @@ def main(argv=None) -> int:
                    help="fill qkernels' tables from a qkernel_sweep result first")
     args = p.parse_args(argv)
     if args.apply_sweep:
-        from qwen_trt.bench.qkernel_sweep import apply
-
         apply(args.apply_sweep)
     formats = [f for f in args.formats.split(",") if f]
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

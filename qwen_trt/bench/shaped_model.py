@@ -8,7 +8,7 @@ bfloat16, the offline tiny model's tokenizer and chat template), so ``qwen-trt s
 DIR`` reads, checks and warms up what it would for Qwen3-4B-Instruct-2507: the same layer
 shapes, the same 151,936-row tied embedding (the LM head reads as many bytes per step) and the
 same context limit (262,144 positions, so the served default of 32,768 applies). Weights are
-normal(0, 0.02) like ``qwen_trt.fast.weights.init_random``; norms are 1.
+normal(0, 0.02) like ``qwen_trt.fast.model.weights.init_random``; norms are 1.
 
 With ``--vocab-gguf`` it carries Qwen's real 151,643-token BPE (:mod:`qwen_trt.bench.qwen_vocab`),
 so encoding and detokenizing cost what they cost with the hub tokenizer; the embedding rows of

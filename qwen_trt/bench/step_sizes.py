@@ -1,6 +1,6 @@
 """What a step that prefills costs by its size: ``python -m qwen_trt.bench.step_sizes --model DIR``.
 
-Times :meth:`~qwen_trt.fast.batched.BatchedModel.forward` (the steps that prefill) for one prompt
+Times :meth:`~qwen_trt.fast.step.batched.BatchedModel.forward` (the steps that prefill) for one prompt
 chunk of ``n`` tokens, alone (a lone request's first step) and beside ``--decode-rows`` running
 streams (an arrival in a closed loop), two ways: the captured graph of the token bucket that
 holds the step (its padding rows cost compute) and the same step eagerly (the exact row count, a
@@ -47,7 +47,7 @@ PIECES = ("default", "triton")      # the step's norm/SiLU pieces: as the runner
 def _use_pieces(bm, name: str, built: tuple) -> None:
     """The step's elementwise pieces ``name``; the step graphs are captured again on use."""
     if name == "triton":
-        from qwen_trt.fast.batched import _post_triton, _pre_triton
+        from qwen_trt.fast.step.batched import _post_triton, _pre_triton
 
         bm._pre, bm._post = _pre_triton, _post_triton
     else:
@@ -60,7 +60,7 @@ def _time_step(bm, n: int, dec_tables: list, decode_ctx: int, first_block: int,
                gen: torch.Generator, repeats: int) -> dict:
     """One step: a chunk of ``n`` new prompt tokens (in blocks from ``first_block`` on) beside
     a decode row per ``dec_tables`` entry, timed as its bucket's graph and eagerly."""
-    from qwen_trt.fast.batched import STEP_TOKEN_BUCKETS, SeqChunk
+    from qwen_trt.fast.step.batched import STEP_TOKEN_BUCKETS, SeqChunk
 
     vocab = bm.cfg.vocab_size
     tokens, positions, chunks, logit_rows = [], [], [], []
@@ -94,7 +94,7 @@ def _time_step(bm, n: int, dec_tables: list, decode_ctx: int, first_block: int,
 def run(model: str, sizes: list[int], decode_rows: int, decode_ctx: int, repeats: int,
         log=print, device: str = "auto", pieces: tuple[str, ...] = ("default",)) -> dict:
     from qwen_trt.backends import BackendConfig
-    from qwen_trt.fast.batched import STEP_TOKEN_BUCKETS
+    from qwen_trt.fast.step.batched import STEP_TOKEN_BUCKETS
     from qwen_trt.serving.worker import WorkerSpec, load_for_spec, make_runner, resolve
 
     spec = WorkerSpec(BackendConfig(model=model, device=device, fast="on", max_batch=32))

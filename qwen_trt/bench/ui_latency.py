@@ -361,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     turns = [1, 3] if args.smoke else [int(t) for t in args.turns.split(",") if t.strip()]
     max_new = 128 if args.smoke else max(128, args.max_new_tokens)
     def progress(name: str, r: dict) -> None:
-        print(f"turn {name}: first char {r['first_char_ms']} ms (engine TTFT "
-              f"{r['engine_ttft_ms']} ms), visible {r['visible_chars_s']} chars/s vs engine "
+        print(f"turn {name}: first char {r['first_char_ms']} ms (the backend's TTFT "
+              f"{r['engine_ttft_ms']} ms), visible {r['visible_chars_s']} chars/s vs the backend's "
               f"{r['engine_chars_s']}, CPU {r['cpu_busy_pct']} %", file=sys.stderr, flush=True)
 
     result = run(args.model, turns, max_new, 1 if args.smoke else args.repeats,

@@ -120,7 +120,7 @@ def _worker_counters(client, before: int | None, timeout: float = 30.0,
             elif time.monotonic() - since >= settle_s:
                 return seen
         if time.monotonic() > deadline:
-            raise TimeoutError("the engine process sent no idle counters in "
+            raise TimeoutError("the worker process sent no idle counters in "
                                f"{timeout:.0f} s (status: {st})")
         time.sleep(0.005)
 

@@ -62,6 +62,17 @@ def register(sub) -> None:
     g.add_argument("--no-fifo", action="store_true", help="skip the one-at-a-time baseline")
     g.add_argument("--no-batch1", action="store_true",
                    help="skip today's batch-1 decoder measured first")
+    s = p.add_argument_group("speculative decoding: --speculative runs qwen_trt.bench.speculative "
+                             "(speed against controlled acceptance lengths, speculation off in "
+                             "the same process; random weights of --shape)")
+    s.add_argument("--speculative", nargs="?", const="ngram", default=None,
+                   choices=("ngram", "eagle3"),
+                   help="tok/s a stream and aggregate at --concurrency (default 1,8,32) for "
+                        "each --taus, against speculation off: the n-gram proposer, or eagle3 "
+                        "(a random draft of the published Qwen3-4B drafts' shape: its cost)"),
+    s.add_argument("--taus", default=None, help="mean acceptance lengths (default 1,1.5,2,3,4)")
+    s.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="draft tokens a step (default: the runner's auto rule)")
     h = p.add_argument_group("served path: --http runs qwen_trt.bench.served (the in-process "
                              "runner, then `qwen-trt serve` + the HTTP load generator, one "
                              "closed-loop workload, side by side)")
@@ -172,6 +183,37 @@ def _serving_summary(result: dict) -> str:
     return "\n".join(lines)
 
 
+def run_speculative(args, cuda: bool) -> int:
+    from qwen_trt.bench.speculative import SpecBenchConfig, run_spec_bench
+
+    kw = {}
+    if args.concurrency:
+        kw["concurrency"] = _ints(args.concurrency)
+    if args.taus:
+        try:
+            kw["taus"] = tuple(float(x) for x in args.taus.split(",") if x.strip())
+        except ValueError as e:
+            raise QwenTrtError(f"--taus: expected comma-separated numbers, got {args.taus!r}") from e
+    if args.prompt_lens:
+        kw["prompt_len"] = _ints(args.prompt_lens)[0]
+    if args.new_tokens is not None:
+        kw["new_tokens"] = args.new_tokens
+    if not cuda or args.quick:
+        kw.update(prompt_len=kw.get("prompt_len", 32), new_tokens=kw.get("new_tokens", 24),
+                  concurrency=kw.get("concurrency", (1, 4)))
+    try:
+        cfg = SpecBenchConfig(shape=args.shape or ("qwen3-4b" if cuda else "tiny"),
+                              device=args.device, dtype=args.dtype,
+                              num_tokens=args.num_speculative_tokens, method=args.speculative,
+                              quantization=(_split(args.quantization or "") or ["auto"])[0],
+                              seed=args.seed, command=_command(args), **kw)
+    except ValueError as e:
+        raise QwenTrtError(str(e)) from e
+    save = _saver(args.out, "bench-results/last.json")
+    save(run_spec_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True)))
+    return 0
+
+
 def run(args) -> int:
     import torch
 
@@ -180,6 +222,8 @@ def run(args) -> int:
     cuda = torch.cuda.is_available() and args.device != "cpu"
     if args.http:
         return run_http(args, cuda)
+    if args.speculative:
+        return run_speculative(args, cuda)
     if args.concurrency:
         return run_serving(args, cuda)
     quick = args.quick or not cuda

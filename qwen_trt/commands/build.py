@@ -15,10 +15,10 @@ def register(sub) -> None:
                         "rtx4090) or a path to a .toml profile")
     p.add_argument("--model", default=None,
                    help="checkpoint folder or hub id (default: $QWEN_TRT_MODEL or "
-                        "Qwen/Qwen3-4B-Instruct-2507)")
+                        f"{settings.declared('QWEN_TRT_MODEL').default})")
     p.add_argument("--out-dir", default="build/out", help="work folder (TensorRT-LLM checkpoint)")
-    p.add_argument("--engines-dir", default=settings.raw("QWEN_TRT_ENGINES_DIR") or "engines",
-                   help="engine folders go to <this>/<gpu>/ (default $QWEN_TRT_ENGINES_DIR or engines)")
+    p.add_argument("--engines-dir", default=settings.get("QWEN_TRT_ENGINES_DIR"),
+                   help=settings.declared("QWEN_TRT_ENGINES_DIR").help)
     p.add_argument("--profiles-dir", default=None, help="folder of <gpu>.toml profiles")
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default=None,
                    help="engine dtype (default: the profile's, float16); bfloat16 needs an "

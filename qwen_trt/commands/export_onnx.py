@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from qwen_trt import settings
 from qwen_trt.onnx.export import DEFAULT_OPSET, DTYPES, EXTERNAL_DATA_MODES
 from qwen_trt.onnx.pipeline import DEFAULT_OUT, run_pipeline
 
@@ -16,7 +17,7 @@ def register(sub) -> None:
                     "compare ONNX Runtime with torch.")
     p.add_argument("--model", default=None,
                    help="Qwen3 checkpoint folder or hub id (default: $QWEN_TRT_MODEL or "
-                        "Qwen/Qwen3-4B-Instruct-2507)")
+                        f"{settings.declared('QWEN_TRT_MODEL').default})")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights and KV dtype")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET,

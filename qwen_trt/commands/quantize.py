@@ -30,7 +30,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from qwen_trt.fast.qcheckpoint import quantize_checkpoint
+    from qwen_trt.fast.model.qcheckpoint import quantize_checkpoint
 
     dst = Path(args.dst)
     if dst.exists() and any(dst.iterdir()):

@@ -21,9 +21,14 @@ SERVER_SETTINGS = (
     ("QWEN_TRT_HEADER_TIMEOUT_S", "header_timeout_s"),
     ("QWEN_TRT_BODY_TIMEOUT_S", "body_timeout_s"),
     ("QWEN_TRT_SHUTDOWN_GRACE_S", "shutdown_grace_s"),
-    ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"), ("QWEN_TRT_ACCESS_LOG", "access_log"),
+    ("QWEN_TRT_ALLOWED_ORIGINS", "allowed_origins"),
+    ("QWEN_TRT_RESPONSES_STORE_MAX", "responses_store_max"),
+    ("QWEN_TRT_RESPONSES_STORE_MB", "responses_store_mb"),
+    ("QWEN_TRT_ALLOWED_HOSTS", "allowed_hosts"),
     ("QWEN_TRT_KV_EVENTS", "kv_events"), ("QWEN_TRT_KV_EVENTS_TOPIC", "kv_events_topic"),
 )
+# on unless their --no-... flag says (or their variable = 0)
+SWITCHES = (("QWEN_TRT_RESPONSES_STORE", "responses_store"), ("QWEN_TRT_ACCESS_LOG", "access_log"))
 
 
 def register(sub) -> None:
@@ -34,16 +39,13 @@ def register(sub) -> None:
     flags = {a for action in p._actions for a in action.option_strings}
     for name, field in SERVER_SETTINGS:
         s = settings.declared(name)
-        if s.kind == "bool" and s.flag.startswith("--no-"):     # a switch that turns it off
-            p.add_argument(s.flag, dest=field, action="store_const", const="0", default=None,
-                           help=f"turn off: {s.doc} [env {name}=0]")
-            continue
-        default = "" if s.default in (None, "") else f" (default {s.default})"
-        p.add_argument(s.flag, dest=field, default=None, help=f"{s.doc}{default} [env {name}]")
+        p.add_argument(s.flag, dest=field, default=None, help=s.help)
+    for name, field in SWITCHES:
+        switch = settings.declared(name)
+        p.add_argument(switch.flag, dest=field, action="store_false", default=None,
+                       help=switch.help)
     if "--api-key" not in flags:   # the backend options may already carry it
-        p.add_argument("--api-key", default=None,
-                       help=f"key clients must send as 'Authorization: Bearer KEY'; required for "
-                            f"a non-loopback --host [env {ENV_KEY}]")
+        p.add_argument("--api-key", default=None, help=settings.declared(ENV_KEY).help)
     p.add_argument("--served-model-name", default=None,
                    help="model id clients send (default: the --model value)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -75,8 +77,12 @@ def settings_from(args, environ=None):
     env = os.environ if environ is None else environ
     values = {field: _value(args, name, field, env) for name, field in SERVER_SETTINGS}
     values["allowed_origins"] = _origins(values["allowed_origins"])
+    for name, field in SWITCHES:
+        values[field] = (False if getattr(args, field, None) is False
+                         else _value(args, name, "", env))
+    values["allowed_hosts"] = _names(values["allowed_hosts"])
     return ServerSettings(
-        api_key=args.api_key if args.api_key is not None else (env.get(ENV_KEY) or None),
+        api_key=args.api_key if args.api_key is not None else settings.get(ENV_KEY, env),
         model_name=args.served_model_name, **values)
 
 
@@ -84,6 +90,11 @@ def _origins(value: str | None) -> tuple[str, ...]:
     """``--allowed-origins a,b`` as a tuple (checked by ServerSettings)."""
     return tuple(dict.fromkeys(o.strip().rstrip("/") for o in (value or "").split(",")
                                if o.strip()))
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    """``--allowed-hosts a,b`` as a tuple (checked by ServerSettings)."""
+    return tuple(n.strip() for n in (value or "").split(",") if n.strip())
 
 
 def run(args) -> int:
@@ -99,8 +110,8 @@ def run(args) -> int:
     check_bindable(settings.host, settings.port)     # so does an address we cannot bind
     cfg = config_from(args)
     if cfg.backend == "openai":
-        raise ConfigError("qwen-trt serve runs a local engine: --backend openai is for the app "
-                          "and chat (use auto, torch or trtllm here).")
+        raise ConfigError("qwen-trt serve runs the model on this machine: --backend openai is "
+                          "for the app and chat (use auto, torch or trtllm here).")
     from qwen_trt.serving.service import start_service
 
     print(f"loading the model for http://{url_host(settings.host)}:{settings.port}/v1 ...",

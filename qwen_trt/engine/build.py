@@ -515,7 +515,7 @@ def container_image() -> str | None:
     """The container image this build runs in (docker/Dockerfile sets ``QWEN_TRT_IMAGE``):
     the image fixes the TensorRT version an engine can load on, so the manifest records it."""
     
-    return settings.raw(IMAGE_ENV)
+    return settings.get(IMAGE_ENV)
 
 
 def run_build(req: BuildRequest, write: Callable[[str], None] | None = None) -> BuildResult:

@@ -93,7 +93,7 @@ class BuildProfile:
 
 def default_profiles_dir() -> Path:
     """``$QWEN_TRT_PROFILES_DIR``, else ``build/profiles`` of the checkout, else of the cwd."""
-    env = settings.raw(PROFILES_DIR_ENV)
+    env = settings.get(PROFILES_DIR_ENV)
     if env:
         return Path(env)
     repo = Path(__file__).resolve().parents[2] / "build" / "profiles"

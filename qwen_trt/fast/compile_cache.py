@@ -51,21 +51,23 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from qwen_trt import settings
+
 ENV_CACHE_DIR = "QWEN_TRT_CACHE_DIR"
-DEFAULT_ROOT = Path("~/.cache/qwen-trt")
+DEFAULT_ROOT = Path(settings.declared(ENV_CACHE_DIR).default)     # ~/.cache/qwen-trt
 PICKS = "_picks"            # autotune.json's section of named choices (never a tuner's name)
 SEEDS_DIR = Path(__file__).resolve().parent / "seeds"   # shipped choices (data, see make_seed)
 # every module whose kernels the cache compiles or whose self-checks a warm start skips (a change
 # to any of them must give a new key: the checks' passes are only valid for the same sources)
-KERNEL_SOURCES = ("attention.py", "batched.py", "bgemm.py", "decoder.py", "gemv.py", "graphs.py",
-                  "kernel_parts.py", "kv_cache.py", "model.py", "paged_kernels.py", "pdl.py",
-                  "qformats.py", "qkernels.py", "rope_cache.py")
+KERNEL_SOURCES = ("kernels/attention.py", "kernels/bgemm.py", "kernels/gemv.py",
+                  "kernels/kernel_parts.py", "kernels/linear.py", "kernels/paged_kernels.py",
+                  "kernels/pdl.py", "kernels/qkernels.py", "kernels/rope_cache.py",
+                  "model/kv_cache.py", "model/model.py", "model/qformats.py",
+                  "step/batched.py", "step/decoder.py", "step/graphs.py")
 
 
 def cache_root(cache_dir: str | None = None, environ=None) -> Path:
-    env = os.environ if environ is None else environ
-    raw = cache_dir or env.get(ENV_CACHE_DIR, "").strip() or str(DEFAULT_ROOT)
-    return Path(raw).expanduser()
+    return Path(cache_dir or settings.get(ENV_CACHE_DIR, environ)).expanduser()
 
 
 def kernel_sources_hash() -> str:
@@ -128,7 +130,7 @@ def buckets_key(*, for_runner: bool, max_batch: int | None, max_seq_len: int) ->
 
 
 def format_key(spec) -> str:
-    """The key's ``weight_format`` for a :class:`qwen_trt.fast.qformats.QuantSpec` (the
+    """The key's ``weight_format`` for a :class:`qwen_trt.fast.model.qformats.QuantSpec` (the
     resolved format, whether the checkpoint holds it or the load quantizes to it)."""
     if spec.method == "none":
         return "bf16-safetensors"
@@ -427,7 +429,7 @@ def _write_atomic(path: Path, text: str) -> None:
 def tuners() -> dict:
     """Our Triton autotuners by name (empty without Triton)."""
     try:
-        from qwen_trt.fast import bgemm
+        from qwen_trt.fast.kernels import bgemm
     except ImportError:
         return {}
     t = getattr(bgemm, "_bgemm_tuned", None)
@@ -446,7 +448,8 @@ def open_for_fast_path(cfg, dtype, device, *, cache_dir: str | None, buckets: st
 
     global _ACTIVE
     _ACTIVE = None                 # an earlier load's cache is not this one's
-    if torch.device(device).type != "cuda" or (cache_dir or "").strip().lower() == "off":
+    cache_dir = cache_dir or settings.get(ENV_CACHE_DIR)     # the flag, else the variable
+    if torch.device(device).type != "cuda" or cache_dir.strip().lower() == "off":
         return None
     root = cache_root(cache_dir)
     try:

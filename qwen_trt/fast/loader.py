@@ -10,11 +10,11 @@ import torch.nn.functional as F
 
 from qwen_trt.errors import ModelSourceError
 from qwen_trt.fast.options import options
-from qwen_trt.fast.config import FastConfig
-from qwen_trt.fast.decoder import FastDecoder
-from qwen_trt.fast.model import Qwen3Fast
-from qwen_trt.fast.qformats import INT4_GROUP, METHODS, QuantSpec, group_for
-from qwen_trt.fast.weights import checkpoint_quant, init_random, load_safetensors, load_state_dict
+from qwen_trt.fast.model.config import FastConfig
+from qwen_trt.fast.step.decoder import FastDecoder
+from qwen_trt.fast.model.model import Qwen3Fast
+from qwen_trt.fast.model.qformats import INT4_GROUP, METHODS, QuantSpec, group_for
+from qwen_trt.fast.model.weights import checkpoint_quant, init_random, load_safetensors, load_state_dict
 
 FP8_PREFILL_MODES = ("auto", "dequant", "tensorcore")
 
@@ -76,10 +76,11 @@ def fp8_notes(device: torch.device, mode: str | None = None) -> list[str]:
 
 
 def check_fp8_prefill(device: torch.device) -> str | None:
-    """The FP8 tensor-core prefill (:func:`~qwen_trt.fast.qformats.fp8_scaled_linear`) on
+    """The FP8 tensor-core prefill (:func:`~qwen_trt.fast.kernels.linear.fp8_scaled_linear`) on
     this GPU against the dequantized weights: None, or the problem in one line (cuBLAS's
     block-scaled FP8 GEMM needs Hopper and CUDA 12.9+)."""
-    from qwen_trt.fast.qformats import Fp8Linear, fp8_quantize, fp8_scaled_linear
+    from qwen_trt.fast.model.qformats import Fp8Linear, fp8_quantize
+    from qwen_trt.fast.kernels.linear import fp8_scaled_linear
 
     try:
         g = torch.Generator(device=device).manual_seed(0)
@@ -101,11 +102,11 @@ def setup_fp8_prefill(model, mode: str | None = None) -> list[str]:
     """Mark ``model``'s FP8 projections for the tensor-core prefill where it applies: on
     Hopper (compute capability 9.0, cuBLAS's block-scaled recipe) once its self-check passed.
     ``auto`` (the default: on the H200 the first token at 512 tokens is 7.7 ms on tensor
-    cores against 11.0 ms dequantizing, ``scripts/device_fp8.sh``) falls back to the
+    cores against 11.0 ms dequantizing, ``scripts/device.sh quant``) falls back to the
     dequantizing prefill elsewhere, with a note when the check fails; ``tensorcore`` makes
     that a one-line error; ``dequant`` never marks. Returns notes."""
     from qwen_trt.fast.compile_cache import run_check
-    from qwen_trt.fast.qformats import Fp8Linear, fp8_tensor_core_ok
+    from qwen_trt.fast.model.qformats import Fp8Linear, fp8_tensor_core_ok
 
     mode = mode or options().fp8_prefill
     fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]

@@ -1,6 +1,6 @@
 """The fast path's kernel switches, as one frozen :class:`KernelOptions`.
 
-They are read once from the environment (the ``kernel`` group of :mod:`qwen_trt.settings`) the
+They are read once from the environment (the ``tuning`` group of :mod:`qwen_trt.settings`) the
 first time the kernels ask, or set explicitly with :func:`use` (``qwen-trt``'s profiler sets one
 per variant, tests set them directly); the launch sites read the object, never the environment.
 """
@@ -76,13 +76,16 @@ class KernelOptions:
                 raise ValueError(f"{item!r}: expected NAME=VALUE, NAME one of "
                                  f"{', '.join(f for f in _FIELDS if f != 'gemv')}, gemv.<N>x<K>")
             kind = _FIELDS[name]
+            if kind == "bool":
+                try:
+                    changes[name] = settings.parse_bool(val)
+                except ValueError:
+                    raise ValueError(f"{item!r}: {name} takes 1 or 0") from None
+                continue
             try:
-                changes[name] = (val.lower() in ("1", "true", "on") if kind == "bool"
-                                 else None if val.lower() == "none" else int(val))
+                changes[name] = None if val.lower() == "none" else int(val)
             except ValueError:
                 raise ValueError(f"{item!r}: {name} takes a whole number") from None
-            if kind == "bool" and val.lower() not in ("0", "1", "true", "false", "on", "off"):
-                raise ValueError(f"{item!r}: {name} takes 1 or 0")
         return dataclasses.replace(self, gemv=gemv, **changes)
 
 

@@ -14,7 +14,7 @@ from qwen_trt.errors import ModelSourceError, first_line
 from qwen_trt.model.checks import (check_chat_template, check_config_numbers, check_file_kinds,
                                    check_generation_config, check_weights, template_file)
 
-DEFAULT_MODEL_ID = "Qwen/Qwen3-4B-Instruct-2507"
+DEFAULT_MODEL_ID = settings.declared("QWEN_TRT_MODEL").default   # Qwen/Qwen3-4B-Instruct-2507
 QWEN3_MODEL_TYPES = ("qwen3",)
 
 
@@ -189,7 +189,7 @@ def resolve_model(spec: str | None = None, *, check_tokenizer: bool = True) -> M
     ``check_tokenizer=False`` leaves :func:`check_tokenizer_files` (a parse of tokenizer.json,
     a large part of this on the real vocabulary) to the caller: the fast backend runs it on the
     thread that loads the tokenizer, beside the weights."""
-    spec = spec or settings.raw("QWEN_TRT_MODEL") or DEFAULT_MODEL_ID
+    spec = spec or settings.get("QWEN_TRT_MODEL")
     path = Path(spec).expanduser()
     if path.is_dir():
         local = path

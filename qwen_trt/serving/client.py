@@ -216,7 +216,7 @@ class WorkerClient:
         """Queue a request and return its handle at once (restarts a stopped engine)."""
         with self._lock:
             if self._closed:
-                raise ServiceClosedError("The engine is shutting down: reload the page.")
+                raise ServiceClosedError("The model service is shutting down: reload the page.")
             handle = RequestHandle(self, next(self._ids), prompt_ids, params, dropped_turns)
             self._waiting.append(handle)
             if self._state in ("stopped", "failed"):
@@ -259,7 +259,7 @@ class WorkerClient:
         self._first.set()
         if proc is not None:
             if not _wait(proc, timeout):
-                log.warning("engine process %s did not stop in %.1f s; killing it", proc.pid,
+                log.warning("worker process %s did not stop in %.1f s; killing it", proc.pid,
                             timeout)
                 proc.kill()
                 _wait(proc, 2.0)
@@ -303,9 +303,9 @@ class WorkerClient:
             return ""
         took = f" ({time.monotonic() - since:.0f} s)"
         if state == "restarting":
-            return f"Restarting the engine: {stage}{took}"
+            return f"Restarting the worker: {stage}{took}"
         if state == "loading":
-            return f"Starting the engine: {stage}{took}"
+            return f"Starting the worker: {stage}{took}"
         return stage
 
     # -- internals (called with the lock held) -------------------------------------------------
@@ -324,7 +324,7 @@ class WorkerClient:
         parent, child = pair()
         self._spawned_at = time.monotonic()
         self._set_state("restarting" if self._gen > 1 else "loading",
-                        "starting the engine process")
+                        "starting the worker process")
         # A fresh interpreter (CUDA cannot be used in a forked child), started with subprocess
         # rather than multiprocessing's spawn, which re-runs the parent's __main__ in the child:
         # under Streamlit that is app.py itself.
@@ -342,7 +342,7 @@ class WorkerClient:
 
     def _restart(self) -> None:
         self._restarts += 1
-        self._say(f"restarting the engine process (restart {self._restarts})")
+        self._say(f"restarting the worker process (restart {self._restarts})")
         self._spawn()
 
     def _pump(self) -> None:
@@ -405,8 +405,8 @@ class WorkerClient:
         except (EOFError, OSError):
             pass
         except Exception:  # noqa: BLE001 - a bug here must not leave callers hanging
-            log.exception("engine client reader failed")
-            end["fatal"] = "the engine client lost its connection"
+            log.exception("worker client reader failed")
+            end["fatal"] = "the worker client lost its connection"
         fatal, load_error = end["fatal"], end["load_error"]
         if load_error is not None and proc.poll() is None:
             proc.kill()
@@ -454,8 +454,8 @@ class WorkerClient:
                 loop.remove_reader(fd)
                 ended.set()
             except Exception:  # noqa: BLE001 - a bug here must not leave callers hanging
-                log.exception("engine client reader failed")
-                end["fatal"] = "the engine client lost its connection"
+                log.exception("worker client reader failed")
+                end["fatal"] = "the worker client lost its connection"
                 loop.remove_reader(fd)
                 ended.set()
 
@@ -572,7 +572,7 @@ class WorkerClient:
             a.handle._emit(b.delta("".join(text)))
         if finish == "error":
             a.closing = True
-            a.handle._emit(Failed(RequestFailedError(error or "The engine failed on this request.")))
+            a.handle._emit(Failed(RequestFailedError(error or "The worker failed on this request.")))
             self._served += 1
         elif finish is not None or b.done:
             self._finish_here(a, cancelled=finish == "cancelled" and not b.done)
@@ -595,9 +595,9 @@ class WorkerClient:
             if quiet is None or quiet <= limit or self._proc is None:
                 return
             self._hung_gen = self._gen
-            self._set_state("restarting", f"the engine made no progress for {quiet:.0f} s")
+            self._set_state("restarting", f"the worker made no progress for {quiet:.0f} s")
             self._say(f"no progress for {quiet:.1f} s with {len(self._active)} request(s) in the "
-                      f"engine (--watchdog-s {limit:g}): stopping it (pid {self._proc.pid})")
+                      f"worker (--watchdog-s {limit:g}): stopping it (pid {self._proc.pid})")
             self._proc.kill()              # SIGKILL: also ends a stopped (SIGSTOP) process
 
     def _on_exit(self, gen: int, code: int | None, fatal: str | None,
@@ -612,12 +612,12 @@ class WorkerClient:
             hung = gen == self._hung_gen
             if hung:
                 limit = self._watchdog.limit_s if self._watchdog is not None else 0
-                err_line = (f"The engine stopped making progress (nothing for {limit:g} s, "
+                err_line = (f"The worker stopped making progress (nothing for {limit:g} s, "
                             f"--watchdog-s) and is being restarted; your chat is kept — send "
                             f"again.")
             elif load_error is not None or self._state in ("loading", "restarting"):
                 err = load_error or ModelLoadError(
-                    f"The engine process stopped while loading ({why}); see the server log.")
+                    f"The worker process stopped while loading ({why}); see the server log.")
                 self._load_error = err
                 self._set_state("failed", str(err))
                 self._say(f"load failed: {err}")
@@ -627,12 +627,12 @@ class WorkerClient:
                 self._first.set()
                 return
             else:
-                err_line = (f"The engine process stopped ({why}); your chat is kept — send "
+                err_line = (f"The worker process stopped ({why}); your chat is kept — send "
                             f"again to restart it.")
             self._say(err_line)
             self._set_state("stopped", err_line)
             # Requests whose reply had not begun go back to the front of the queue, in order,
-            # for the restarted engine (nothing of theirs is lost; a client sees only the
+            # for the restarted worker (nothing of theirs is lost; a client sees only the
             # wait). Once only: a request in flight at a second crash may be its cause.
             again = []
             for a in self._active.values():
@@ -649,6 +649,6 @@ class WorkerClient:
             self._waiting[:0] = again
             if again:
                 self._say(f"{len(again)} request(s) whose reply had not begun wait for the "
-                          "restarted engine")
+                          "restarted worker")
             if self._waiting or hung:      # a hung engine comes back at once (health 503 until)
                 self._restart()

@@ -44,7 +44,7 @@ class ModelLoadError(QwenTrtError):
 class Waiting:
     position: int        # requests ahead of this one (running ones included); 0 = none
     waited_s: float      # seconds since submit
-    engine: str = ""     # while the engine is not ready: e.g. "Restarting the engine: loading…"
+    engine: str = ""     # while the worker is not ready: e.g. "Restarting the worker: loading…"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Paged KV cache bookkeeping: fixed-size blocks, per-sequence block tables, prefix reuse.
 
 Host-side only (plain Python): which physical block holds which tokens. The tensors live in
-:class:`qwen_trt.fast.batched.PagedKVCache`; token ``t`` of a sequence sits in physical block
+:class:`qwen_trt.fast.step.batched.PagedKVCache`; token ``t`` of a sequence sits in physical block
 ``table[t // block_size]`` at offset ``t % block_size``.
 
 **Block size 32** (the default): TensorRT-LLM's default ``tokens_per_block``; one block is a
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from qwen_trt.errors import QwenTrtError
-from qwen_trt.fast.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK  # noqa: F401  (the paged layout's)
+from qwen_trt.fast.model.kv_cache import DEFAULT_BLOCK_SIZE, SCRATCH_BLOCK  # noqa: F401  (the paged layout's)
 
 BlockKey = tuple  # (id of the parent block's key, 0 for the first block; its token ids)
 

@@ -28,17 +28,17 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-import torch
 
-from qwen_trt.fast.sampling import (Picked, SamplerState, pick_rows, pick_rows_device,
-                                    sampler_kind)
-from qwen_trt.fast.batched import BatchedModel, SeqChunk
+from qwen_trt.backends.runner import RunnerStats, StepFinish, TokenEvent
+from qwen_trt.fast.step.batched import DEFAULT_MAX_BATCH, BatchedModel
+from qwen_trt.fast.step.executor import Inflight, StepExecutor
+from qwen_trt.fast.step.plan import StepOutput, StepPlan, StepRow
+from qwen_trt.fast.step.sampling import SamplerState
 from qwen_trt.params import SamplingParams, fit_problem
 from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
-from qwen_trt.backends.runner import RunnerStats, StepFinish, TokenEvent
+from qwen_trt.serving.speculation import AUTO_MAX, SpecConfig, Speculator
 
 DEFAULT_TOKEN_BUDGET = 1024
-DEFAULT_MAX_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class SchedulerConfig:
     max_batch: int = DEFAULT_MAX_BATCH
     token_budget: int = DEFAULT_TOKEN_BUDGET
     prefix_caching: bool = True
+    speculative: SpecConfig = field(default_factory=SpecConfig)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -75,38 +76,31 @@ class _Seq:
     row: int = -1                  # its row of the sampler state (kept through preemption)
     constraint: object = None      # its grammar state (backends.grammar.Constraint)
     compiling: object = None       # the Future of its grammar's compile, until admitted
-    logprob: object = None         # the TokenLogprob of the token being emitted
-
-
-@dataclass(eq=False)
-class _Inflight:
-    """A chained decode step launched but not yet read back: its rows, the handle of its
-    tokens' copy to the host, and the sampler's picks (None: the graph's argmax)."""
-
-    seqs: list[_Seq]
-    rows: list[int]                # their sampler rows (a row that left keeps it till then)
-    handle: tuple[int, int]
-    picked: Picked | None = None
+    logprobs: tuple = ()           # the TokenLogprobs of the tokens being emitted
+    spec: object = None            # its speculation state (serving.speculation.SeqSpec)
 
 
 @dataclass
-class StepPlan:
-    """What one step computes: decode rows (one token each), then prefill chunks (seq, n)."""
+class Scheduled:
+    """What :meth:`Scheduler.schedule` decided for one step: the plan the model side computes
+    and, row for row, the sequences it belongs to (the runner applies the output to them)."""
 
-    decode: list[_Seq]
-    prefill: list[tuple[_Seq, int]]
+    plan: StepPlan
+    seqs: tuple[_Seq, ...]
 
 
 class Scheduler:
     """The policy of :class:`BatchRunner` (module docstring): which sequences run, which wait,
     which are preempted, and what each step computes; the KV blocks and sampler rows they hold.
-    It launches nothing: :meth:`schedule` returns a :class:`StepPlan`."""
+    It launches nothing: :meth:`schedule` returns a :class:`Scheduled` plan. ``drafts``: a
+    running sequence's draft tokens for this step (speculative decoding; none by default)."""
 
     def __init__(self, config: SchedulerConfig, alloc: BlockAllocator,
-                 sampler: SamplerState) -> None:
+                 sampler: SamplerState, drafts=None) -> None:
         self.config = config
         self.alloc = alloc
         self.sampler = sampler
+        self.drafts = drafts or (lambda seq, batch: ())
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
         # One sampler row per sequence in flight (a preempted one keeps its row: its step and
@@ -137,12 +131,14 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.preemptions += 1
 
-    def schedule(self) -> StepPlan:
+    def schedule(self) -> Scheduled:
         budget = self.config.token_budget
-        decode: list[_Seq] = []
-        for seq in list(self.running):
-            if seq.computed < len(seq.tokens) - 1 or seq not in self.running:
-                continue                                # still prefilling / preempted below
+        rows: list[StepRow] = []
+        seqs: list[_Seq] = []
+        decoding = [s for s in self.running if s.computed == len(s.tokens) - 1]
+        for seq in decoding:
+            if seq not in self.running:
+                continue                                # preempted below
             while not self.alloc.can_allocate(
                     self.alloc.blocks_for(seq.computed + 1) - len(seq.blocks.table)):
                 victim = self.running[-1]
@@ -151,10 +147,17 @@ class Scheduler:
                     break
             if seq not in self.running:
                 continue
-            self.alloc.grow(seq.blocks, seq.computed + 1)
-            decode.append(seq)
-            budget -= 1
-        prefill: list[tuple[_Seq, int]] = []
+            draft = tuple(self.drafts(seq, len(decoding)))[:max(0, budget - 1)]
+            if draft and not self.alloc.can_allocate(
+                    self.alloc.blocks_for(seq.computed + 1 + len(draft))
+                    - len(seq.blocks.table)):
+                draft = ()                              # no room for the drafts: plain decode
+            self.alloc.grow(seq.blocks, seq.computed + 1 + len(draft))
+            rows.append(StepRow(seq.rid, (seq.tokens[seq.computed],) + draft, seq.computed,
+                                tuple(seq.blocks.table), len(draft) + 1, seq.row, seq.params,
+                                len(draft), seq.constraint))
+            seqs.append(seq)
+            budget -= 1 + len(draft)
         candidates = [s for s in self.running if s.computed < len(s.tokens) - 1]
         candidates += list(self.waiting)
         for seq in candidates:
@@ -192,9 +195,13 @@ class Scheduler:
                 if n <= 0:
                     break
             self.alloc.grow(seq.blocks, seq.computed + n)
-            prefill.append((seq, n))
+            ends = seq.computed + n == len(seq.tokens)
+            rows.append(StepRow(seq.rid, tuple(seq.tokens[seq.computed:seq.computed + n]),
+                                seq.computed, tuple(seq.blocks.table), int(ends), seq.row,
+                                seq.params, 0, seq.constraint))
+            seqs.append(seq)
             budget -= n
-        return StepPlan(decode, prefill)
+        return Scheduled(StepPlan(tuple(rows)), tuple(seqs))
 
     def prefilling_same(self, seq: _Seq) -> bool:
         """Whether a running sequence still prefilling starts with the same full block as
@@ -208,62 +215,50 @@ class Scheduler:
                    and s.tokens[:bs] == head for s in self.running)
 
 
-@dataclass
-class StepInputs:
-    """The batched model's inputs for a :class:`StepPlan`: the flat token ids and positions,
-    one chunk per sequence, the rows whose logits are sampled, and those sequences."""
+@dataclass(eq=False)
+class _Chain:
+    """A chained decode step in flight: the executor's handle and the sequences of its rows."""
 
-    tokens: list[int]
-    positions: list[int]
-    chunks: list[SeqChunk]
-    logit_rows: list[int]
-    sampled: list[_Seq]
-
-    @classmethod
-    def build(cls, plan: StepPlan) -> "StepInputs":
-        inp = cls([], [], [], [], [])
-        for seq in plan.decode:
-            inp.chunks.append(SeqChunk(len(inp.tokens), 1, seq.computed + 1,
-                                       tuple(seq.blocks.table)))
-            inp.logit_rows.append(len(inp.tokens))
-            inp.tokens.append(seq.tokens[seq.computed])
-            inp.positions.append(seq.computed)
-            inp.sampled.append(seq)
-        for seq, n in plan.prefill:
-            start = len(inp.tokens)
-            inp.chunks.append(SeqChunk(start, n, seq.computed + n, tuple(seq.blocks.table)))
-            inp.tokens += seq.tokens[seq.computed:seq.computed + n]
-            inp.positions += range(seq.computed, seq.computed + n)
-            if seq.computed + n == len(seq.tokens):
-                inp.logit_rows.append(start + n - 1)
-                inp.sampled.append(seq)
-        return inp
+    inflight: Inflight
+    seqs: tuple[_Seq, ...]
 
 
 class BatchRunner:
-    """The continuous-batching runner of the fast path (module docstring)."""
+    """The continuous-batching runner of the fast path (module docstring): the scheduler's
+    plans run by a :class:`~qwen_trt.fast.step.executor.StepExecutor`, the outputs applied
+    to the sequences and sent as events."""
 
     def __init__(self, model: BatchedModel, config: SchedulerConfig | None = None, *,
-                 stop_ids: Collection[int] = (), grammars=None) -> None:
+                 stop_ids: Collection[int] = (), grammars=None, oracle=None) -> None:
         """``stop_ids``: the backend's stop ids (``BackendInfo.stop_token_ids``), added to each
         request's own unless it sets ``ignore_eos``. ``grammars``: a callable returning the
-        :class:`~qwen_trt.fast.grammar.GrammarBook` of the model's tokenizer (requests
-        with a grammar fail without it)."""
+        :class:`~qwen_trt.fast.step.grammar.GrammarBook` of the model's tokenizer (requests
+        with a grammar fail without it). ``oracle``: benchmarks' controlled drafts
+        (:class:`~qwen_trt.serving.speculation.Speculator`)."""
         self.model = model
         self.config = config or SchedulerConfig()
         self.stop_ids = frozenset(stop_ids)
+        self.spec = Speculator(self.config.speculative, oracle)
         self.sampler = SamplerState(model.max_seq_len, model.cfg.vocab_size, model.device,
-                                    rows=self.config.max_batch)
+                                    rows=self.config.max_batch, speculative=self.spec.on)
+        self.executor = StepExecutor(model, self.sampler)
+        if self.config.speculative.method == "eagle3":
+            drafter = getattr(model, "drafter", None)
+            if drafter is None:
+                raise ValueError("EAGLE-3 speculation needs the batched model built with its "
+                                 "draft (make_batch_runner)")
+            self.executor.drafter = drafter
         self.max_concurrency = self.config.max_batch
         self.max_seq_len = model.max_seq_len
         self.alloc = BlockAllocator(model.cache.num_blocks, model.block_size,
                                     prefix_caching=self.config.prefix_caching)
-        self.policy = Scheduler(self.config, self.alloc, self.sampler)
+        self.policy = Scheduler(self.config, self.alloc, self.sampler,
+                                drafts=self._drafts if self.spec.on else None)
         # the policy's queues, as this runner's loop reads them
         self._waiting, self._running = self.policy.waiting, self.policy.running
         self._seqs: dict[int, _Seq] = {}
         self._events: list[TokenEvent] = []
-        self._inflight: _Inflight | None = None
+        self._inflight: _Chain | None = None
         self.chained_steps = 0
         self.last_step: dict = {"kind": "none"}    # what the last step() ran (bench.timeline)
         self.steps = 0
@@ -272,7 +267,6 @@ class BatchRunner:
         self.prompt_tokens = 0
         self._grammars = grammars
         self._compiler = None           # a thread compiling grammars off the step loop
-        self._mask_host: torch.Tensor | None = None
 
     # ---- the Runner contract ---------------------------------------------------------------
     def add(self, request_id: int, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -295,6 +289,8 @@ class BatchRunner:
                     "was built without.")))
                 return
             seq.compiling = self._compile(params)
+        if self.spec.on:
+            seq.spec = self.spec.start(seq.tokens, params)
         self._seqs[request_id] = seq
         self._waiting.append(seq)
         self.prompt_tokens += n
@@ -310,15 +306,17 @@ class BatchRunner:
 
     def stats(self) -> RunnerStats:
         a = self.alloc.stats()
+        extra = {"steps": self.steps, "max_step_tokens": self.max_step_tokens,
+                 "token_budget": self.config.token_budget, "block_size": self.alloc.block_size,
+                 "kv_cached_free_blocks": a.cached_free, "kv_evictions": a.evictions,
+                 "preemptions": self.policy.preemptions, "max_batch": self.config.max_batch,
+                 "chained_steps": self.chained_steps}
+        if self.spec.on:
+            extra["spec_decode"] = self.spec.counters()
         return RunnerStats(
             running=len(self._running), waiting=len(self._waiting), kv_blocks_used=a.used,
             kv_blocks_total=a.total, prefix_hit_tokens=self.policy.prefix_hit_tokens,
-            prompt_tokens=self.prompt_tokens,
-            extra={"steps": self.steps, "max_step_tokens": self.max_step_tokens,
-                   "token_budget": self.config.token_budget, "block_size": self.alloc.block_size,
-                   "kv_cached_free_blocks": a.cached_free, "kv_evictions": a.evictions,
-                   "preemptions": self.policy.preemptions, "max_batch": self.config.max_batch,
-                   "chained_steps": self.chained_steps})
+            prompt_tokens=self.prompt_tokens, extra=extra)
 
     def step(self) -> list[TokenEvent]:
         self.last_step = {"kind": "none"}
@@ -327,53 +325,43 @@ class BatchRunner:
         if self._inflight is not None:
             events += self._drain_or_chain()
             return events
-        plan = self.policy.schedule()
-        decode, prefill = plan.decode, plan.prefill
-        if not decode and not prefill and not events:
+        sched = self.policy.schedule()
+        plan = sched.plan
+        if not plan.rows and not events:
             self._wait_compiles()
-        if decode and not prefill and self.model.can_chain(len(decode)):
+        if self.executor.can_chain(plan) and self.spec.may_chain(sched.seqs):
             # decode on the GPU, each step's tokens its next inputs: launch now, read the tokens
             # on the next call, by which time the next step is already queued behind this one
             # (the host never stalls it)
-            self.model.decode_launch(
-                [s.tokens[s.computed] for s in decode], [s.computed for s in decode],
-                [s.blocks.table for s in decode])
-            self._inflight = self._emit_step(decode, [s.row for s in decode])
-            self._count_step(len(decode), len(decode))
+            self._inflight = _Chain(self.executor.launch(plan, self._seqs), sched.seqs)
+            self._count_step(plan)
             return events
-        if decode or prefill:
-            events += self._run(decode, prefill)
+        if plan.rows:
+            events += self._run(sched)
         return events
 
-    def _count_step(self, tokens: int, decode_rows: int = 0, prefill_tokens: int = 0) -> None:
-        self.last_step = {"kind": "prefill" if prefill_tokens else "decode",
-                          "decode_rows": decode_rows, "prefill_tokens": prefill_tokens}
+    def _count_step(self, plan: StepPlan) -> None:
+        decode = sum(1 for r in plan.rows if r.logits and (r.n == 1 or r.draft))
+        prefill = sum(r.n for r in plan.rows if not (r.logits and (r.n == 1 or r.draft)))
+        drafts = sum(r.draft for r in plan.rows)
+        self.last_step = {"kind": "prefill" if prefill else "verify" if drafts else "decode",
+                          "decode_rows": decode, "prefill_tokens": prefill}
+        if drafts:
+            self.last_step["draft_tokens"] = drafts
+        tokens = plan.tokens
         self.steps += 1
         self.last_step_tokens = tokens
         self.max_step_tokens = max(self.max_step_tokens, tokens)
 
-    def _emit_step(self, seqs: list[_Seq], rows: list[int]) -> _Inflight:
-        """The tokens of the decode step just launched or chained over ``seqs``: the graph's
-        argmax when every row is plain greedy, else the rows' sampler (settings, penalties,
-        logprobs, grammar masks from each constraint as of its last accepted token), queued
-        behind the step on the device; their copy to the host queued too. ``rows``: the
-        sequences' sampler rows (one that left while in flight is picked for, and ignored:
-        its row is not handed out again before this chain ends)."""
-        b = len(seqs)
-        if all(sampler_kind(s.params) == "greedy" for s in seqs):
-            return _Inflight(list(seqs), rows, self.model.decode_emit(b))
-        picked = pick_rows_device(self.sampler, self.model.decode_logits(b), rows,
-                                  [s.params for s in seqs], self._masks(seqs))
-        picked.stage()
-        return _Inflight(list(seqs), rows, self.model.decode_emit(b, picked.tokens), picked)
-
-    def _chain_ok(self, inf: _Inflight) -> bool:
+    def _chain_ok(self, ch: _Chain) -> bool:
         """Whether the next step may be launched before this one's tokens are read: the same
         rows (nobody left, nobody waiting to join, no prefill running), none at its limit."""
-        if self._waiting or len(self._running) != len(inf.seqs):
+        if self._waiting or len(self._running) != len(ch.seqs):
+            return False
+        if not self.spec.may_chain(ch.seqs):
             return False
         running = set(map(id, self._running))
-        for s in inf.seqs:
+        for s in ch.seqs:
             if id(s) not in running or s.computed != len(s.tokens) - 1:
                 return False
             # the step in flight yields token generated+1; the chained one generated+2
@@ -389,56 +377,79 @@ class BatchRunner:
         """Read back the step in flight; first, when the same rows go on, chain the next
         step behind it (its inputs are the tokens in flight), whose tokens are picked once
         these are known (a grammar's next mask needs them)."""
-        inf = self._inflight
-        chained = self._chain_ok(inf)
+        ch = self._inflight
+        chained = self._chain_ok(ch)
         if chained:
             grown: dict[int, list[int]] = {}
-            for row, s in enumerate(inf.seqs):
+            for row, s in enumerate(ch.seqs):
                 before = len(s.blocks.table)
                 self.alloc.grow(s.blocks, s.computed + 2)   # the chained step's position
                 if len(s.blocks.table) != before:
                     grown[row] = list(s.blocks.table)
-            self.model.decode_chain(len(inf.seqs), grown)
-            self._count_step(len(inf.seqs), len(inf.seqs))
+            self.executor.chain(ch.inflight, grown)
+            self._count_step(StepPlan(ch.inflight.rows))
             self.chained_steps += 1
-        toks = self.model.decode_result(inf.handle)
-        lps = inf.picked.result(toks) if inf.picked is not None else None
+        out = self.executor.collect(ch.inflight)
         self._inflight = None
-        running = set(map(id, self._running))
-        events: list[TokenEvent] = []
-        for i, (seq, tok) in enumerate(zip(inf.seqs, toks)):
-            if id(seq) not in running:     # left (stop, length or abort) while in flight
-                continue
-            seq.computed += 1
-            self.alloc.register_full(seq.blocks, seq.tokens, seq.computed)
-            if lps is not None:
-                seq.logprob = lps[i]
-            events += self._emit(seq, tok)
+        events = self._apply(ch.seqs, out)
         if chained:
-            self._inflight = self._emit_step(inf.seqs, inf.rows)
+            self._inflight = _Chain(self.executor.pick_chained(ch.inflight, self._seqs), ch.seqs)
         events += self._events
         self._events = []
         return events
 
-    def _emit(self, seq: _Seq, tok: int) -> list[TokenEvent]:
-        seq.tokens.append(tok)
-        seq.generated += 1
-        finish: StepFinish | None = None
-        if seq.constraint is not None and not seq.constraint.accept(tok):
-            self._finish(seq, "error", (), error=f"token {tok} broke the request's grammar")
-            return []
-        if tok in seq.stop:
-            finish = "stop"
-        elif seq.generated >= seq.params.max_new_tokens or len(seq.tokens) >= self.max_seq_len:
-            finish = "length"
-        if finish:
-            self._finish(seq, finish, (tok,))
-            return []
-        return [self._event(seq, (tok,), None)]
+    def _apply(self, seqs: Sequence[_Seq], out: StepOutput,
+               plan: StepPlan | None = None) -> list[TokenEvent]:
+        """A step's output applied to its sequences: their computed KV, the tokens emitted
+        (an event each sequence), the prefix cache's full blocks. A sequence that left while
+        its step was in flight is skipped."""
+        events: list[TokenEvent] = []
+        rows = plan.rows if plan is not None else (None,) * len(seqs)
+        for seq, res, row in zip(seqs, out.rows, rows):
+            if self._seqs.get(seq.rid) is not seq:     # left (stop, length or abort)
+                continue
+            if row is not None and not (row.logits and (row.n == 1 or row.draft)):
+                seq.computed += row.n                  # a prefill chunk
+            else:
+                seq.computed += len(res.tokens)        # its token and the accepted drafts
+                if row is not None and row.draft and seq.spec is not None:
+                    self.spec.record(seq.spec, row.draft, res.accepted)
+            self.alloc.register_full(seq.blocks, seq.tokens, seq.computed)
+            if seq.spec is not None:
+                seq.spec.next = res.drafts
+            if res.tokens:
+                seq.logprobs = res.logprobs
+                events += self._emit(seq, res.tokens)
+        return events
+
+    def _emit(self, seq: _Seq, toks: Sequence[int]) -> list[TokenEvent]:
+        """Append ``toks`` (one step's emitted tokens) to ``seq``; it finishes at the first
+        stop id, at its length limit or at a token its grammar refuses (the rest dropped)."""
+        lps = seq.logprobs
+        for i, tok in enumerate(toks):
+            seq.tokens.append(tok)
+            seq.generated += 1
+            if seq.spec is not None:
+                self.spec.extend(seq.spec, tok)
+            finish: StepFinish | None = None
+            if seq.constraint is not None and not seq.constraint.accept(tok):
+                self._finish(seq, "error", (), error=f"token {tok} broke the request's grammar")
+                return []
+            if tok in seq.stop:
+                finish = "stop"
+            elif seq.generated >= seq.params.max_new_tokens or len(seq.tokens) >= self.max_seq_len:
+                finish = "length"
+            if finish:
+                seq.logprobs = lps[:i + 1]
+                self._finish(seq, finish, tuple(toks[:i + 1]))
+                return []
+        return [self._event(seq, tuple(toks), None)]
 
     # ---- scheduling ------------------------------------------------------------------------
     def _finish(self, seq: _Seq, finish: StepFinish, new: tuple[int, ...],
                 error: str | None = None) -> None:
+        if seq.row >= 0:
+            self.executor.forget(seq.row)
         self.policy.release(seq)
         del self._seqs[seq.rid]
         self._events.append(self._event(seq, new, finish, error))
@@ -447,44 +458,30 @@ class BatchRunner:
                error: str | None = None) -> TokenEvent:
         cached = 0 if seq.reported else seq.cached
         seq.reported = True
-        lp, seq.logprob = seq.logprob, None
+        lps, seq.logprobs = seq.logprobs, ()
         return TokenEvent(seq.rid, new, finish=finish, cached_tokens=cached, error=error,
-                          logprobs=(lp,) if lp is not None and new else ())
+                          logprobs=tuple(lps) if new else ())
 
     # ---- one model step --------------------------------------------------------------------
-    def _run(self, decode: list[_Seq], prefill: list[tuple[_Seq, int]]) -> list[TokenEvent]:
-        inp = StepInputs.build(StepPlan(decode, prefill))
-        if prefill:
-            logits = self.model.forward(inp.tokens, inp.positions, inp.chunks, inp.logit_rows)
-        else:
-            logits = self.model.decode(inp.tokens, inp.positions, [c.table for c in inp.chunks])
-        picked = self._pick(logits, inp.sampled)
-        self._count_step(len(inp.tokens), len(decode), sum(n for _, n in prefill))
-        for seq in decode:
-            seq.computed += 1
-        for seq, n in prefill:
-            seq.computed += n
-        for seq in decode + [s for s, _ in prefill]:
-            self.alloc.register_full(seq.blocks, seq.tokens, seq.computed)
-        events: list[TokenEvent] = []
-        for seq, tok in zip(inp.sampled, picked):
-            events += self._emit(seq, tok)
+    def _run(self, sched: Scheduled) -> list[TokenEvent]:
+        out = self.executor.run(sched.plan, self._seqs)
+        self._count_step(sched.plan)
+        events = self._apply(sched.seqs, out, sched.plan)
         events += self._events
         self._events = []
         return events
 
-    def _pick(self, logits: torch.Tensor, seqs: list[_Seq]) -> list[int]:
-        """One token per row of ``logits`` with each sequence's settings: the shared sampler
-        (:func:`qwen_trt.fast.sampling.pick_rows`) over those sequences' rows of the
-        sampler state, with the grammar masks of the constrained ones (filled on the host
-        while the step's forward runs on the GPU: it was launched before this call)."""
-        if not seqs:
-            return []
-        toks, lps = pick_rows(self.sampler, logits, [s.row for s in seqs],
-                              [s.params for s in seqs], self._masks(seqs))
-        for seq, lp in zip(seqs, lps):
-            seq.logprob = lp
-        return toks
+    # ---- speculation ------------------------------------------------------------------------
+    def _drafts(self, seq: _Seq, batch: int) -> Sequence[int]:
+        """Draft tokens for ``seq``'s next step (the speculator's proposer and adaptive
+        count), bounded so no draft runs past the request's limits; none for a constrained
+        sequence (its grammar's masks are per position)."""
+        if seq.spec is None or seq.constraint is not None:
+            return ()
+        room = min(seq.params.max_new_tokens - seq.generated, self.max_seq_len - len(seq.tokens)) - 1
+        if room <= 0:
+            return ()
+        return self.spec.propose(seq.spec, batch, room)
 
     # ---- grammars: compiled off the step loop, masks filled per step -----------------------
     def _compile(self, params: SamplingParams):
@@ -517,23 +514,6 @@ class BatchRunner:
         if futs:
             wait(futs, timeout=0.05, return_when=FIRST_COMPLETED)
 
-    def _masks(self, seqs: list[_Seq]) -> torch.Tensor | None:
-        """int32 ``[len(seqs), words]`` grammar masks for a step (all ones for the
-        unconstrained rows and for rows that already left), or None when no row is
-        constrained."""
-        if all(s.constraint is None for s in seqs):
-            return None
-        st = self.sampler
-        if self._mask_host is None:
-            self._mask_host = torch.empty(st.mask.shape, dtype=torch.int32,
-                                          pin_memory=st.mask.is_cuda)
-        host = self._mask_host[:len(seqs)]
-        host.fill_(-1)
-        for i, seq in enumerate(seqs):
-            if seq.constraint is not None and self._seqs.get(seq.rid) is seq:
-                seq.constraint.fill(host[i])
-        return host
-
 
 def make_batch_runner(model, config: SchedulerConfig | None = None, *,
                       kv_tokens: int | None = None, block_size: int | None = None,
@@ -541,13 +521,28 @@ def make_batch_runner(model, config: SchedulerConfig | None = None, *,
                       checked: bool = False, stop_ids: Collection[int] = (),
                       grammars=None) -> BatchRunner:
     """A :class:`BatchRunner` over the weights of ``model`` (a
-    :class:`~qwen_trt.fast.model.Qwen3Fast`); its batch-1 static cache is freed. ``kv_tokens``
+    :class:`~qwen_trt.fast.model.model.Qwen3Fast`); its batch-1 static cache is freed. ``kv_tokens``
     caps the paged cache (default: what fits in free GPU memory; 8192 tokens on CPU)."""
-    from qwen_trt.fast.batched import make_batched
+    from qwen_trt.fast.step.batched import make_batched
     from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE
 
+    config = config or SchedulerConfig()
+    spec = config.speculative
+    k = spec.num_tokens or AUTO_MAX
+    draft = None
+    if spec.method == "eagle3":     # checked against the target before any warm-up
+        from qwen_trt.fast.spec.eagle3 import load_eagle3
+
+        draft = load_eagle3(spec.draft, model.cfg, dtype=model.dtype, device=model.device)
     bm = make_batched(model, block_size=block_size or DEFAULT_BLOCK_SIZE, kv_tokens=kv_tokens,
-                      graphs=graphs, warmup=warmup, checked=checked)
+                      graphs=graphs, warmup=False, checked=checked, max_batch=config.max_batch,
+                      verify_tokens=k)
+    if draft is not None:
+        from qwen_trt.fast.spec.drafter import EagleDrafter
+
+        bm.drafter = EagleDrafter(draft, bm, slots=config.max_batch, k=k)
+    if warmup:
+        bm.warmup()
     return BatchRunner(bm, config, stop_ids=stop_ids, grammars=grammars)
 
 

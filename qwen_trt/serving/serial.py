@@ -29,7 +29,7 @@ def error_line(e: BaseException) -> str:
     """One line for a request that failed in the backend."""
     if isinstance(e, QwenTrtError):
         return str(e).replace("\n", " ")
-    return (f"The engine failed on this request ({error_detail(e)}); try again, and check the "
+    return (f"The backend failed on this request ({error_detail(e)}); try again, and check the "
             f"server log if it keeps happening.")
 
 

@@ -51,7 +51,7 @@ class Service(Protocol):
     def tokenizer(self): ...
 
     def submit_plan(self, plan: PromptPlan, params: SamplingParams) -> RequestHandle:
-        """Queue a chat prompt (its token ids to a local engine, its messages to a remote one)."""
+        """Queue a chat prompt (its token ids to the local backend, its messages to a remote one)."""
 
     def status(self) -> ServiceStatus:
         """The one place a caller learns whether the service takes requests (``accepting``)."""
@@ -86,7 +86,7 @@ class InferenceService:
         """Queue a request and return its handle at once."""
         with self._lock:
             if self._closed:
-                raise ServiceClosedError("The engine is shutting down: reload the page.")
+                raise ServiceClosedError("The model service is shutting down: reload the page.")
             handle = RequestHandle(self, next(self._ids), prompt_ids, params, dropped_turns)
             self._waiting.append(handle)
         self._queue.put(handle)
@@ -118,7 +118,7 @@ class InferenceService:
         self._worker.join(timeout)
         if free_backend:
             if self._worker.is_alive():   # never free the model under a running request
-                log.warning("engine worker still busy after %.1f s; not freeing the backend",
+                log.warning("the service thread still busy after %.1f s; not freeing the backend",
                             timeout)
             else:
                 self.backend.close()
@@ -176,9 +176,9 @@ class InferenceService:
         except QwenTrtError as e:
             handle._emit(Failed(e))
         except Exception as e:  # a backend bug must not kill the worker or hang the caller
-            log.exception("engine request %s failed", handle.id)
+            log.exception("request %s failed", handle.id)
             handle._emit(Failed(RequestFailedError(
-                f"The engine failed on this request ({type(e).__name__}: {e}); "
+                f"The backend failed on this request ({type(e).__name__}: {e}); "
                 f"try again, and check the server log if it keeps happening.".replace("\n", " "))))
         finally:
             if stream is not None:
@@ -228,7 +228,7 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
     global _current
     with _current_lock:
         if _current is not None and not _current.closed:
-            log.info("stopping the previous engine process before starting another")
+            log.info("stopping the previous worker process before starting another")
             _current.close()
         # echo: where the engine's stage lines go (stderr by default; the app also shows them)
         _current = WorkerClient(WorkerSpec(cfg, kv_events=kv_events), wait=wait, tokenizer_hint=_local_folder(cfg),

@@ -63,18 +63,25 @@ class Ready:
     pid: int
 
 
-def make_runner(backend, max_batch: int | None = None):
+def make_runner(backend, max_batch: int | None = None, cfg=None):
     """The runner for ``backend``: its own (``backend.make_runner()``: the TensorRT-LLM executor),
-    continuous batching over a fast backend's weights (``max_batch`` wide), else, or with
+    continuous batching over a fast backend's weights (``max_batch`` wide; speculative
+    decoding as ``cfg``, a :class:`~qwen_trt.backends.BackendConfig`, says), else, or with
     ``max_batch == 1``, :class:`SerialRunner` (one at a time on the backend's own stream)."""
     own = getattr(backend, "make_runner", None)
     if callable(own):
         return own()
-    if hasattr(backend, "take_model") and max_batch != 1:
+    speculative = cfg is not None and cfg.speculative != "off"
+    if hasattr(backend, "take_model") and (max_batch != 1 or speculative):
+        # (speculation verifies drafts in the batched runner's steps: at --max-batch 1 too)
         from qwen_trt.serving.scheduler import SchedulerConfig, batch_runner_for
+        from qwen_trt.serving.speculation import SpecConfig
 
-        return batch_runner_for(backend, None if max_batch is None
-                                else SchedulerConfig(max_batch=max_batch))
+        kw = {} if max_batch is None else {"max_batch": max_batch}
+        if speculative:
+            k = cfg.num_speculative_tokens
+            kw["speculative"] = SpecConfig.parse(cfg.speculative, None if k == "auto" else int(k))
+        return batch_runner_for(backend, SchedulerConfig(**kw))
     from qwen_trt.serving.serial import SerialRunner
 
     return SerialRunner(backend)
@@ -84,7 +91,8 @@ def load_for_spec(loader, spec: WorkerSpec):
     """``loader(spec.cfg)``; the default loader is told when the batched runner will take the
     fast path over (:func:`make_runner` with ``max_batch`` other than 1), so the batch-1
     decoder's graphs, which the runner drops, are not built first."""
-    if spec.loader == DEFAULT_LOADER and spec.runner is None and spec.cfg.max_batch != 1:
+    if spec.loader == DEFAULT_LOADER and spec.runner is None and (
+            spec.cfg.max_batch != 1 or spec.cfg.speculative != "off"):
         return loader(spec.cfg, for_runner=True)
     return loader(spec.cfg)
 
@@ -171,7 +179,7 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         stage("starting the runner")
         t = time.monotonic()
         runner = (runner_factory(backend) if spec.runner
-                  else make_runner(backend, max_batch=spec.cfg.max_batch))
+                  else make_runner(backend, max_batch=spec.cfg.max_batch, cfg=spec.cfg))
         if spec.kv_events is not None:
             from qwen_trt.serving.kv_events import publishing
 
@@ -339,7 +347,7 @@ def _load_error_line(e: BaseException) -> str:
         return str(e).replace("\n", " ")
     from qwen_trt.serving.serial import error_detail
 
-    return f"Unexpected error while loading the engine ({error_detail(e)})."
+    return f"Unexpected error while loading the model ({error_detail(e)})."
 
 
 def _picklable_error(e: BaseException):

@@ -167,5 +167,5 @@ def process_store() -> SessionStore:
     global _STORE
     with _STORE_LOCK:
         if _STORE is None:
-            _STORE = SessionStore(seed_dir=settings.raw("QWEN_TRT_APP_SEED_DIR"))
+            _STORE = SessionStore(seed_dir=settings.get("QWEN_TRT_APP_SEED_DIR"))
         return _STORE

@@ -1,0 +1,254 @@
+"""Speculative decoding on CPU (tiny model, float32, eager): verify rows in the batched runner.
+
+Greedy requests give exactly the tokens they give without speculation (n-gram drafts, mixed
+speculative and plain rows in one batch, stops and max_tokens inside an accepted run, logprobs
+of the emitted tokens); sampled requests keep every sampler feature; the adaptive rule drafts
+nothing where nothing is accepted."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from qwen_trt.fast import TINY, build_model
+from qwen_trt.fast.model.weights import init_random
+from qwen_trt.fast.step.batched import BatchedModel
+from qwen_trt.params import SamplingParams
+from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig
+from qwen_trt.serving.speculation import SpecConfig, auto_tokens, expected_tokens
+
+MAX_SEQ = 256
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def weights_for(std):
+    m = build_model(TINY, max_seq_len=MAX_SEQ, dtype=torch.float32, device="cpu")
+    init_random(m, seed=3, std=std)
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def varied():
+    return weights_for(0.5)      # continuations vary: drafts often fail
+
+
+@pytest.fixture(scope="module")
+def repetitive():
+    return weights_for(0.02)     # continuations repeat: n-gram drafts are accepted
+
+
+def runner_for(weights, spec=None, max_batch=8):
+    m = build_model(TINY, max_seq_len=MAX_SEQ, dtype=torch.float32, device="cpu")
+    m.load_state_dict(weights, strict=False)
+    bm = BatchedModel(m, num_blocks=200, block_size=16)
+    cfg = SchedulerConfig(max_batch=max_batch, token_budget=256,
+                          speculative=spec or SpecConfig())
+    return BatchRunner(bm, cfg)
+
+
+def drive(runner, reqs):
+    out = {i: [] for i in reqs}
+    lps = {i: [] for i in reqs}
+    fin = {}
+    for i, (p, sp) in reqs.items():
+        runner.add(i, p, sp)
+    steps = 0
+    while runner.has_work():
+        for ev in runner.step():
+            out[ev.request_id] += ev.token_ids
+            lps[ev.request_id] += [(lp.token_id, round(lp.logprob, 4)) for lp in ev.logprobs]
+            if ev.finish:
+                fin[ev.request_id] = ev.finish
+        steps += 1
+        assert steps < 5000
+    return out, lps, fin, steps
+
+
+def prompts(k, seed, repeat=True):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(k):
+        base = [rng.randrange(1, TINY.vocab_size) for _ in range(rng.randrange(3, 12))]
+        out.append(base * rng.randrange(2, 5) if repeat else base + base[:3])
+    return out
+
+
+@pytest.mark.parametrize("which", ["varied", "repetitive"])
+def test_greedy_tokens_equal_without_speculation(which, request):
+    """56 prompts, 8 at a time, speculative and plain rows mixed in one batch (a third of the
+    requests have penalties or logprobs, which draft through the general path), stops and
+    max_tokens landing inside accepted runs: the same tokens, logprobs and finishes."""
+    w = request.getfixturevalue(which)
+    ps = prompts(56, seed=11)
+    rng = random.Random(2)
+    reqs = {}
+    for i, p in enumerate(ps):
+        kw = {}
+        if i % 3 == 1:
+            kw["logprobs"] = 2
+        if i % 5 == 2:
+            kw["repetition_penalty"] = 1.2
+        stop = (rng.randrange(1, TINY.vocab_size),) if i % 4 == 0 else ()
+        reqs[i] = (p, SamplingParams(max_new_tokens=rng.randrange(1, 40), temperature=0,
+                                     stop_token_ids=stop, ignore_eos=not stop, **kw))
+    plain = drive(runner_for(w), reqs)
+    spec_runner = runner_for(w, SpecConfig("ngram"))
+    spec = drive(spec_runner, reqs)
+    assert spec[0] == plain[0]
+    assert spec[2] == plain[2]
+    # logprobs of the emitted tokens: the same tokens, values up to float32 rounding between
+    # a k+1-row and a 1-row step
+    for i in reqs:
+        assert [t for t, _ in spec[1][i]] == [t for t, _ in plain[1][i]]
+        assert all(abs(x - y) < 1e-3 for (_, x), (_, y) in zip(spec[1][i], plain[1][i]))
+    c = spec_runner.stats().extra["spec_decode"]
+    assert c["drafts"] > 0
+    if which == "repetitive":
+        assert c["accepted_tokens"] > 0.5 * c["draft_tokens"] > 0
+        assert spec[3] < plain[3]          # fewer steps: several tokens a step
+    assert spec_runner.stats().kv_blocks_used == 0
+
+
+def test_fixed_draft_count_and_a_verify_step_emitting_several_tokens(repetitive):
+    """--num-speculative-tokens 4 on repetitive output: verify steps emit up to 5 tokens,
+    the events carry them together, and the totals are right."""
+    ps = prompts(4, seed=3)
+    reqs = {i: (p, SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True))
+            for i, p in enumerate(ps)}
+    r = runner_for(repetitive, SpecConfig("ngram", num_tokens=4))
+    seen_multi = []
+    for i, (p, sp) in reqs.items():
+        r.add(i, p, sp)
+    out = {i: [] for i in reqs}
+    while r.has_work():
+        for ev in r.step():
+            out[ev.request_id] += ev.token_ids
+            seen_multi.append(len(ev.token_ids))
+    assert max(seen_multi) == 5
+    assert all(len(v) == 30 for v in out.values())
+    assert out == drive(runner_for(repetitive), reqs)[0]
+    c = r.stats().extra["spec_decode"]
+    assert c["accepted_per_pos"][0] >= c["accepted_per_pos"][3] > 0
+
+
+def test_sampled_rows_with_speculation_keep_their_settings(repetitive):
+    """Sampled rows verify drafts by rejection sampling: seeded runs repeat exactly, top_k=1
+    (greedy by the filter) equals greedy decoding, and the lengths and stops hold."""
+    ps = prompts(6, seed=8)
+    reqs = {i: (p, SamplingParams(max_new_tokens=25, temperature=0.8, top_k=1, seed=i,
+                                  ignore_eos=True)) for i, p in enumerate(ps)}
+    greedy = {i: (p, SamplingParams(max_new_tokens=25, temperature=0, ignore_eos=True))
+              for i, p in enumerate(ps)}
+    a = drive(runner_for(repetitive, SpecConfig("ngram")), reqs)[0]
+    assert a == drive(runner_for(repetitive), greedy)[0]
+    sampled = {i: (p, SamplingParams(max_new_tokens=25, temperature=1.0, top_p=0.9, seed=i,
+                                     presence_penalty=0.5, ignore_eos=True))
+               for i, p in enumerate(ps)}
+    x = drive(runner_for(repetitive, SpecConfig("ngram")), sampled)[0]
+    y = drive(runner_for(repetitive, SpecConfig("ngram")), sampled)[0]
+    assert x == y and all(len(v) == 25 for v in x.values())
+
+
+def test_the_adaptive_rule_drafts_less_as_acceptance_falls_and_the_batch_fills():
+    assert expected_tokens(0.0, 4) == 1.0 and expected_tokens(1.0, 3) == 4.0
+    assert auto_tokens(0.05, 1) == 0                 # nothing accepted: no drafting
+    assert auto_tokens(0.8, 1) >= 3
+    assert auto_tokens(0.8, 64) < auto_tokens(0.8, 1)
+    assert auto_tokens(0.3, 128) == 0
+
+
+def test_bad_speculative_settings_are_one_line():
+    with pytest.raises(ValueError, match="one of off, ngram"):
+        SpecConfig("eagle")
+    with pytest.raises(ValueError, match="from 1 to 8"):
+        SpecConfig("ngram", num_tokens=0)
+
+
+def test_the_speculative_bench_measures_against_off_and_real_acceptance_is_exact():
+    """bench.speculative on the tiny shape: every tau row beside off in the same process, the
+    measured tau rising with the set one, and (float32 on CPU) real acceptance of the off run's
+    own continuation reproduces it exactly with nearly every draft accepted."""
+    from qwen_trt.bench.speculative import SpecBenchConfig, run_spec_bench, rate_for
+
+    assert abs(expected_tokens(rate_for(3.0, 4), 4) - 3.0) < 1e-6
+    res = run_spec_bench(SpecBenchConfig(shape="tiny", device="cpu", concurrency=(2,),
+                                         taus=(1.0, 4.0), prompt_len=24, new_tokens=40,
+                                         num_tokens=4), log=lambda m: None)
+    row = res["results"]["2"]
+    assert row["off"]["tokens_ok"] and row["tau=4"]["tokens_ok"]
+    assert row["tau=1"]["tau_measured"] in (None, 1.0)
+    assert row["tau=4"]["tau_measured"] > 2.5
+    agree = row["agreement"]
+    assert agree["identical_replies"] == agree["replies"] == 2
+    assert agree["tau_measured"] > 4.0
+
+
+@pytest.fixture(scope="module")
+def eagle_target(tiny_model_dir, tmp_path_factory):
+    """The tiny checkpoint as the target (its own weights) and a random EAGLE-3 draft for it
+    in both published layouts."""
+    from qwen_trt.fast.model.config import FastConfig
+    from qwen_trt.fast.model.weights import load_safetensors
+    from qwen_trt.model.tiny_draft import write_tiny_draft
+    import json
+
+    cfg = FastConfig.from_hf(json.loads((tiny_model_dir / "config.json").read_text()))
+    drafts = {lay: str(write_tiny_draft(tmp_path_factory.mktemp(f"draft-{lay}"), tiny_model_dir,
+                                        layout=lay)) for lay in ("sglang", "speculators")}
+    return cfg, tiny_model_dir, drafts
+
+
+def eagle_runner(eagle_target, layout=None, max_batch=4, k=3):
+    from qwen_trt.fast.loader import build_model
+    from qwen_trt.fast.model.weights import load_safetensors
+    from qwen_trt.serving.scheduler import make_batch_runner
+
+    cfg, folder, drafts = eagle_target
+    m = build_model(cfg, max_seq_len=MAX_SEQ, dtype=torch.float32, device="cpu")
+    load_safetensors(m, folder)
+    spec = SpecConfig("eagle3", k, draft=drafts[layout]) if layout else SpecConfig()
+    return make_batch_runner(m, SchedulerConfig(max_batch=max_batch, token_budget=64,
+                                                speculative=spec), kv_tokens=4096)
+
+
+@pytest.mark.parametrize("layout", ["sglang", "speculators"])
+def test_eagle3_drafts_verify_to_the_tokens_of_plain_greedy(eagle_target, layout):
+    """EAGLE-3 in the runner, both layouts: the target's aux hidden states feed the draft,
+    which catches up after every step (prefill chunks of 64-token budgets, verify rows) and
+    drafts the next step; greedy tokens equal plain decoding's, mixed with sampled rows."""
+    rng = random.Random(4)
+    vocab = eagle_target[0].vocab_size
+    reqs = {i: ([rng.randrange(1, vocab) for _ in range(rng.randrange(5, 90))],
+                SamplingParams(max_new_tokens=rng.randrange(5, 30), temperature=0,
+                               ignore_eos=True)) for i in range(10)}
+    plain = drive(eagle_runner(eagle_target), reqs)[0]
+    r = eagle_runner(eagle_target, layout)
+    got = drive(r, reqs)[0]
+    assert got == plain
+    c = r.stats().extra["spec_decode"]
+    assert c["drafts"] > 0 and c["draft_tokens"] >= c["drafts"]
+
+
+def test_a_draft_that_does_not_fit_the_target_is_one_line(eagle_target, tmp_path):
+    import json
+    import shutil
+
+    from qwen_trt.errors import QwenTrtError
+
+    cfg, folder, drafts = eagle_target
+    bad = tmp_path / "bad"
+    shutil.copytree(drafts["sglang"], bad)
+    c = json.loads((bad / "config.json").read_text())
+    c["hidden_size"] = c["hidden_size"] * 2
+    (bad / "config.json").write_text(json.dumps(c))
+    with pytest.raises((QwenTrtError, ValueError)) as e:
+        eagle_runner((cfg, folder, {"sglang": str(bad)}), "sglang")
+    assert "\n" not in str(e.value) and "hidden" in str(e.value)
