@@ -100,9 +100,27 @@ class Tool(BaseModel):
     function: FunctionDef
 
 
+class NamedFunction(BaseModel):
+    model_config = Open
+    name: str
+
+
 class NamedTool(BaseModel):
+    """A function of ``tools``, by name (a name not in ``tools`` is a 400)."""
+    model_config = Open
     type: Literal["function"]
-    function: dict[str, str]
+    function: NamedFunction
+
+
+class AllowedTools(BaseModel):
+    mode: Literal["auto", "required"]
+    tools: list[NamedTool] = Field(min_length=1, description="Functions of ``tools``.")
+
+
+class AllowedToolsChoice(BaseModel):
+    model_config = Open
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
 
 
 class JsonSchemaFormat(BaseModel):
@@ -148,7 +166,7 @@ class Sampling(BaseModel):
     presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
     frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
     repetition_penalty: Optional[float] = Field(None, gt=0, le=2)
-    seed: Optional[int] = Field(None, ge=0, le=2 ** 64 - 1)
+    seed: Optional[int] = Field(None, ge=0, le=2 ** 63 - 1)
     stop: Union[str, Annotated[list[str], Field(max_length=MAX_STOPS)], None] = None
     stop_token_ids: Optional[Annotated[list[Annotated[int, Field(ge=0)]],
                                        Field(max_length=MAX_STOP_IDS)]] = None
@@ -168,7 +186,10 @@ class ChatCompletionRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1, json_schema_extra=ContextBound)
     tools: Optional[list[Tool]] = None
-    tool_choice: Union[Literal["none", "auto", "required"], NamedTool, None] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedTool, AllowedToolsChoice,
+                       None] = Field(None, description=(
+        "A named function, and allowed_tools' functions, must be in tools; 'required' needs "
+        "tools."))
     parallel_tool_calls: Optional[bool] = None
     response_format: Optional[ResponseFormat] = None  # noqa: UP007
     logprobs: Optional[bool] = None
