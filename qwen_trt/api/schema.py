@@ -559,7 +559,8 @@ def build_openapi(app: FastAPI) -> dict:
         error = {"description": f"Error ({shape} shape)", "content": {"application/json": {
             "schema": _ref(err or ErrorResponse)}}}
         op["responses"] = {"200": {"description": "OK", "content": content},
-                           **{code: error for code in ("400", "401", "404", "503")}}
+                           **{code: error for code in ("400", "401", "404", "413", "415", "421",
+                                                       "503")}}
     return doc
 
 
