@@ -126,7 +126,8 @@ def parse_completion_request(obj, vocab: int) -> CompletionRequest:
         max_tokens=_int(obj, "max_tokens", DEFAULT_MAX_TOKENS, 1),
         temperature=_number(obj, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
         top_p=_number(obj, "top_p", DEFAULT_TOP_P, 0.0, 1.0),
-        top_k=max(_int(obj, "top_k", DEFAULT_TOP_K, -1), 0), seed=_int(obj, "seed", None),
+        top_k=max(_int(obj, "top_k", DEFAULT_TOP_K, -1), 0),
+        seed=_int(obj, "seed", None, 0, 2**64 - 1),          # as the chat endpoint's
         stop=_stops(obj.get("stop")), ignore_eos=_bool(obj, "ignore_eos", False),
         penalties=sampling_penalties(obj), logprobs=lp, n=parse_n(obj),
         min_p=_number(obj, "min_p", 0.0, 0.0, 1.0), stop_token_ids=parse_stop_ids(obj))

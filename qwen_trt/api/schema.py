@@ -166,7 +166,7 @@ class Sampling(BaseModel):
     presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
     frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
     repetition_penalty: Optional[float] = Field(None, gt=0, le=2)
-    seed: Optional[int] = Field(None, ge=0, le=2 ** 63 - 1)
+    seed: Optional[int] = Field(None, ge=0, le=2 ** 64 - 1)
     stop: Union[str, Annotated[list[str], Field(max_length=MAX_STOPS)], None] = None
     stop_token_ids: Optional[Annotated[list[Annotated[int, Field(ge=0)]],
                                        Field(max_length=MAX_STOP_IDS)]] = None
