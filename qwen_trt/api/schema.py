@@ -558,9 +558,12 @@ def build_openapi(app: FastAPI) -> dict:
         shape = "Anthropic's" if err is AnthropicError else "OpenAI's"
         error = {"description": f"Error ({shape} shape)", "content": {"application/json": {
             "schema": _ref(err or ErrorResponse)}}}
+        # the body limit and the request guard answer before any route, in OpenAI's shape
+        front = {"description": "Error (OpenAI's shape: the body limit, the request guard)",
+                 "content": {"application/json": {"schema": _ref(ErrorResponse)}}}
         op["responses"] = {"200": {"description": "OK", "content": content},
-                           **{code: error for code in ("400", "401", "404", "413", "415", "421",
-                                                       "503")}}
+                           **{code: error for code in ("400", "401", "404", "503")},
+                           **{code: front for code in ("413", "415", "421")}}
     return doc
 
 
