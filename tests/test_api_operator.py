@@ -175,7 +175,8 @@ def test_models_health_and_405(server):
         assert health.headers["content-type"] == "application/json"
         for method, path, allow in (("TRACE", "/v1/chat/completions", "POST"),
                                     ("GET", "/v1/completions", "POST"),
-                                    ("DELETE", "/v1/models", "GET")):
+                                    ("DELETE", "/v1/models", "GET"),
+                                    ("POST", "/v1/models", "GET")):       # no JSON type either
             r = c.request(method, path)
             assert r.status_code == 405 and r.headers["allow"] == allow, (method, path)
             assert r.json()["error"]["message"]
