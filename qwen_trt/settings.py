@@ -237,6 +237,16 @@ SETTINGS: tuple[Setting, ...] = (
        "qwen-trt serve: start even when a fast-path kernel family fell back to a much slower "
        "path (else it refuses, naming the family and why); docs/fast-path.md",
        flag="--allow-slow-fallback"),
+    _S("QWEN_TRT_ACCESS_LOG", "bool", True,
+       "qwen-trt serve: one stderr line per request (client, method, path, status, duration, "
+       "request id); --no-access-log (or 0) turns it off", flag="--no-access-log"),
+    _S("QWEN_TRT_KV_EVENTS", "str", None,
+       "qwen-trt serve: publish KV-cache events in vLLM's format (ZMQ PUB, msgpack) on this "
+       "endpoint: `tcp://HOST:PORT` connects, `tcp://*:PORT` or `ipc://PATH` binds",
+       flag="--kv-events", default_doc="none (no events)"),
+    _S("QWEN_TRT_KV_EVENTS_TOPIC", "str", "",
+       "qwen-trt serve: the ZMQ topic of the KV-cache events (llm-d's: `kv@<pod-ip>@<model>`)",
+       flag="--kv-events-topic", default_doc="empty"),
     # -- build and container ----------------------------------------------------------------------
     _S("QWEN_TRT_ENGINES_DIR", "path", "engines", "where engines are built and looked up "
        "(qwen-trt build --engines-dir)", flag="--engines-dir"),

@@ -66,7 +66,7 @@ class CompletionRequest:
 
 def model_card(name: str, created: int, info) -> dict:
     return {"id": name, "object": "model", "created": created, "owned_by": "qwen-trt",
-            "root": info.model, "parent": None, "max_model_len": info.max_seq_len}
+            "root": name, "parent": None, "max_model_len": info.max_seq_len}
 
 
 def _prompts(raw, vocab: int) -> tuple:
@@ -121,12 +121,13 @@ def parse_completion_request(obj, vocab: int) -> CompletionRequest:
         raise _bad("stream_options", "'stream_options' must be an object.")
     sampling = ChatRequest(
         messages=(), model=model or None, stream=stream,
-        include_usage=stream and _bool(opts or {}, "include_usage", False),
-        continuous_usage=stream and _bool(opts or {}, "continuous_usage_stats", False),
+        include_usage=_bool(opts or {}, "include_usage", False) and stream,
+        continuous_usage=_bool(opts or {}, "continuous_usage_stats", False) and stream,
         max_tokens=_int(obj, "max_tokens", DEFAULT_MAX_TOKENS, 1),
         temperature=_number(obj, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
         top_p=_number(obj, "top_p", DEFAULT_TOP_P, 0.0, 1.0),
-        top_k=max(_int(obj, "top_k", DEFAULT_TOP_K, -1), 0), seed=_int(obj, "seed", None),
+        top_k=max(_int(obj, "top_k", DEFAULT_TOP_K, -1), 0),
+        seed=_int(obj, "seed", None, 0, 2**64 - 1),          # as the chat endpoint's
         stop=_stops(obj.get("stop")), ignore_eos=_bool(obj, "ignore_eos", False),
         penalties=sampling_penalties(obj), logprobs=lp, n=parse_n(obj),
         min_p=_number(obj, "min_p", 0.0, 0.0, 1.0), stop_token_ids=parse_stop_ids(obj))

@@ -80,12 +80,22 @@ class RequestGuard:
                     421, f"This server does not answer for the host {excerpt(host)}: send it "
                          "to 127.0.0.1 / localhost, or start it with --allowed-hosts naming "
                          "that host.", code="misdirected_request"))
-        if scope.get("method") == "POST" and not _json_type(ctype):
+        if scope.get("method") == "POST" and not _json_type(ctype) and _takes_post(scope):
             got = "no Content-Type" if ctype is None else f"Content-Type {excerpt(ctype)}"
             return await _refuse(scope, receive, send, ApiError(
                 415, f"Send the body as JSON with 'Content-Type: application/json' (got {got}).",
                 code="unsupported_media_type"))
         return await self.app(scope, receive, send)
+
+
+def _takes_post(scope) -> bool:
+    """Whether a route takes this POST (else the router answers: 404, or 405 with Allow)."""
+    from starlette.routing import Match
+
+    router = getattr(scope.get("app"), "router", None)
+    if router is None:
+        return True
+    return any(route.matches(scope)[0] is Match.FULL for route in router.routes)
 
 
 async def _refuse(scope, receive, send, e: ApiError) -> None:

@@ -49,10 +49,17 @@ def context_too_long(ctx: int, max_input: int, n: int, max_tokens: int | None = 
 
 
 # -- JSON ----------------------------------------------------------------------------------------
+def json_number(text: str) -> int | float:
+    """A JSON number written with a fraction or exponent: an int when its value is whole (JSON
+    Schema's ``integer`` includes ``334.0``, so /openapi.json's integer fields take it too)."""
+    v = float(text)
+    return int(v) if v.is_integer() and abs(v) <= 2 ** 63 - 1 else v
+
+
 def decode_json(raw: bytes):
     """The decoded body; a 400 for anything that is not JSON (bad UTF-8, nesting too deep)."""
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_float=json_number)
     except RecursionError:
         raise ApiError(400, "The body's JSON is nested too deeply.", code="invalid_json") from None
     except (ValueError, UnicodeDecodeError) as e:

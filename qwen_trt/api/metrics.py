@@ -1,8 +1,18 @@
 """Prometheus metrics of one server (its own registry, so several apps can live in one process).
 
 Counted here: requests by outcome, tokens, time to first token (HTTP receive -> first text, so
-queueing is included) and decode tokens/s per request. Read from the service at scrape time:
-queue depth, running requests and KV-cache use, when its ``status()`` reports them.
+queueing is included), decode tokens/s per request, and 4xx / 5xx responses by endpoint and status
+(counted by :mod:`qwen_trt.api.access`). Read from the service at scrape time: queue depth, running
+requests and KV-cache use, when its ``status()`` reports them.
+
+Beside ours, the gauges routers read under vLLM's names, labelled ``model_name`` (the served id):
+the Gateway API Inference Extension's model-server protocol
+(kubernetes-sigs/gateway-api-inference-extension, docs/proposals/003-model-server-protocol) and
+llm-d's endpoint picker scrape ``vllm:num_requests_waiting`` (requests accepted and not yet
+started by the engine), ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc`` (0-1; also as
+its older name ``vllm:gpu_cache_usage_perc``) and optionally ``vllm:cache_config_info`` (labels
+``block_size``, ``num_gpu_blocks``; value 1). Waiting and running are the API's own counts, so a
+request waiting for an engine restart is queued too.
 """
 from __future__ import annotations
 
@@ -20,16 +30,23 @@ class _ServiceCollector:
     """Gauges read from ``status()`` on every scrape (whatever fields it has)."""
 
     def __init__(self, status: Callable[[], object], api_waiting: Callable[[], int],
-                 api_running: Callable[[], int], info: Callable[[], object] | None = None) -> None:
+                 api_running: Callable[[], int], info: Callable[[], object] | None = None,
+                 model_name: str = "") -> None:
         self._status, self._waiting, self._running = status, api_waiting, api_running
         self._info = info
+        self._model = model_name
 
     def collect(self):
         yield from self._kernels()
+        waiting, running = self._waiting(), self._running()
         yield _gauge("qwen_trt_requests_waiting", "API requests not yet started by the engine",
-                     self._waiting())
+                     waiting)
         yield _gauge("qwen_trt_requests_running", "API requests the engine is generating",
-                     self._running())
+                     running)
+        yield self._vllm("vllm:num_requests_waiting",
+                         "requests waiting to be started by the engine", waiting)
+        yield self._vllm("vllm:num_requests_running", "requests the engine is generating",
+                         running)
         try:
             st = self._status()
         except Exception:  # a dead engine: /health says so; metrics stay scrapeable
@@ -53,6 +70,15 @@ class _ServiceCollector:
             usage = used / total
         if usage is not None:
             yield _gauge("qwen_trt_kv_cache_usage_ratio", "KV-cache blocks in use (0-1)", usage)
+            yield self._vllm("vllm:kv_cache_usage_perc", "KV-cache blocks in use (0-1)", usage)
+            yield self._vllm("vllm:gpu_cache_usage_perc",
+                             "KV-cache blocks in use (0-1; vLLM's older name)", usage)
+        block_size = (runner.get("extra") or {}).get("block_size")
+        if block_size and total:
+            g = GaugeMetricFamily("vllm:cache_config_info", "the paged KV cache's layout",
+                                  labels=["model_name", "block_size", "num_gpu_blocks"])
+            g.add_metric([self._model, str(block_size), str(total)], 1.0)
+            yield g
         cached, prompt = getattr(st, "cached_tokens", None), getattr(st, "prompt_tokens", None)
         if cached is not None and prompt:
             yield _gauge("qwen_trt_prefix_cache_hit_ratio",
@@ -81,6 +107,10 @@ class _ServiceCollector:
         for family, path in sorted(paths.items()):
             g.add_metric([family, str(path), "1" if family in slow else "0"], 1.0)
         yield g
+    def _vllm(self, name: str, doc: str, value) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=["model_name"])
+        g.add_metric([self._model], float(value))
+        return g
 
 
 def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:
@@ -91,7 +121,8 @@ def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:
 
 class ServerMetrics:
     def __init__(self, status: Callable[[], object], api_waiting: Callable[[], int],
-                 api_running: Callable[[], int], info: Callable[[], object] | None = None) -> None:
+                 api_running: Callable[[], int], info: Callable[[], object] | None = None,
+                 model_name: str = "") -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("qwen_trt_requests", "chat completion requests by outcome",
@@ -106,7 +137,10 @@ class ServerMetrics:
         self.tok_s = Histogram("qwen_trt_decode_tokens_per_second",
                                "decode rate of each finished request", buckets=TOKS_BUCKETS,
                                registry=r)
-        r.register(_ServiceCollector(status, api_waiting, api_running, info))
+        self.http_errors = Counter("qwen_trt_http_errors",
+                                   "4xx and 5xx responses by endpoint (route path) and status",
+                                   ["endpoint", "status"], registry=r)
+        r.register(_ServiceCollector(status, api_waiting, api_running, info, model_name))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -293,8 +293,9 @@ def parse_chat_request(obj, *, penalties: set[str] | None = None) -> ChatRequest
     opts = obj.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise _bad("stream_options", "'stream_options' must be an object.")
-    include_usage = stream and _bool(opts or {}, "include_usage", False)
-    continuous = stream and _bool(opts or {}, "continuous_usage_stats", False)
+    # checked whether or not it streams (/openapi.json types them)
+    include_usage = _bool(opts or {}, "include_usage", False) and stream
+    continuous = _bool(opts or {}, "continuous_usage_stats", False) and stream
     max_tokens = _int(obj, "max_completion_tokens", None, 1)
     if max_tokens is None:
         max_tokens = _int(obj, "max_tokens", None, 1)

@@ -3,11 +3,13 @@ pydantic models (documentation only: requests are checked by :mod:`qwen_trt.api.
 which gives OpenAI-shaped 400s, and the handlers build their replies as plain dicts)."""
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+from qwen_trt.api.protocol import MAX_STOP_IDS, MAX_STOPS
 
 Open = ConfigDict(extra="allow")
 
@@ -17,11 +19,13 @@ class TextPart(BaseModel):
     text: str
 
 
-Content = Union[str, list[TextPart], None]
+Content = Union[str, list[TextPart]]
+# A token id: 0..vocab-1 (the bound is the served tokenizer's, filled in by build_openapi).
+TokenId = Annotated[int, Field(ge=0, json_schema_extra={"x-token-id": True})]
 
 
 class FunctionCall(BaseModel):
-    name: str
+    name: str = Field(min_length=1)
     arguments: str = Field(description="The arguments as a JSON object, as text.")
 
 
@@ -31,13 +35,57 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
-class Message(BaseModel):
+class HistoryFunctionCall(BaseModel):
     model_config = Open
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Content = None
-    tool_calls: Optional[list[ToolCall]] = None
+    name: str = Field(min_length=1)
+    arguments: Union[str, dict[str, Any]] = Field(
+        "{}", description="The arguments as a JSON object, or as its text.")
+
+
+class HistoryToolCall(BaseModel):
+    """A call in an earlier assistant message: the function is what counts."""
+    model_config = Open
+    id: Any = Field(None, description="Kept when a string, else call_<index>.")
+    type: Any = Field(None, description="Ignored (every call is a function call).")
+    function: HistoryFunctionCall
+
+
+class SystemMessage(BaseModel):
+    model_config = Open
+    role: Literal["system", "developer"]
+    content: Content
+    name: Any = Field(None, description="Ignored (the chat template has no place for it).")
+
+
+class UserMessage(BaseModel):
+    model_config = Open
+    role: Literal["user"]
+    content: Content
+    name: Any = Field(None, description="Ignored (the chat template has no place for it).")
+
+
+class AssistantHistoryMessage(BaseModel):
+    """An earlier reply: its text, its tool calls, or both (content may be null)."""
+    model_config = Open
+    role: Literal["assistant"]
+    content: Optional[Content] = None
+    # an empty object counts as no calls (as the server reads it: protocol._empty)
+    tool_calls: Union[list[HistoryToolCall], Annotated[dict[str, Any], Field(max_length=0)],
+                      None] = None
+    name: Any = Field(None, description="Ignored (the chat template has no place for it).")
+
+
+class ToolMessage(BaseModel):
+    model_config = Open
+    role: Literal["tool"]
+    content: Content
     tool_call_id: Optional[str] = None
-    name: Optional[str] = None
+
+
+# Which fields a message needs depends on its role, as the server checks them
+# (qwen_trt.api.protocol.parse_messages): every role but assistant needs its content.
+Message = Annotated[Union[SystemMessage, UserMessage, AssistantHistoryMessage, ToolMessage],
+                    Field(discriminator="role")]
 
 
 class FunctionDef(BaseModel):
@@ -52,20 +100,46 @@ class Tool(BaseModel):
     function: FunctionDef
 
 
+class NamedFunction(BaseModel):
+    model_config = Open
+    name: str
+
+
 class NamedTool(BaseModel):
+    """A function of ``tools``, by name (a name not in ``tools`` is a 400)."""
+    model_config = Open
     type: Literal["function"]
-    function: dict[str, str]
+    function: NamedFunction
+
+
+class AllowedTools(BaseModel):
+    mode: Literal["auto", "required"]
+    tools: list[NamedTool] = Field(min_length=1, description="Functions of ``tools``.")
+
+
+class AllowedToolsChoice(BaseModel):
+    model_config = Open
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
 
 
 class JsonSchemaFormat(BaseModel):
-    name: Optional[str] = None
+    name: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_\-]{1,64}$")
     schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
     strict: Optional[bool] = None
 
 
-class ResponseFormat(BaseModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[JsonSchemaFormat] = None
+class PlainFormat(BaseModel):
+    type: Literal["text", "json_object"]
+    json_schema: Any = Field(None, description="Ignored with these types.")
+
+
+class SchemaFormat(BaseModel):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[Union[PlainFormat, SchemaFormat], Field(discriminator="type")]
 
 
 class StreamOptions(BaseModel):
@@ -73,12 +147,18 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: Optional[bool] = None
 
 
+# The context limit (max_model_len), filled in by build_openapi: prompt + max_tokens must fit it.
+ContextBound = {"x-context": True}
+
+
 class Sampling(BaseModel):
     model_config = Open
     model: Optional[str] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    max_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[int] = Field(None, ge=1, json_schema_extra=ContextBound, description=(
+        "At most max_model_len - 1; the prompt's tokens plus this must fit max_model_len "
+        "(else a 400, code context_length_exceeded)."))
     temperature: Optional[float] = Field(None, ge=0, le=2)
     top_p: Optional[float] = Field(None, ge=0, le=1)
     top_k: Optional[int] = Field(None, ge=-1)
@@ -86,26 +166,45 @@ class Sampling(BaseModel):
     presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
     frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
     repetition_penalty: Optional[float] = Field(None, gt=0, le=2)
-    seed: Optional[int] = None
-    stop: Union[str, list[str], None] = None
-    stop_token_ids: Optional[list[int]] = None
+    seed: Optional[int] = Field(None, ge=0, le=2 ** 64 - 1)
+    stop: Union[str, Annotated[list[str], Field(max_length=MAX_STOPS)], None] = None
+    stop_token_ids: Optional[Annotated[list[Annotated[int, Field(ge=0)]],
+                                       Field(max_length=MAX_STOP_IDS)]] = None
     n: Optional[int] = Field(None, ge=1, le=8)
     ignore_eos: Optional[bool] = None
 
 
+# top_logprobs of 1 or more needs logprobs: true
+_TOP_NEEDS_LOGPROBS = {
+    "if": {"required": ["top_logprobs"],
+           "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
+
+
 class ChatCompletionRequest(Sampling):
+    model_config = ConfigDict(extra="allow", json_schema_extra=_TOP_NEEDS_LOGPROBS)
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1, json_schema_extra=ContextBound)
     tools: Optional[list[Tool]] = None
-    tool_choice: Union[Literal["none", "auto", "required"], NamedTool, None] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedTool, AllowedToolsChoice,
+                       None] = Field(None, description=(
+        "A named function, and allowed_tools' functions, must be in tools; 'required' needs "
+        "tools."))
     parallel_tool_calls: Optional[bool] = None
-    response_format: Optional[ResponseFormat] = None
+    response_format: Optional[ResponseFormat] = None  # noqa: UP007
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
 
 
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
 class CompletionRequest(Sampling):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[NonEmpty, Annotated[list[NonEmpty], Field(min_length=1, max_length=64)],
+                  Annotated[list[TokenId], Field(min_length=1)],
+                  Annotated[list[Annotated[list[TokenId], Field(min_length=1)]],
+                            Field(min_length=1, max_length=64)]] = Field(
+        description="Text (not empty), up to 64 texts, token ids, or up to 64 lists of them.")
     logprobs: Optional[int] = Field(None, ge=0, le=20)
     echo: Optional[Literal[False]] = None
 
@@ -240,14 +339,27 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-class TokenizeRequest(BaseModel):
+class TokenizePrompt(BaseModel):
+    """Text to tokenise (and no ``messages``: those win when both are sent)."""
+    model_config = ConfigDict(extra="allow", json_schema_extra={"not": {"required": ["messages"]}})
+    model: Optional[str] = None
+    prompt: str
+    add_special_tokens: Optional[bool] = None
+    return_token_strs: Optional[bool] = None
+
+
+class TokenizeMessages(BaseModel):
+    """Chat messages to lay out with the chat template, then tokenise."""
     model_config = Open
     model: Optional[str] = None
-    prompt: Optional[str] = None
-    messages: Optional[list[Message]] = None
-    add_special_tokens: Optional[bool] = None
+    messages: list[Message] = Field(min_length=1)
+    tools: Optional[list[Tool]] = None
     add_generation_prompt: Optional[bool] = None
     return_token_strs: Optional[bool] = None
+
+
+class TokenizeRequest(RootModel[Union[TokenizePrompt, TokenizeMessages]]):
+    """Either ``prompt`` or ``messages``."""
 
 
 class TokenizeResponse(BaseModel):
@@ -259,7 +371,7 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeRequest(BaseModel):
     model: Optional[str] = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(BaseModel):
@@ -386,6 +498,33 @@ def _ref(model) -> dict:
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
+def _bound(node, marker: str, maximum: int | None) -> None:
+    """Every schema marked ``marker`` gets ``maximum`` (where known; the marker goes), and an
+    ``anyOf`` [integer, null] carries it to its integer branch."""
+    if isinstance(node, dict):
+        if node.pop(marker, False) and maximum is not None:
+            target = next((b for b in node.get("anyOf", ()) if b.get("type") == "integer"), node)
+            target["maximum"] = maximum
+        for v in node.values():
+            _bound(v, marker, maximum)
+    elif isinstance(node, list):
+        for v in node:
+            _bound(v, marker, maximum)
+
+
+def _limits(app: FastAPI) -> tuple[int | None, int | None]:
+    """The largest token id and the largest max_tokens this server can take."""
+    try:
+        vocab = len(app.state.service.tokenizer) - 1
+    except Exception:  # noqa: BLE001 - no tokenizer to ask: the ids stay unbounded above
+        vocab = None
+    try:
+        ctx = int(app.state.service.info.max_seq_len) - 1
+    except Exception:  # noqa: BLE001
+        ctx = None
+    return vocab, ctx
+
+
 def build_openapi(app: FastAPI) -> dict:
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
@@ -394,6 +533,9 @@ def build_openapi(app: FastAPI) -> dict:
                                      by_alias=True)
         schemas.update(js.pop("$defs", {}))
         schemas[model.__name__] = js
+    vocab, ctx = _limits(app)
+    _bound(schemas, "x-token-id", vocab)
+    _bound(schemas, "x-context", ctx)
     chat = [(path, method, req, res, None if chunk is None else
              f"'data: <{chunk.__name__} JSON>' lines, then 'data: [DONE]'", None)
             for path, (method, req, res, chunk) in ROUTES.items()]
@@ -407,13 +549,21 @@ def build_openapi(app: FastAPI) -> dict:
                                  "content": {"application/json": {"schema": _ref(req)}}}
         content = {"application/json": {"schema": _ref(res)}}
         if stream is not None:
+            # one event each (schemathesis reads them so): its data a JSON object, the last
+            # one's the text [DONE]
             content["text/event-stream"] = {"schema": {
-                "type": "string", "description": f"Server-sent events: {stream}."}}
+                "type": "object", "required": ["data"],
+                "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+                "description": f"Server-sent events: {stream}."}}
         shape = "Anthropic's" if err is AnthropicError else "OpenAI's"
         error = {"description": f"Error ({shape} shape)", "content": {"application/json": {
             "schema": _ref(err or ErrorResponse)}}}
+        # the body limit and the request guard answer before any route, in OpenAI's shape
+        front = {"description": "Error (OpenAI's shape: the body limit, the request guard)",
+                 "content": {"application/json": {"schema": _ref(ErrorResponse)}}}
         op["responses"] = {"200": {"description": "OK", "content": content},
-                           **{code: error for code in ("400", "401", "404", "503")}}
+                           **{code: error for code in ("400", "401", "404", "503")},
+                           **{code: front for code in ("413", "415", "421")}}
     return doc
 
 

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from qwen_trt.api import constraints
+from qwen_trt.api.access import RequestLog, id_headers
 from qwen_trt.api.admission import Admission, Ticket
 from qwen_trt.api.choices import ChatChoice, Piece, merge
 from qwen_trt.api.chat_run import ChatRun
@@ -159,7 +160,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     created = int(time.time())
     counts = _Counts()
     metrics = ServerMetrics(service.status, lambda: counts.waiting, lambda: counts.running,
-                            lambda: service.info)
+                            lambda: service.info, model_name=name)
     admission = Admission(counts, settings.max_queue, settings.retry_after_s)
     # Tokenising runs in worker threads with the GIL released (see serving.session._Codec), a few at
     # a time; /health and other requests go on meanwhile.
@@ -183,6 +184,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
                            allow_methods=["GET", "POST", "OPTIONS"],
                            allow_headers=["Authorization", "Content-Type"])
+    # outermost: the request id and the access line cover every answer, 413s and CORS too
+    app.add_middleware(RequestLog, errors=metrics.http_errors, enabled=settings.access_log)
     app.state.service = service
     app.state.metrics = metrics
     app.state.counts = counts
@@ -195,7 +198,8 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_req: Request, e: StarletteHTTPException):
-        return JSONResponse(error_body(str(e.detail), e.status_code), status_code=e.status_code)
+        return JSONResponse(error_body(str(e.detail), e.status_code), status_code=e.status_code,
+                            headers=e.headers)      # a 405's Allow
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(_req: Request, _e: ClientDisconnect):
@@ -205,7 +209,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     async def _crash(_req: Request, e: Exception):
         log.exception("request failed")
         return JSONResponse(error_body(f"Internal error ({type(e).__name__}); see the server log.",
-                                       500), status_code=500)
+                                       500), status_code=500, headers=id_headers(_req.scope))
 
     def check_auth(request: Request) -> None:
         if not settings.api_key:
@@ -634,6 +638,10 @@ def run_server(service, settings: ServerSettings, *, model_name: str | None = No
     (:mod:`qwen_trt.api.startup`); a load error is raised once the server has stopped."""
     from qwen_trt.api.startup import serve_while_loading
 
+    if settings.access_log:
+        from qwen_trt.api.access import log_to_stderr
+
+        log_to_stderr()
     try:
         serve_while_loading(service, lambda: create_app(service, settings, model_name=model_name),
                             settings, log_level=log_level)

@@ -12,6 +12,7 @@ from qwen_trt.errors import ConfigError
 
 LOOPBACK_NAMES = ("localhost",)
 ORIGIN_RE = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+$")
+KV_ENDPOINT_RE = re.compile(r"^(tcp://(\*|[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}|ipc://\S+)$")
 
 
 def is_loopback(host: str) -> bool:
@@ -44,6 +45,9 @@ class ServerSettings:
     responses_store_mb: float = 64.0    # ... holding at most this many MiB
     allowed_hosts: tuple[str, ...] = ()     # Host names answered besides loopback's (* = any)
     allow_slow_fallback: bool = False   # serve although a kernel family fell back to slow code
+    access_log: bool = True             # one line per request on stderr (api/access.py)
+    kv_events: str | None = None        # ZMQ endpoint of the KV-cache events (serving/kv_events.py)
+    kv_events_topic: str = ""
 
     def __post_init__(self) -> None:
         from qwen_trt.api.listen import allowed_host, check_api_key, normalize_host
@@ -80,6 +84,9 @@ class ServerSettings:
                                   "address (give names without scheme, port or path, or *).")
             hosts.append(name)
         object.__setattr__(self, "allowed_hosts", tuple(dict.fromkeys(hosts)))
+        if self.kv_events is not None and not KV_ENDPOINT_RE.match(self.kv_events):
+            raise ConfigError(f"--kv-events: {self.kv_events[:80]!r} is not a ZMQ endpoint (give "
+                              "tcp://HOST:PORT, tcp://*:PORT or ipc://PATH).")
         if not is_loopback(self.host) and not self.api_key:
             raise ConfigError(f"Refusing to listen on {self.host} without a key: set --api-key or "
                               "QWEN_TRT_API_KEY (only 127.0.0.1 / localhost may go without one).")

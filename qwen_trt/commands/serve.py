@@ -25,8 +25,10 @@ SERVER_SETTINGS = (
     ("QWEN_TRT_RESPONSES_STORE_MAX", "responses_store_max"),
     ("QWEN_TRT_RESPONSES_STORE_MB", "responses_store_mb"),
     ("QWEN_TRT_ALLOWED_HOSTS", "allowed_hosts"),
+    ("QWEN_TRT_KV_EVENTS", "kv_events"), ("QWEN_TRT_KV_EVENTS_TOPIC", "kv_events_topic"),
 )
-STORE = "QWEN_TRT_RESPONSES_STORE"     # on unless --no-responses-store (or the variable = 0)
+# on unless their --no-... flag says (or their variable = 0)
+SWITCHES = (("QWEN_TRT_RESPONSES_STORE", "responses_store"), ("QWEN_TRT_ACCESS_LOG", "access_log"))
 
 
 def register(sub) -> None:
@@ -38,9 +40,10 @@ def register(sub) -> None:
     for name, field in SERVER_SETTINGS:
         s = settings.declared(name)
         p.add_argument(s.flag, dest=field, default=None, help=s.help)
-    store = settings.declared(STORE)
-    p.add_argument(store.flag, dest="responses_store", action="store_false", default=None,
-                   help=store.help)
+    for name, field in SWITCHES:
+        switch = settings.declared(name)
+        p.add_argument(switch.flag, dest=field, action="store_false", default=None,
+                       help=switch.help)
     if "--api-key" not in flags:   # the backend options may already carry it
         p.add_argument("--api-key", default=None, help=settings.declared(ENV_KEY).help)
     slow = settings.declared("QWEN_TRT_ALLOW_SLOW_FALLBACK")
@@ -81,8 +84,9 @@ def settings_from(args, environ=None):
                                              or settings.get("QWEN_TRT_ALLOW_SLOW_FALLBACK", env))
     except settings.SettingError as e:
         raise ConfigError(str(e)) from None
-    values["responses_store"] = (False if getattr(args, "responses_store", None) is False
-                                 else _value(args, STORE, "", env))
+    for name, field in SWITCHES:
+        values[field] = (False if getattr(args, field, None) is False
+                         else _value(args, name, "", env))
     values["allowed_hosts"] = _names(values["allowed_hosts"])
     return ServerSettings(
         api_key=args.api_key if args.api_key is not None else settings.get(ENV_KEY, env),
@@ -120,8 +124,14 @@ def run(args) -> int:
 
     print(f"loading the model for http://{url_host(settings.host)}:{settings.port}/v1 ...",
           file=sys.stderr)
+    kv_events = None
+    if settings.kv_events:
+        from qwen_trt.serving.kv_events import KvEventsConfig
+
+        kv_events = KvEventsConfig(settings.kv_events, settings.kv_events_topic)
     # a kernel family on a much slower path refuses the start, unless allowed (one line)
-    service = start_service(cfg, wait=False, refuse_slow=not settings.allow_slow_fallback)
+    service = start_service(cfg, wait=False, refuse_slow=not settings.allow_slow_fallback,
+                            kv_events=kv_events)
     try:
         from qwen_trt.api.server import run_server          # while the engine loads
     except BaseException:

@@ -92,6 +92,9 @@ class BlockAllocator:
         self._cached_free = 0       # free blocks that still hold reusable KV
         self.hits = 0
         self.evictions = 0
+        # told of every block registered for reuse (stored(parent key id, key id, token ids))
+        # and every registered block evicted (removed(key id)): serving.kv_events
+        self.listener = None
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -160,6 +163,8 @@ class BlockAllocator:
                 block.key_id = self._next_key_id
                 self._next_key_id += 1
                 self._cached[key] = block.id
+                if self.listener is not None:
+                    self.listener.stored(seq.last_key, block.key_id, key[1])
             seq.last_key = block.key_id
         seq.hashed = max(seq.hashed, full)
 
@@ -187,6 +192,8 @@ class BlockAllocator:
             if b.key is not None:                  # evict: its KV is about to be overwritten
                 if self._cached.get(b.key) == block:
                     del self._cached[b.key]
+                if self.listener is not None:
+                    self.listener.removed(b.key_id)
                 b.key = None
                 self._cached_free -= 1
                 self.evictions += 1

@@ -202,7 +202,7 @@ def worker_mode(mode: str | None = None) -> str:
 
 
 def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
-                  wait: bool = True, refuse_slow: bool = False):
+                  wait: bool = True, refuse_slow: bool = False, kv_events=None):
     """Load the backend ``cfg`` names and serve it; blocks until it is ready (load errors are
     raised as one-line :class:`QwenTrtError`). The app caches one per process.
 
@@ -216,8 +216,12 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
 
     ``refuse_slow``: a load whose fast path fell back to much slower kernels is a load error
     (:func:`qwen_trt.backends.kernel_paths.slow_fallback_line`; ``qwen-trt serve`` without
-    ``--allow-slow-fallback``)."""
+    ``--allow-slow-fallback``). ``kv_events`` (a
+    :class:`~qwen_trt.serving.kv_events.KvEventsConfig`): the engine process publishes them."""
     if worker_mode(mode) == "inline":
+        if kv_events is not None:
+            raise ConfigError("--kv-events needs the worker in its own process "
+                              "(QWEN_TRT_WORKER=process, the default).")
         service = InferenceService(load_backend(cfg))
         if refuse_slow:
             from qwen_trt.backends.kernel_paths import SlowFallbackError, slow_fallback_line
@@ -238,20 +242,22 @@ def start_service(cfg: BackendConfig, *, mode: str | None = None, echo=None,
             log.info("stopping the previous worker process before starting another")
             _current.close()
         # echo: where the engine's stage lines go (stderr by default; the app also shows them)
-        _current = WorkerClient(_spec(cfg), wait=wait, tokenizer_hint=_local_folder(cfg),
-                                refuse_slow=refuse_slow,
+        _current = WorkerClient(_spec(cfg, kv_events), wait=wait,
+                                tokenizer_hint=_local_folder(cfg), refuse_slow=refuse_slow,
                                 **({"echo": echo} if echo is not None else {}))
         return _current
 
 
-def _spec(cfg: BackendConfig):
-    """The engine process's spec: ``cfg``, loaded by QWEN_TRT_TEST_LOADER when a test names one
-    (a fake whose load is slow or crashes), else by the real loader."""
+def _spec(cfg: BackendConfig, kv_events=None):
+    """The worker process's spec: ``cfg``, loaded by QWEN_TRT_TEST_LOADER when a test names one
+    (a fake whose load is slow or crashes), else by the real loader; ``kv_events``: it
+    publishes them."""
     from qwen_trt import settings
     from qwen_trt.serving.worker import WorkerSpec
 
     loader = settings.get("QWEN_TRT_TEST_LOADER")
-    return WorkerSpec(cfg, loader=loader) if loader else WorkerSpec(cfg)
+    return (WorkerSpec(cfg, loader=loader, kv_events=kv_events) if loader
+            else WorkerSpec(cfg, kv_events=kv_events))
 
 
 def _local_folder(cfg: BackendConfig) -> str | None:

@@ -51,6 +51,7 @@ class WorkerSpec:
     cfg: BackendConfig = field(default_factory=BackendConfig)
     loader: str = DEFAULT_LOADER
     runner: str | None = None
+    kv_events: object | None = None     # a serving.kv_events.KvEventsConfig: publish them
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,10 @@ def worker_main(conn, spec: WorkerSpec, parent_pid: int) -> None:
         t = time.monotonic()
         runner = (runner_factory(backend) if spec.runner
                   else make_runner(backend, max_batch=spec.cfg.max_batch, cfg=spec.cfg))
+        if spec.kv_events is not None:
+            from qwen_trt.serving.kv_events import publishing
+
+            runner = publishing(runner, spec.kv_events, say=stage)
         timings["runner_s"] = time.monotonic() - t
         t = time.monotonic()
         tokenizer.join()                       # ready means loaded: nothing lazy after it
