@@ -306,3 +306,23 @@ def test_prediction_parsing_and_usage_counts():
     u = usage(10, 5, None, (3, 1))
     assert u["completion_tokens_details"] == {"accepted_prediction_tokens": 3,
                                               "rejected_prediction_tokens": 1}
+
+
+def test_metrics_show_the_speculative_counters_under_both_names():
+    from types import SimpleNamespace
+
+    from prometheus_client import generate_latest
+
+    from qwen_trt.api.metrics import ServerMetrics
+
+    spec = {"drafts": 7, "draft_tokens": 20, "accepted_tokens": 12,
+            "accepted_per_pos": [6, 4, 2, 0, 0, 0, 0, 0]}
+    st = SimpleNamespace(runner={"extra": {"spec_decode": spec}})
+    text = generate_latest(ServerMetrics(lambda: st, lambda: 0, lambda: 0,
+                                         model_name="m").registry).decode()
+    assert "qwen_trt_spec_decode_num_accepted_tokens_total 12.0" in text
+    assert 'vllm:spec_decode_num_drafts_total{model_name="m"} 7.0' in text
+    assert 'qwen_trt_spec_decode_num_accepted_tokens_per_pos_total{position="1"} 4.0' in text
+    plain = generate_latest(ServerMetrics(lambda: SimpleNamespace(runner={}), lambda: 0,
+                                          lambda: 0).registry).decode()
+    assert "spec_decode" not in plain

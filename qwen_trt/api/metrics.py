@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -88,6 +88,34 @@ class _ServiceCollector:
         if restarts is not None:
             yield _gauge("qwen_trt_engine_restarts", "engine process restarts after a crash",
                          restarts)
+        yield from self._spec((runner.get("extra") or {}).get("spec_decode"))
+
+    def _spec(self, spec: dict | None):
+        """Speculative decoding's counters (vLLM's ``spec_decode_*`` are the model), under our
+        names and vLLM's: verify steps, draft tokens, accepted tokens, accepted per position."""
+        if not spec:
+            return
+        for ours, theirs, key, doc in (
+                ("qwen_trt_spec_decode_num_drafts", "vllm:spec_decode_num_drafts", "drafts",
+                 "verify steps of a sequence with drafts"),
+                ("qwen_trt_spec_decode_num_draft_tokens", "vllm:spec_decode_num_draft_tokens",
+                 "draft_tokens", "draft tokens verified"),
+                ("qwen_trt_spec_decode_num_accepted_tokens",
+                 "vllm:spec_decode_num_accepted_tokens", "accepted_tokens",
+                 "draft tokens accepted")):
+            for name, labels, values in ((ours, [], []), (theirs, ["model_name"], [self._model])):
+                c = CounterMetricFamily(name, doc, labels=labels)
+                c.add_metric(values, float(spec.get(key, 0)))
+                yield c
+        for name, labels, values in (("qwen_trt_spec_decode_num_accepted_tokens_per_pos",
+                                      ["position"], []),
+                                     ("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      ["model_name", "position"], [self._model])):
+            c = CounterMetricFamily(name, "draft tokens accepted at each draft position",
+                                    labels=labels)
+            for i, n in enumerate(spec.get("accepted_per_pos") or []):
+                c.add_metric(values + [str(i)], float(n))
+            yield c
 
 
     def _kernels(self):
