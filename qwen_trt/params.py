@@ -82,8 +82,14 @@ class SamplingParams:
     logprobs: int | None = None
     grammar: Grammar | None = None
     prediction: tuple[int, ...] = ()  # predicted output's token ids: drafts for speculation
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, -100..100) added to its logit
 
     def __post_init__(self) -> None:
+        for tok, bias in self.logit_bias:
+            if type(tok) is not int or tok < 0 or isinstance(bias, bool) \
+                    or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias entries must be (token id >= 0, bias in -100..100), "
+                                 f"got ({tok!r}, {bias!r})")
         for name in ("max_new_tokens", "top_k"):
             if type(getattr(self, name)) is not int:
                 raise ValueError(f"{name} must be a whole number, got {getattr(self, name)!r}")
@@ -134,7 +140,7 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Whether a penalty changes any logit (neutral values keep the plain samplers)."""
         return (self.presence_penalty != 0 or self.repetition_penalty != 1
-                or self.frequency_penalty != 0)
+                or self.frequency_penalty != 0 or bool(self.logit_bias))
 
 
 def prompt_budget(max_input_len: int, max_seq_len: int, max_new_tokens: int) -> int:

@@ -199,7 +199,8 @@ def test_serve_checks_content_type_and_host_with_allowed_hosts(server):
 
 def test_openai_client_raises_bad_request_with_message(client):
     with pytest.raises(openai.BadRequestError, match="not supported"):
-        client.chat.completions.create(model="tiny", messages=ask("x"), logit_bias={"1": 5})
+        client.chat.completions.create(model="tiny", messages=ask("x"),
+                                       extra_body={"best_of": 3})
 
 
 def test_prompt_too_long_says_the_token_counts(client):

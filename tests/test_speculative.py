@@ -326,3 +326,32 @@ def test_metrics_show_the_speculative_counters_under_both_names():
     plain = generate_latest(ServerMetrics(lambda: SimpleNamespace(runner={}), lambda: 0,
                                           lambda: 0).registry).decode()
     assert "spec_decode" not in plain
+
+
+def test_logit_bias_moves_the_sampler_and_is_checked_in_one_line(varied):
+    """logit_bias on the device with the penalties: +100 on one token makes greedy pick it at
+    every step, on the batched runner (chained and verify paths alike) and in the sampler;
+    bad biases are one-line 400s."""
+    from qwen_trt.api.errors import ApiError
+    from qwen_trt.api.protocol import parse_logit_bias
+
+    ps = prompts(3, seed=5)
+    for spec in (SpecConfig(), SpecConfig("ngram")):
+        reqs = {i: (p, SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True,
+                                      logit_bias=((17, 100.0),))) for i, p in enumerate(ps)}
+        out = drive(runner_for(varied, spec), reqs)[0]
+        assert all(v == [17] * 12 for v in out.values())
+        ban = {i: (p, SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True))
+               for i, p in enumerate(ps)}
+        plain = drive(runner_for(varied, spec), ban)[0]
+        first = plain[0][0]
+        banned = {0: (ps[0], SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True,
+                                            logit_bias=((first, -100.0),)))}
+        assert first not in drive(runner_for(varied, spec), banned)[0][0]
+    assert parse_logit_bias({"5": 3, "2": -100}) == ((2, -100.0), (5, 3.0))
+    for bad in ({"x": 1}, {"5": 101}, {"5": True}, [1], {"-1": 2}):
+        with pytest.raises(ApiError) as e:
+            parse_logit_bias(bad)
+        assert e.value.status == 400 and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=((3, 200.0),))

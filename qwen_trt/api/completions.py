@@ -109,6 +109,10 @@ def parse_completion_request(obj, vocab: int) -> CompletionRequest:
             raise _bad(name, f"'{name}' = {excerpt(obj[name])} is not supported by this "
                              "server (send its default or leave it out).",
                        code="unsupported_parameter")
+    for name in ("logit_bias", "prediction"):      # chat completions only, here
+        if obj.get(name) not in (None, {}, []):
+            raise _bad(name, f"'{name}' is supported on /v1/chat/completions, not on "
+                             "/v1/completions.", code="unsupported_parameter")
     if obj.get("suffix") not in (None, ""):
         raise _bad("suffix", "'suffix' is not supported by this server.",
                    code="unsupported_parameter")

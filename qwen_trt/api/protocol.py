@@ -53,7 +53,6 @@ NEUTRAL: dict[str, Callable[[object], bool]] = {
     "echo": _is(False),
     "functions": _empty,
     "function_call": _is("none", "auto"),
-    "logit_bias": _empty,
     "min_tokens": _is(0),
     "skip_special_tokens": _is(True),
     "modalities": lambda v: v is None or v == ["text"],
@@ -94,6 +93,7 @@ class ChatRequest:
     stop_token_ids: tuple[int, ...] = ()
     continuous_usage: bool = False        # stream_options.continuous_usage_stats
     prediction: str | None = None         # predicted output (OpenAI): drafts for speculation
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, -100..100)
 
     def sampling_params(self, max_new_tokens: int, choice: int = 0,
                         prediction: tuple[int, ...] = ()) -> SamplingParams:
@@ -105,7 +105,8 @@ class ChatRequest:
                               top_p=self.top_p, top_k=self.top_k, seed=seed,
                               ignore_eos=self.ignore_eos, logprobs=self.logprobs,
                               min_p=self.min_p, stop_token_ids=self.stop_token_ids,
-                              grammar=self.grammar, prediction=prediction, **self.penalties)
+                              grammar=self.grammar, prediction=prediction,
+                              logit_bias=self.logit_bias, **self.penalties)
 
     def choice_params(self, max_new_tokens: int,
                       prediction: tuple[int, ...] = ()) -> list[SamplingParams]:
@@ -326,7 +327,34 @@ def parse_chat_request(obj, *, penalties: set[str] | None = None) -> ChatRequest
         ignore_eos=_bool(obj, "ignore_eos", False), penalties=pens, tools=tools,
         grammar=grammar, grammar_param=grammar_param, logprobs=logprobs, n=parse_n(obj),
         min_p=_number(obj, "min_p", 0.0, 0.0, 1.0), stop_token_ids=parse_stop_ids(obj),
-        continuous_usage=continuous, prediction=parse_prediction(obj.get("prediction")))
+        continuous_usage=continuous, prediction=parse_prediction(obj.get("prediction")),
+        logit_bias=parse_logit_bias(obj.get("logit_bias")))
+
+
+MAX_LOGIT_BIAS = 1024            # entries a request may bias (OpenAI allows 300)
+
+
+def parse_logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: ``{"token id": -100..100}`` (the ids checked against the
+    vocabulary where the request is submitted)."""
+    if value is None or value == {}:
+        return ()
+    if not isinstance(value, dict):
+        raise _bad("logit_bias", "'logit_bias' must be an object of token id -> bias.")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise _bad("logit_bias", f"'logit_bias' may bias at most {MAX_LOGIT_BIAS} tokens, got "
+                                 f"{len(value)}.")
+    out = []
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9):
+            raise _bad("logit_bias", f"'logit_bias' keys must be token ids (whole numbers as "
+                                     f"strings), got {excerpt(key)}.")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not -100 <= bias <= 100:
+            raise _bad("logit_bias", f"'logit_bias' values must be numbers from -100 to 100, "
+                                     f"got {excerpt(bias)} for token {key}.")
+        out.append((int(key), float(bias)))
+    return tuple(sorted(out))
 
 
 def parse_prediction(value) -> str | None:

@@ -252,6 +252,7 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
         await constraints.check(req.grammar, req.grammar_param, service.tokenizer,  # off the loop
                                 req.max_tokens)
         constraints.check_backend(info, req.grammar, req.grammar_param, req.logprobs)
+        _check_logit_bias(req, info, service.tokenizer)
         admission.check_fits(req.n, f"n = {req.n}")
         _queue_check()
         # No liveness gate here: a service whose engine process died restarts it on the next
@@ -581,6 +582,23 @@ def create_app(service, settings: ServerSettings = ServerSettings(), *,
     add_messages_routes(app, ctx)
     describe_openapi(app)
     return app
+
+
+def _check_logit_bias(req: ChatRequest, info, tokenizer) -> None:
+    """400 for a ``logit_bias`` the backend cannot apply (ours do, on the device with the
+    other logit processors: the same backends that take grammars) or naming a token id beyond
+    the vocabulary."""
+    if not req.logit_bias:
+        return
+    if not getattr(info, "grammar", False):
+        raise ApiError(400, f"'logit_bias' is not applied by the {info.name} backend (the torch "
+                            "backend applies it).", param="logit_bias",
+                       code="unsupported_parameter")
+    vocab = len(tokenizer) if tokenizer is not None else None
+    bad = [t for t, _ in req.logit_bias if vocab is not None and t >= vocab]
+    if bad:
+        raise ApiError(400, f"'logit_bias' names token {bad[0]}, beyond the vocabulary of "
+                            f"{vocab} tokens.", param="logit_bias")
 
 
 def _usage(results) -> dict:

@@ -12,8 +12,9 @@ Per row, in order:
    the whole conversation plus template tokens, which a reply may and must repeat):
    ``repetition_penalty`` with Hugging Face semantics (a seen token's logit is divided by it when
    positive, multiplied when negative), then ``presence_penalty`` subtracted once per distinct
-   seen token and ``frequency_penalty`` once per time it was generated (OpenAI semantics).
-   Neutral values (1.0, 0.0) leave logits untouched;
+   seen token and ``frequency_penalty`` once per time it was generated (OpenAI semantics),
+   then ``logit_bias`` added (OpenAI's, -100..100 per token id). Neutral values (1.0, 0.0, no
+   bias) leave logits untouched;
 2. the grammar mask (kind ``+mask``): tokens the row's grammar does not allow next get -inf
    (``SamplerState.mask``, xgrammar's bitmask layout, written by the host before the step;
    unconstrained rows hold all ones);
@@ -103,6 +104,7 @@ class SamplerState(torch.nn.Module):
         buf("step", rows, dtype=torch.long)
         buf("seen", rows, vocab, dtype=torch.bool)
         buf("counts", rows, vocab)                              # times generated (frequency)
+        buf("bias", rows, vocab)                              # logit_bias (with the penalties)
         buf("mask", rows, (vocab + 31) // 32, dtype=torch.int32, fill=-1)   # grammar bitmask
         buf("lp_token", rows)                                   # logprob of the chosen token
         buf("lp_top", rows, MAX_TOP_LOGPROBS)                   # the top logprobs...
@@ -117,6 +119,11 @@ class SamplerState(torch.nn.Module):
         self.step[row] = 0
         self.seen[row] = False
         self.counts[row] = 0
+        self.bias[row] = 0
+        if params.logit_bias:
+            ids, values = zip(*params.logit_bias)
+            self.bias[row, torch.tensor(ids, dtype=torch.long, device=self.bias.device)] = \
+                torch.tensor(values, dtype=torch.float32, device=self.bias.device)
         self.mask[row] = -1
         self.temperature[row] = 0.0 if params.greedy else params.temperature
         self.top_p[row] = params.top_p
@@ -143,11 +150,12 @@ class SamplerState(torch.nn.Module):
         self.step.add_(1)
 
     def penalize(self, logits: torch.Tensor) -> torch.Tensor:
-        """float32 ``logits [rows, vocab]`` with each row's penalties on its generated tokens."""
+        """float32 ``logits [rows, vocab]`` with each row's penalties on its generated tokens,
+        then its ``logit_bias``."""
         rep = self.repetition.unsqueeze(-1)
         repeated = torch.where(logits > 0, logits / rep, logits * rep)
         out = torch.where(self.seen, repeated - self.presence.unsqueeze(-1), logits)
-        return out - self.frequency.unsqueeze(-1) * self.counts
+        return out - self.frequency.unsqueeze(-1) * self.counts + self.bias
 
     def apply_mask(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 ``logits [rows, vocab]`` with the tokens each row's mask forbids at -inf."""
@@ -237,7 +245,7 @@ def sample(lf: torch.Tensor, base: str, st: SamplerState) -> torch.Tensor:
 
 
 _ROW_BUFFERS = ("temperature", "top_p", "top_k", "min_p", "presence", "repetition", "frequency",
-                "uniforms", "step", "seen", "counts", "mask", "bit")
+                "uniforms", "step", "seen", "counts", "bias", "mask", "bit")
 
 
 class RowsView:
@@ -459,3 +467,4 @@ class _VerifyView:
                      "frequency"):
             setattr(self, name, getattr(st, name)[row].expand(n))
         self.seen, self.counts = seen, counts
+        self.bias = st.bias[row].expand(n, -1)
