@@ -390,15 +390,11 @@ def verify_rows(st: SamplerState, logits: torch.Tensor, firsts: Sequence[int], r
     dev = logits.device
     out: list[tuple[list[int], int, list[TokenLogprob]] | None] = [None] * len(rows)
     greedy = [i for i, r in enumerate(rows) if sampler_kind(r.params) == "greedy"]
-    if greedy:
-        spans = torch.cat([torch.arange(firsts[i], firsts[i] + rows[i].draft + 1)
-                           for i in greedy]).to(dev)
-        best = torch.argmax(logits.index_select(0, spans), dim=-1).tolist()
-        at = 0
+    if greedy:      # one argmax over every logit row, one read back (no index upload)
+        best = torch.argmax(logits, dim=-1).tolist()
         for i in greedy:
             r, k = rows[i], rows[i].draft
-            top = best[at:at + k + 1]
-            at += k + 1
+            top = best[firsts[i]:firsts[i] + k + 1]
             a = 0
             while a < k and r.drafts[a] == top[a]:
                 a += 1
