@@ -146,6 +146,7 @@ def main() -> int:
     p.add_argument("--dump", default=None)
     p.add_argument("--only", default=None)
     args = p.parse_args()
+    from qwen_trt.bench import qkernel_forms
     from qwen_trt.fast.kernels import qkernels as Q
 
     shapes = {"qkv": (6144, 2560, False, False, True), "o": (2560, 4096, False, True, False),
@@ -159,8 +160,9 @@ def main() -> int:
         n, k, gate_up, res, ln = shapes[shape]
         ks = -(-k // 128)
         sk = 128
-        kern, consts = Q._gemv_plan(fmt, n, k, ks, sk, 128, cfg, norm=ln, residual=res,
-                                    gate_up=gate_up, pdl=True, grid=264, cuda=True)
+        plan = qkernel_forms.gemv_plan if cfg.dot else Q._gemv_plan
+        kern, consts = plan(fmt, n, k, ks, sk, 128, cfg, norm=ln, residual=res,
+                            gate_up=gate_up, pdl=True, grid=264, cuda=True)
         # weights per main-loop iteration: a row block (a pipeline step for ``dot``)
         wpi = ((max(16, cfg.block_n) * max(cfg.bk, sk)) if cfg.dot
                else cfg.block_n * k) * (2 if gate_up else 1)

@@ -2,8 +2,12 @@
 kernel tables, and the items it times."""
 from __future__ import annotations
 
+import pytest
+import torch
+
 from qwen_trt.bench import qkernel_sweep as S
 from qwen_trt.fast.kernels import qkernels as Q
+from qwen_trt.fast.model.qformats import QuantSpec, quantize
 
 
 def _best(us: float, cfg: dict | None) -> dict:
@@ -79,9 +83,10 @@ def test_printed_tables_reproduce_the_committed_ones():
 
 
 def test_tensor_core_gemv_is_a_sweep_candidate_not_a_default():
-    """Issue 26: the pipelined tensor-core GEMV (``QConfig.dot``) is swept for every FP8 and
-    INT4 projection, is not in the committed table (unmeasured), and a sweep it wins puts it
-    in the table with its pipeline settings (``--print-tables`` reproduces it)."""
+    """Issue 26: the pipelined tensor-core GEMV (``QConfig.dot``, qwen_trt.bench.qkernel_forms)
+    is swept for every FP8 and INT4 projection and is not in the committed table (measured
+    slower); ``qgemv`` does not run it, so a sweep it wins leaves that entry to the table
+    (``--print-tables`` agrees) and the other winners go in."""
     assert not any(c.dot for c in Q.GEMV_TABLE.values())
     for name in S.SHAPES["4b"]:
         for fmt in ("fp8", "int4"):
@@ -94,13 +99,17 @@ def test_tensor_core_gemv_is_a_sweep_candidate_not_a_default():
            "l2pre": 2}
     sweep = {"best": {"qkv|qgemv|fp8|M1": _best(6.0, win),
                       "down|qgemv|int4|M1": _best(9.0, dict(win, l2pre=0, split=4))}}
+    plain = {"block_n": 8, "warps": 8, "ctas_per_sm": 1, "ahead": 1, "half": True}
+    sweep["best"]["o|qgemv|int4|M1"] = _best(5.0, plain)
     gemv_t, _ = S.tables(sweep)
-    assert gemv_t[(Q.FMT_FP8, 6144, 2560, False)] == Q.QConfig(**win)
+    assert gemv_t == {(Q.FMT_INT4, 2560, 4096, False): Q.QConfig(**plain)}
     ns = {"QConfig": Q.QConfig, "FMT_FP8": Q.FMT_FP8, "FMT_INT4": Q.FMT_INT4,
           "FMT_DENSE": Q.FMT_DENSE}
     exec(S.table_source(sweep), ns)      # noqa: S102 - our own generated source
     assert ns["GEMV_TABLE"] == gemv_t
-    assert ns["GEMV_TABLE"][(Q.FMT_INT4, 2560, 9728, False)].split == 4
+    w = quantize(torch.randn(64, 256), QuantSpec("fp8"))
+    with pytest.raises(ValueError, match="qkernel_forms"):
+        Q.qgemv(w, torch.randn(256), config=Q.QConfig(**win))
 
 
 def test_vs_table_sweep_times_only_the_committed_config_besides_the_new_candidates():

@@ -27,6 +27,7 @@ SHAPES = [(6144, 2560, {"ln": True}), (19456, 2560, {"gate_up": True, "ln": True
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_packed_kernels_match_dequantized_weights(fmt, shape):
     from qwen_trt.fast.kernels.bgemm import bgemm
+    from qwen_trt.bench.qkernel_forms import dq_gemv
     from qwen_trt.fast.kernels.qkernels import QConfig, dequantize, qgemv
 
     n, k, f = shape
@@ -57,7 +58,7 @@ def test_packed_kernels_match_dequantized_weights(fmt, shape):
                 QConfig(block_n=64, warps=4, bk=256, stages=3, split=4, dot=True, l2pre=2),
                 QConfig(block_n=32, warps=4, bk=256, stages=4, split=2, dot=True),
                 QConfig(block_n=128, warps=8, bk=128, stages=4, split=8, dot=True)):
-        got = qgemv(w, x, config=cfg, **kw).float()
+        got = (dq_gemv if cfg.dot else qgemv)(w, x, config=cfg, **kw).float()
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2, cfg
     for m in (2, 8, 32):
         xm = torch.randn(m, k, device="cuda").bfloat16()
@@ -77,7 +78,8 @@ def test_packed_kernels_match_dequantized_weights(fmt, shape):
 def test_tensor_core_gemv_ragged_shapes_and_captured_graph(fmt):
     """The tensor-core GEMV where K is not whole 128-column blocks (FP8: the masked load),
     rows ragged against the block, and replayed from a CUDA graph (PDL edges)."""
-    from qwen_trt.fast.kernels.qkernels import QConfig, qgemv
+    from qwen_trt.bench.qkernel_forms import dq_gemv
+    from qwen_trt.fast.kernels.qkernels import QConfig
 
     torch.manual_seed(1)
     for n, k, f in ((300, 200, {"ln": True}), (70, 384, {"gate_up": True}),
@@ -98,16 +100,16 @@ def test_tensor_core_gemv_ragged_shapes_and_captured_graph(fmt):
         for cfg in (QConfig(block_n=64, warps=4, bk=128, stages=4, dot=True),
                     QConfig(block_n=16, warps=4, bk=256, stages=3, split=3, dot=True,
                             l2pre=1)):
-            got = qgemv(w, x, config=cfg, **kw).float()
+            got = dq_gemv(w, x, config=cfg, **kw).float()
             assert ((got - ref).norm() / ref.norm()).item() < 1e-2, (n, k, cfg)
             g = torch.cuda.CUDAGraph()
-            qgemv(w, x, config=cfg, **kw)
+            dq_gemv(w, x, config=cfg, **kw)
             torch.cuda.synchronize()
             with torch.cuda.graph(g):
-                out = qgemv(w, x, config=cfg, **kw)
+                out = dq_gemv(w, x, config=cfg, **kw)
             g.replay()
             torch.cuda.synchronize()
-            assert torch.equal(out, qgemv(w, x, config=cfg, **kw)), (n, k, cfg)
+            assert torch.equal(out, dq_gemv(w, x, config=cfg, **kw)), (n, k, cfg)
 
 
 def _tiny(tiny_model_dir, quant, dtype=torch.float32):

@@ -131,6 +131,7 @@ def test_tensor_core_gemv_matches_dequantized_weights():
     than steps), INT4 groups of 64 (no tl.dot) and 128; one program, a few, many."""
     res = interpret("""
         import json, torch
+        from qwen_trt.bench.qkernel_forms import dq_gemv
         from qwen_trt.fast.kernels import qkernels as K
         from qwen_trt.fast.kernels.gemv import gemv_ref
         from qwen_trt.fast.model.qformats import QuantSpec, quantize
@@ -158,7 +159,7 @@ def test_tensor_core_gemv_matches_dequantized_weights():
                                                    (4, 512, 1, 3, 1)):
                     cfg = K.QConfig(block_n=bn, warps=4, bk=bk, split=split, stages=stages,
                                     dot=True, l2pre=pre)
-                    got = K.qgemv(w, x, config=cfg, **kw)
+                    got = dq_gemv(w, x, config=cfg, **kw)
                     errs.append(((got - ref).norm() / ref.norm()).item())
                     n += 1
         print(json.dumps({"errs": errs, "n": n}))

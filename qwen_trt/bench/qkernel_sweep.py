@@ -7,7 +7,8 @@
 For each Qwen3-4B projection (qkv, o, gate/up, down, with the decode step's fusions) it times
 
 * the batch-1 GEMV (M = 1): :func:`qwen_trt.fast.kernels.qkernels.qgemv` for FP8 and INT4 in every
-  candidate configuration, the bf16 :func:`qwen_trt.fast.gemv.gemv`, cuBLAS (``F.linear``);
+  candidate configuration (the tensor-core ones: :mod:`qwen_trt.bench.qkernel_forms`), the bf16
+  :func:`qwen_trt.fast.gemv.gemv`, cuBLAS (``F.linear``);
 * the small-batch GEMM (M = 2, 8, 32): :func:`qwen_trt.fast.kernels.qkernels.qbgemm` for FP8, INT4 and
   dense bf16 in every candidate, the bf16 :func:`qwen_trt.fast.bgemm.bgemm` (autotuned), cuBLAS,
   and ``torch._scaled_mm`` with FP8 activations and row-wise scales (the stock FP8 GEMM, x
@@ -330,9 +331,12 @@ def run_item(it: dict, sh: Shape, timed: bool) -> dict:
         wd = dense(sh.packed[fmt], torch.bfloat16).float()
         xv, rv = x.view(k) if m == 1 else x, (r.view(nout) if (r is not None and m == 1) else r)
         if kind == "qgemv":
+            from qwen_trt.bench.qkernel_forms import dq_gemv
+            qgemv = dq_gemv if cfg is not None and cfg.dot else Q.qgemv
+
             def call(i):
-                return Q.qgemv(ws_[i], xv, ln=ln, eps=1e-6, residual=rv, gate_up=gate_up,
-                               config=cfg)
+                return qgemv(ws_[i], xv, ln=ln, eps=1e-6, residual=rv, gate_up=gate_up,
+                             config=cfg)
         elif kind == "gemv":
             def call(i):
                 return gemv(ws_[i], xv, ln=ln, eps=1e-6, residual=rv, gate_up=gate_up)
@@ -404,7 +408,9 @@ def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
 def tables(sweep: dict, shape_set: str = "4b") -> tuple[dict, dict]:
     """The fastest configurations of a sweep's ``best`` as ``(GEMV_TABLE, GEMM_TABLE)``
     entries of :mod:`qwen_trt.fast.kernels.qkernels`; a dense shape enters the GEMM table only where
-    the split-K form beat the bf16 ``bgemm``."""
+    the split-K form beat the bf16 ``bgemm``, and a tensor-core (``dot``) winner never enters
+    the GEMV table (``qgemv`` does not run that form: :mod:`qwen_trt.bench.qkernel_forms`;
+    the committed entry stays)."""
     from qwen_trt.fast.kernels import qkernels as Q
 
     fmts = {"fp8": Q.FMT_FP8, "int4": Q.FMT_INT4, "none": Q.FMT_DENSE}
@@ -414,7 +420,7 @@ def tables(sweep: dict, shape_set: str = "4b") -> tuple[dict, dict]:
         nout = n // 2 if gate_up else n
         for fmt in ("fp8", "int4"):
             b = best.get(f"{name}|qgemv|{fmt}|M1")
-            if b and b.get("cfg"):
+            if b and b.get("cfg") and not b["cfg"].get("dot"):
                 gemv[(fmts[fmt], nout, k, gate_up)] = Q.QConfig(**b["cfg"])
         for m in GEMM_ROWS:
             for fmt in ("fp8", "int4", "none"):
@@ -446,11 +452,6 @@ def table_source(sweep: dict, shape_set: str = "4b") -> str:
     gemv, gemm = tables(sweep, shape_set)
     lines = ["GEMV_TABLE = {"]
     for (f, n, k, gu), c in gemv.items():
-        if c.dot:
-            pre = f", l2pre={c.l2pre}" if c.l2pre else ""
-            lines.append(f"    ({names[f]}, {n}, {k}, {gu}): QConfig({c.block_n}, {c.warps}, "
-                         f"bk={c.bk}, stages={c.stages}, split={c.split}, dot=True{pre}),")
-            continue
         asm = ((", asm=True" if c.asm else "") + (", fold=True" if c.fold else "")
                + (", half=True" if c.half else ""))
         lines.append(f"    ({names[f]}, {n}, {k}, {gu}): QConfig({c.block_n}, {c.warps}, "
@@ -578,11 +579,14 @@ def main(argv=None) -> int:
 
 def compiled_registers() -> list:
     """Registers and spills of every compiled packed kernel (best effort: Triton internals)."""
-    from qwen_trt.fast.kernels import qkernels as Q
+    from qwen_trt.bench.qkernel_forms import _dq_gemv_kernel
+    from qwen_trt.fast.kernels.qkernels_fp8 import _f8w_gemv_kernel, _fp8_gemv_kernel
+    from qwen_trt.fast.kernels.qkernels_gemm import _mm_kernel
+    from qwen_trt.fast.kernels.qkernels_int4 import _i4_gemv_kernel
 
     rows = []
-    for fn in (Q._fp8_gemv_kernel, Q._f8w_gemv_kernel, Q._i4_gemv_kernel,
-               Q._dq_gemv_kernel, Q._mm_kernel):
+    for fn in (_fp8_gemv_kernel, _f8w_gemv_kernel, _i4_gemv_kernel, _dq_gemv_kernel,
+               _mm_kernel):
         try:
             for cache in fn.device_caches.values():
                 for key, k in cache[0].items():

@@ -61,7 +61,9 @@ SEEDS_DIR = Path(__file__).resolve().parent / "seeds"   # shipped choices (data,
 # to any of them must give a new key: the checks' passes are only valid for the same sources)
 KERNEL_SOURCES = ("kernels/attention.py", "kernels/bgemm.py", "kernels/gemv.py",
                   "kernels/kernel_parts.py", "kernels/linear.py", "kernels/paged_kernels.py",
-                  "kernels/pdl.py", "kernels/qkernels.py", "kernels/rope_cache.py",
+                  "kernels/pdl.py", "kernels/qkernel_parts.py", "kernels/qkernels.py",
+                  "kernels/qkernels_fp8.py", "kernels/qkernels_gemm.py",
+                  "kernels/qkernels_int4.py", "kernels/rope_cache.py",
                   "model/kv_cache.py", "model/model.py", "model/qformats.py",
                   "step/batched.py", "step/decoder.py", "step/graphs.py")
 

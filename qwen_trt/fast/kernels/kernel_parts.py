@@ -13,7 +13,8 @@
   looks a block up in a table;
 * :func:`silu_mul` -- the gate/up projections' ``silu(gate) * up`` epilogue, rounded like
   PyTorch (the GEMVs of ``fast/gemv.py`` and the small-batch GEMM of ``fast/bgemm.py``);
-  :func:`store_rows` -- a GEMV's whole epilogue (``fast/gemv.py``, ``fast/qkernels.py``).
+  :func:`store_rows` -- a GEMV's whole epilogue (``fast/gemv.py``, ``qkernels_fp8.py``,
+  ``qkernels_int4.py``, ``qkernels_gemm.py``).
 """
 from __future__ import annotations
 
