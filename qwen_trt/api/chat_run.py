@@ -119,6 +119,17 @@ def json_object(text: str) -> dict:
     return obj if isinstance(obj, dict) else {}
 
 
+def sse_response(body, ctx, run: "ChatRun"):
+    """The streaming answer of a chat-shaped route: ``body`` as server-sent events, ``run``'s
+    places freed when it ends (or never ran: the client left first)."""
+    from fastapi.responses import StreamingResponse
+    from starlette.background import BackgroundTask
+
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                             background=BackgroundTask(release_async, ctx.release, run.handles))
+
+
 async def release_async(release, handles) -> None:
     """``release(handles)`` on the event loop (a stream's background task, for a client gone
     before the body ran: a plain function there would run in a worker thread)."""

@@ -27,11 +27,10 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, Response
 
-from qwen_trt.api.chat_run import (ChatRun, Done, collect, json_object, relay, release_async,
-                                   sse)
+from qwen_trt.api.chat_run import (ChatRun, Done, collect, json_object, relay, sse,
+                                   sse_response)
 from qwen_trt.api.errors import ApiError, excerpt
 from qwen_trt.api.limits import decode_json
 from qwen_trt.api.protocol import ChatRequest, parse_chat_request
@@ -327,11 +326,7 @@ def add_messages_routes(app: FastAPI, ctx) -> None:
         run = await ctx.start_chat(req, t_in)
         mid = f"msg_{uuid.uuid4().hex}"
         if req.stream:
-            return StreamingResponse(_stream(mid, run), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache",
-                                              "X-Accel-Buffering": "no"},
-                                     background=BackgroundTask(release_async, ctx.release,
-                                                               run.handles))
+            return sse_response(_stream(mid, run), ctx, run)
         blocks = Blocks()
         done = await collect(ctx, run, request, blocks.feed)
         if done is None:                      # the client went away

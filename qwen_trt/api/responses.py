@@ -32,10 +32,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import Response
 
-from qwen_trt.api.chat_run import ChatRun, Done, collect, relay, release_async, sse
+from qwen_trt.api.chat_run import ChatRun, Done, collect, relay, sse, sse_response
 from qwen_trt.api.errors import ApiError, excerpt
 from qwen_trt.api.limits import MIB, decode_json
 from qwen_trt.api.protocol import ChatRequest, parse_chat_request
@@ -496,11 +495,7 @@ def add_responses_routes(app: FastAPI, ctx, store: ResponseStore | None) -> None
         turn = _Turn(r, req, ctx.name, history, history_bytes, store)
         run = await ctx.start_chat(req, t_in)
         if r.stream:
-            return StreamingResponse(_stream(turn, run), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache",
-                                              "X-Accel-Buffering": "no"},
-                                     background=BackgroundTask(release_async, ctx.release,
-                                                               run.handles))
+            return sse_response(_stream(turn, run), ctx, run)
         out = Output()
         done = await collect(ctx, run, request, out.feed)
         if done is None:                      # the client went away
