@@ -18,6 +18,7 @@ MAX_TOP_LOGPROBS = 20             # OpenAI's top_logprobs limit
 GrammarKind = Literal["json_object", "json_schema", "tool_calls"]
 GRAMMAR_KINDS = ("json_object", "json_schema", "tool_calls")
 
+DEFAULT_MAX_BATCH = 32      # sequences the fast path decodes together (--max-batch): the one default
 
 @dataclass(frozen=True)
 class Grammar:

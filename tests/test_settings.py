@@ -278,3 +278,10 @@ def test_a_pattern_family_is_read_through_the_registry():
     assert settings.prefixed("QWEN_TRT_GEMV_", env) == {"4096x2560": "4:8:2"}
     with pytest.raises(KeyError):
         settings.prefixed("QWEN_TRT_PDL", env)          # a plain setting, not a pattern
+
+
+def test_the_default_max_batch_is_written_once():
+    """The registry documents the default the batched runner uses (fast/step/batched.py)."""
+    from qwen_trt.params import DEFAULT_MAX_BATCH
+
+    assert settings.declared("QWEN_TRT_MAX_BATCH").default_doc == f"`{DEFAULT_MAX_BATCH}`"

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwen_trt.params import DEFAULT_MAX_BATCH
 from qwen_trt.bench.process import stop, wait_healthy
 from qwen_trt.bench.measure import percentile
 from qwen_trt.params import SamplingParams
@@ -47,7 +48,7 @@ class ServedBenchConfig:
     model: str
     device: str = "auto"
     fast: str = "auto"
-    max_batch: int = 32
+    max_batch: int = DEFAULT_MAX_BATCH
     concurrency: tuple[int, ...] = (1, 8, 32, 64)
     requests: int = 64
     input_words: int = 400
@@ -408,7 +409,7 @@ def parse_config(argv=None) -> tuple[ServedBenchConfig, str | None]:
     p.add_argument("--model", required=True)
     p.add_argument("--device", default="auto")
     p.add_argument("--fast", default="auto", help="the fast path (on: CPU smoke runs)")
-    p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--requests", type=int, default=64,
                    help="requests per level (at least 2 x the level)")

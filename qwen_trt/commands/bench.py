@@ -131,6 +131,8 @@ def run_serving(args, cuda: bool) -> int:
 
 
 def run_http(args, cuda: bool) -> int:
+    from qwen_trt.params import DEFAULT_MAX_BATCH
+
     from qwen_trt.bench.served import ServedBenchConfig, run_served_bench, summary
 
     if not args.model:
@@ -145,7 +147,7 @@ def run_http(args, cuda: bool) -> int:
     try:
         cfg = ServedBenchConfig(
             model=args.model, device=args.device, fast="auto" if cuda else "on",
-            max_batch=args.max_batch or 32,
+            max_batch=args.max_batch or DEFAULT_MAX_BATCH,
             concurrency=_ints(args.concurrency) if args.concurrency else (1, 8, 32, 64), **kw)
     except ValueError as e:
         raise QwenTrtError(str(e)) from e

@@ -53,8 +53,8 @@ from qwen_trt.fast.kernels.paged_kernels import (VARLEN_BLOCK_Q, VARLEN_TILES, p
                                          varlen_tiles)
 from qwen_trt.fast.step.graphs import capture, replay_ms
 from qwen_trt.fast.options import options
+from qwen_trt.params import DEFAULT_MAX_BATCH
 
-DEFAULT_MAX_BATCH = 32      # sequences decoded together (serve --max-batch), the one default
 
 
 def graph_buckets(max_batch: int = DEFAULT_MAX_BATCH) -> tuple[int, ...]:
