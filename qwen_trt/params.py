@@ -216,4 +216,6 @@ class Reply:
             "total_ms": round(m.total_ms, 2),
             "prompt_tokens": m.prompt_tokens,
             "dropped_turns": self.dropped_turns,
+            **({"tokens_per_step": round(m.tokens_per_step, 3)}
+               if m.tokens_per_step is not None else {}),
         }
