@@ -342,8 +342,8 @@ class BatchRunner:
         return events
 
     def _count_step(self, plan: StepPlan) -> None:
-        decode = sum(1 for r in plan.rows if r.logits and (r.n == 1 or r.draft))
-        prefill = sum(r.n for r in plan.rows if not (r.logits and (r.n == 1 or r.draft)))
+        decode = sum(1 for r in plan.rows if r.decodes)
+        prefill = sum(r.n for r in plan.rows if not r.decodes)
         drafts = sum(r.draft for r in plan.rows)
         self.last_step = {"kind": "prefill" if prefill else "verify" if drafts else "decode",
                           "decode_rows": decode, "prefill_tokens": prefill}
@@ -392,29 +392,24 @@ class BatchRunner:
             self.chained_steps += 1
         out = self.executor.collect(ch.inflight)
         self._inflight = None
-        events = self._apply(ch.seqs, out)
+        events = self._apply(ch.seqs, out, StepPlan(ch.inflight.rows))
         if chained:
             self._inflight = _Chain(self.executor.pick_chained(ch.inflight, self._seqs), ch.seqs)
         events += self._events
         self._events = []
         return events
 
-    def _apply(self, seqs: Sequence[_Seq], out: StepOutput,
-               plan: StepPlan | None = None) -> list[TokenEvent]:
+    def _apply(self, seqs: Sequence[_Seq], out: StepOutput, plan: StepPlan) -> list[TokenEvent]:
         """A step's output applied to its sequences: their computed KV, the tokens emitted
         (an event each sequence), the prefix cache's full blocks. A sequence that left while
         its step was in flight is skipped."""
         events: list[TokenEvent] = []
-        rows = plan.rows if plan is not None else (None,) * len(seqs)
-        for seq, res, row in zip(seqs, out.rows, rows):
+        for seq, res, row in zip(seqs, out.rows, plan.rows):
             if self._seqs.get(seq.rid) is not seq:     # left (stop, length or abort)
                 continue
-            if row is not None and not (row.logits and (row.n == 1 or row.draft)):
-                seq.computed += row.n                  # a prefill chunk
-            else:
-                seq.computed += len(res.tokens)        # its token and the accepted drafts
-                if row is not None and row.draft and seq.spec is not None:
-                    self.spec.record(seq.spec, row.draft, res.accepted)
+            seq.computed += row.valid + res.accepted
+            if row.draft and seq.spec is not None:
+                self.spec.record(seq.spec, row.draft, res.accepted)
             self.alloc.register_full(seq.blocks, seq.tokens, seq.computed)
             if seq.spec is not None:
                 seq.spec.next = res.drafts

@@ -72,7 +72,7 @@ class EagleDrafter:
                 ids.append(r.tokens[0])
                 pos.append(p[1])
                 seqs.append(slot)
-            valid = (res.accepted + 1) if r.draft and res is not None else r.n
+            valid = r.valid + (res.accepted if res is not None else 0)
             nxt = list(r.tokens[1:valid]) + list(emitted[-1:])
             for j, tok in enumerate(nxt):
                 rows.append(at + j)

@@ -76,9 +76,10 @@ class StepExecutor:
         verify: list[tuple[int, StepRow]] = []     # (its first logit row, row)
         at = 0
         for r in plan.rows:
-            if r.logits == 0:
-                continue
-            (verify if r.draft else plain).append((at + r.logits - 1 if not r.draft else at, r))
+            if r.draft:
+                verify.append((at, r))
+            elif r.logits:
+                plain.append((at + r.logits - 1, r))
             at += r.logits
         out: dict[int, RowOutput] = {}
         if plain:

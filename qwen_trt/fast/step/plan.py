@@ -60,6 +60,17 @@ class StepRow:
         return self.start + len(self.tokens)
 
     @property
+    def decodes(self) -> bool:
+        """A decode or verify row (its prompt is done), not a prefill chunk."""
+        return self.logits > 0 and (len(self.tokens) == 1 or self.draft > 0)
+
+    @property
+    def valid(self) -> int:
+        """Positions whose KV the step leaves valid, given the drafts it accepted: a verify
+        row's last token and its accepted drafts, every token of any other row."""
+        return len(self.tokens) - self.draft
+
+    @property
     def drafts(self) -> tuple[int, ...]:
         return self.tokens[len(self.tokens) - self.draft:] if self.draft else ()
 
