@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from qwen_trt.fast import QWEN3_4B, TINY, FastDecoder, build_model
-from qwen_trt.fast.step.batched import (GRAPH_BUCKETS, STEP_TOKEN_BUCKETS, SeqChunk, check_paged,
-                                   make_batched)
+from qwen_trt.fast.step.batched import GRAPH_BUCKETS, STEP_TOKEN_BUCKETS, SeqChunk
+from qwen_trt.fast.step.build import check_paged, make_batched
 from qwen_trt.fast.model.weights import init_random
 from qwen_trt.params import SamplingParams
 from qwen_trt.backends.runner import generate

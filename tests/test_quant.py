@@ -150,7 +150,8 @@ def test_packed_model_logits_and_greedy_tokens_equal_the_dequantized_model(quant
 
 
 def test_batched_step_with_packed_weights_equals_the_dequantized_model(quantized):
-    from qwen_trt.fast.step.batched import SeqChunk, make_batched
+    from qwen_trt.fast.step.batched import SeqChunk
+    from qwen_trt.fast.step.build import make_batched
 
     model = _load(quantized["gptq"]).model
     ref = _dense_copy(model)

@@ -150,7 +150,8 @@ def test_tiny_greedy_tokens_packed_kernels_equal_dequantized_reference(tiny_mode
 
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])
 def test_batched_decode_with_packed_weights_matches_math_step(tiny_model_dir, fmt):
-    from qwen_trt.fast.step.batched import SeqChunk, make_batched
+    from qwen_trt.fast.step.batched import SeqChunk
+    from qwen_trt.fast.step.build import make_batched
 
     model = _tiny(tiny_model_dir, QuantSpec(fmt, group=64))
     bm = make_batched(model, kv_tokens=4096, warmup=False)

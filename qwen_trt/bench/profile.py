@@ -314,7 +314,8 @@ def profile_steps(cfg, sizes: list[int], args) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from qwen_trt.fast import build_model
-    from qwen_trt.fast.step.batched import SeqChunk, make_batched
+    from qwen_trt.fast.step.batched import SeqChunk
+    from qwen_trt.fast.step.build import make_batched
     from qwen_trt.fast.model.weights import init_random
     from qwen_trt.serving.kv_blocks import BlockAllocator, SeqBlocks
 

@@ -97,7 +97,7 @@ def bench_format(fmt: str, prompt: list[int], new_tokens: int, ref_logits, log,
     import torch
 
     from qwen_trt.fast import SHAPES, load_fast_decoder
-    from qwen_trt.fast.step.batched import make_batched
+    from qwen_trt.fast.step.build import make_batched
     from qwen_trt.fast.step.graphs import replay_ms
     from qwen_trt.params import SamplingParams
 

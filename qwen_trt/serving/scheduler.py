@@ -519,7 +519,7 @@ def make_batch_runner(model, config: SchedulerConfig | None = None, *,
     """A :class:`BatchRunner` over the weights of ``model`` (a
     :class:`~qwen_trt.fast.model.model.Qwen3Fast`); its batch-1 static cache is freed. ``kv_tokens``
     caps the paged cache (default: what fits in free GPU memory; 8192 tokens on CPU)."""
-    from qwen_trt.fast.step.batched import make_batched
+    from qwen_trt.fast.step.build import make_batched
     from qwen_trt.serving.kv_blocks import DEFAULT_BLOCK_SIZE
 
     config = config or SchedulerConfig()

@@ -1,6 +1,6 @@
 """The fast path's kernel self-checks and their fallbacks, in one sequence for both executors
 (the batch-1 :class:`~qwen_trt.fast.step.decoder.FastDecoder` and the batched model,
-:func:`~qwen_trt.fast.step.batched.make_batched`).
+:func:`~qwen_trt.fast.step.build.make_batched`).
 
 :func:`choose_kernels`: the Triton decode attention against the math attention (fallback: the
 math attention), then the fused Triton decode kernels against the PyTorch decode (fallback: the
