@@ -18,13 +18,7 @@ from qwen_trt.serving.scheduler import BatchRunner, SchedulerConfig
 MAX_SEQ = 256
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny matrices: threads only contend (30x slower on a loaded 2-core CI machine)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: tiny tensor work
 
 
 @pytest.fixture(scope="module")

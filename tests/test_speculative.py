@@ -21,12 +21,7 @@ from qwen_trt.serving.speculation import SpecConfig, auto_tokens, expected_token
 MAX_SEQ = 256
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest: tiny tensor work
 
 
 def weights_for(std):
