@@ -246,14 +246,19 @@ def sample(lf: torch.Tensor, base: str, st: SamplerState) -> torch.Tensor:
 
 _ROW_BUFFERS = ("temperature", "top_p", "top_k", "min_p", "presence", "repetition", "frequency",
                 "uniforms", "step", "seen", "counts", "bias", "mask", "bit")
+_PENALTY_BUFFERS = ("seen", "counts", "bias")        # [rows, vocab] each
 
 
 class RowsView:
     """Some rows of a :class:`SamplerState`, in the order of a step's logits rows (copies:
     :func:`pick_rows` writes the picks back)."""
 
-    def __init__(self, st: SamplerState, idx: torch.Tensor) -> None:
+    def __init__(self, st: SamplerState, idx: torch.Tensor, penalties: bool = True) -> None:
+        """``penalties``: copy the vocabulary-wide penalty buffers (seen, counts, bias) too;
+        a pick without penalties never reads them."""
         for name in _ROW_BUFFERS:
+            if not penalties and name in _PENALTY_BUFFERS:
+                continue
             t = getattr(st, name)
             setattr(self, name, t if name == "bit" else t.index_select(0, idx))
 
@@ -324,7 +329,7 @@ def pick_rows_device(st: SamplerState, logits: torch.Tensor, rows: Sequence[int]
     if masks is None:
         kind = kind.replace(MASK, "")
     base, flags = split_kind(kind)
-    view = RowsView(st, idx)
+    view = RowsView(st, idx, PENALTIES in flags)
     if masks is not None:
         view.mask = masks.to(dev, non_blocking=True)
     lf = prepare(logits, kind, view)
