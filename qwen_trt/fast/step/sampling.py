@@ -453,9 +453,6 @@ def verify_rows(st: SamplerState, logits: torch.Tensor, firsts: Sequence[int], r
         st.counts[row].index_add_(0, em, torch.ones(len(emitted), device=dev))
         st.step[row] += len(emitted)
         out[i] = (emitted, a, lps)
-    if greedy:   # plain greedy rows advance too (a later sampled pick reads their step)
-        for i in greedy:
-            st.step[rows[i].sampler_row] += len(out[i][0])
     return out  # type: ignore[return-value]
 
 
