@@ -88,6 +88,9 @@ def _renderer_cls():
     from markdown_it.renderer import RendererHTML
 
     def a_open(href: str) -> str:
+        # markdown-it's normalizeLink leaves quotes and backticks: percent-encoded here, so an
+        # href never holds a character that could close an attribute, quoted either way
+        href = href.replace("'", "%27").replace("`", "%60")
         return f'<a href="{escapeHtml(href)}">'
 
     class SafeRenderer(RendererHTML):
